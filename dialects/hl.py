@@ -1,0 +1,1 @@
+"""The `hl` dialect: the high-level ops people write. (Being filled in.)"""

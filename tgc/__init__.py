@@ -1,0 +1,1 @@
+"""tgc: a multi-level tensor-graph compiler."""

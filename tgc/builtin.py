@@ -1,0 +1,146 @@
+"""The structural ops every module uses: `builtin.module`, `func.func` and `func.return`.
+
+These two are the only ops with a special textual form (see tgc.parser); in the generic form they
+are ordinary ops with a region.
+"""
+
+from __future__ import annotations
+
+from tgc.attributes import FunctionTypeAttr
+from tgc.diagnostics import UNKNOWN_LOC, Location, VerifyError
+from tgc.ir import Block, Operation, Region
+from tgc.opdef import (
+    FUNCTION_TYPE,
+    ISOLATED,
+    STR,
+    TERMINATOR,
+    Attr,
+    VariadicOperand,
+    attrs,
+    register,
+)
+from tgc.types import TensorType
+
+
+@register
+class ModuleOp(Operation):
+    """The top-level container of functions.
+
+    module @name { func.func ... }
+    """
+
+    name = "builtin.module"
+    attr_defs = attrs(Attr("sym_name", STR, default=None))
+    traits = frozenset({ISOLATED})
+    num_results = 0
+    num_regions = 1
+
+    @classmethod
+    def empty(cls, loc: Location = UNKNOWN_LOC) -> ModuleOp:
+        return cls([], [], {}, [Region([Block()])], loc)
+
+    @property
+    def body(self) -> Block:
+        return self.regions[0].block
+
+    @property
+    def funcs(self) -> list[FuncOp]:
+        return [op for op in self.body.ops if isinstance(op, FuncOp)]
+
+    def func(self, name: str) -> FuncOp | None:
+        for f in self.funcs:
+            if f.sym_name == name:
+                return f
+        return None
+
+    def verify_(self) -> None:
+        if len(self.regions[0].blocks) != 1:
+            raise VerifyError("expects one block")
+        seen: set[str] = set()
+        for op in self.body.ops:
+            if not isinstance(op, FuncOp):
+                raise VerifyError(f"'builtin.module' may only hold 'func.func', not '{op.name}'", op.loc)
+            if op.sym_name in seen:
+                raise VerifyError(f"redefinition of symbol '@{op.sym_name}'", op.loc)
+            seen.add(op.sym_name)
+
+
+@register
+class FuncOp(Operation):
+    """A function: typed arguments, one block, ended by `func.return`.
+
+    func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> { func.return %x : tensor<4xf32> }
+    """
+
+    name = "func.func"
+    attr_defs = attrs(Attr("sym_name", STR), Attr("function_type", FUNCTION_TYPE))
+    traits = frozenset({ISOLATED})
+    num_results = 0
+    num_regions = 1
+
+    @classmethod
+    def build(cls, name: str, arg_types: list[TensorType], result_types: list[TensorType],
+              arg_names=None, loc: Location = UNKNOWN_LOC) -> FuncOp:
+        block = Block(list(arg_types), arg_names)
+        ftype = FunctionTypeAttr(tuple(arg_types), tuple(result_types))
+        return cls([], [], {"sym_name": name, "function_type": ftype}, [Region([block])], loc)
+
+    @property
+    def sym_name(self) -> str:
+        return self.attributes["sym_name"]
+
+    @property
+    def function_type(self) -> FunctionTypeAttr:
+        return self.attributes["function_type"]
+
+    @property
+    def body(self) -> Block:
+        return self.regions[0].block
+
+    @property
+    def args(self):
+        return self.body.args
+
+    def set_result_types(self, types: list[TensorType]) -> None:
+        self.attributes["function_type"] = FunctionTypeAttr(self.function_type.inputs, tuple(types))
+
+    def verify_(self) -> None:
+        region = self.regions[0]
+        if len(region.blocks) != 1:
+            raise VerifyError("expects a body of one block")
+        block = region.block
+        ftype = self.function_type
+        arg_types = tuple(a.type for a in block.args)
+        if arg_types != ftype.inputs:
+            raise VerifyError("entry block arguments do not match the function type")
+        ret = block.last
+        if not isinstance(ret, ReturnOp):
+            raise VerifyError("must end with 'func.return'", ret.loc if ret else self.loc)
+        got = tuple(v.type for v in ret.operands)
+        if got != ftype.results:
+            want = ", ".join(map(str, ftype.results)) or "nothing"
+            have = ", ".join(map(str, got)) or "nothing"
+            raise VerifyError(
+                f"'func.return' op returns ({have}) but @{self.sym_name} is declared to return "
+                f"({want})",
+                ret.loc,
+            )
+
+
+@register
+class ReturnOp(Operation):
+    """Return values from a function.
+
+    func.return %x : tensor<4xf32>
+    """
+
+    name = "func.return"
+    operand_defs = (VariadicOperand("values"),)
+    traits = frozenset({TERMINATOR})
+    num_results = 0
+
+    def verify_(self) -> None:
+        if not isinstance(self.parent_op, FuncOp):
+            raise VerifyError("must be inside 'func.func'")
+        if self.next is not None:
+            raise VerifyError("must be the last operation of its block")
