@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from dialects._shapes import (
+from tgc.dialects._shapes import (
     broadcast_shapes,
     matmul_shape,
     normalize_axes,

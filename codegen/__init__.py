@@ -1,0 +1,1 @@
+"""Code generation: Jinja CUDA templates and the code that fills them."""

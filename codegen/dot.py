@@ -1,0 +1,46 @@
+"""Graphviz DOT for a module: one node per op, edges for values, regions as clusters."""
+
+from __future__ import annotations
+
+from tgc.builtin import FuncOp, ModuleOp
+from tgc.ir import Operation
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def emit_dot(module: ModuleOp) -> str:
+    ids: dict[object, str] = {}
+    lines = ["digraph tgc {", "  node [shape=box, fontname=monospace];"]
+
+    def node_id(key) -> str:
+        if key not in ids:
+            ids[key] = f"n{len(ids)}"
+        return ids[key]
+
+    def emit_op(op: Operation, indent: str) -> None:
+        if op.regions:
+            lines.append(f"{indent}subgraph cluster_{node_id(op)} {{")
+            lines.append(f"{indent}  label={_quote(op.name + ' ' + str(op.attr('name') or ''))};")
+            for region in op.regions:
+                for block in region.blocks:
+                    for inner in block.ops:
+                        emit_op(inner, indent + "  ")
+            lines.append(f"{indent}}}")
+        lines.append(f"{indent}{node_id(op)} [label={_quote(op.name)}];")
+        for v in op.operands:
+            src = v.defining_op if v.defining_op is not None else v
+            lines.append(f"{indent}{node_id(src)} -> {node_id(op)} [label={_quote(str(v.type))}];")
+
+    for func in module.funcs:
+        assert isinstance(func, FuncOp)
+        lines.append(f"  subgraph cluster_{node_id(func)} {{")
+        lines.append(f"    label={_quote('@' + func.sym_name)};")
+        for arg in func.body.args:
+            lines.append(f"    {node_id(arg)} [label={_quote('%' + (arg.name_hint or '') + ' : ' + str(arg.type))}, shape=ellipse];")
+        for op in func.body.ops:
+            emit_op(op, "    ")
+        lines.append("  }")
+    lines.append("}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,1 @@
+"""Executors (numpy reference, CUDA), the kernel registry and the measurement database."""

@@ -1,0 +1,33 @@
+# lit configuration for tgc's FileCheck tests: one folder per pass or area.
+# Tools come from the Python environment running lit (the venv with tgc installed).
+import os
+import shutil
+import sys
+
+import lit.formats
+
+config.name = "tgc"
+config.test_format = lit.formats.ShTest(execute_external=False)
+config.suffixes = [".tg", ".mlir", ".test"]
+config.excludes = ["Inputs", "Output"]
+config.test_source_root = os.path.dirname(__file__)
+
+bin_dir = os.path.dirname(sys.executable)
+config.environment["PATH"] = os.pathsep.join([bin_dir, config.environment.get("PATH", os.environ.get("PATH", ""))])
+config.environment["PYTHONUNBUFFERED"] = "1"
+config.substitutions.append(("%python", sys.executable))
+config.substitutions.append(("%examples", os.path.join(os.path.dirname(os.path.dirname(config.test_source_root)), "examples")))
+
+path = config.environment["PATH"]
+if shutil.which("xdsl-opt", path=path):
+    config.available_features.add("xdsl")
+if shutil.which("nvcc", path=path + os.pathsep + "/usr/local/cuda/bin"):
+    config.available_features.add("nvcc")
+try:
+    import pycuda.driver as _drv  # noqa: F401
+
+    _drv.init()
+    if _drv.Device.count() > 0:
+        config.available_features.add("cuda")
+except Exception:
+    pass

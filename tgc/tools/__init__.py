@@ -1,0 +1,1 @@
+"""Command-line tools: tgc-opt, tgc-run, tgc-translate."""

@@ -1,0 +1,57 @@
+"""What every tgc tool shares: reading input, and turning errors into diagnostics and exit codes.
+
+Exit codes: 0 success, 1 the input was wrong (a diagnostic was printed), 2 usage error.
+No Python traceback reaches the user unless --debug is given.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from tgc.diagnostics import TgcError
+from tgc.pass_manager import PipelineError
+
+EXIT_OK, EXIT_INPUT, EXIT_USAGE = 0, 1, 2
+
+
+def read_input(path: str) -> tuple[str, str]:
+    """(text, name) of a file, or of stdin for '-'."""
+    if path == "-":
+        return sys.stdin.read(), "<stdin>"
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read(), path
+    except FileNotFoundError:
+        raise TgcError(f"could not open input file '{path}': no such file or directory") from None
+    except IsADirectoryError:
+        raise TgcError(f"could not open input file '{path}': it is a directory") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise TgcError(f"could not read input file '{path}': {e}") from None
+
+
+def guarded(tool: str, body: Callable[[], int], debug: bool) -> int:
+    """Run `body`, mapping failures to a one-line diagnostic and an exit code."""
+    try:
+        return body()
+    except PipelineError as e:
+        print(f"{tool}: {e.render()}", file=sys.stderr)
+        return EXIT_USAGE
+    except TgcError as e:
+        if debug:
+            raise
+        print(e.render(), file=sys.stderr)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        print(f"{tool}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as e:  # a bug in tgc, not in the input: still no traceback by default
+        if debug:
+            raise
+        print(
+            f"{tool}: internal error: {type(e).__name__}: {e} (rerun with --debug for a traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_INPUT

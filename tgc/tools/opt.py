@@ -1,0 +1,204 @@
+"""tgc-opt: parse, verify, run a pass pipeline, print. MLIR's mlir-opt flags without `mlir-`."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass
+
+from tgc.diagnostics import Location, TgcError
+from tgc.pass_manager import PASSES, Instrumentation, PassManager, parse_pipeline
+from tgc.tools._common import EXIT_INPUT, EXIT_OK, EXIT_USAGE, guarded, read_input
+
+SPLIT_MARKER = re.compile(r"^// -----.*$", re.MULTILINE)
+EXPECTED = re.compile(
+    r"//\s*expected-(error|note|warning|remark)\s*(@(?:[+-]\d+|above|below))?\s*\{\{(.*?)\}\}"
+)
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="tgc-opt",
+        description="Parse a .tg module, run a pass pipeline over it and print the result.",
+    )
+    ap.add_argument("input", nargs="?", default="-", help="input file ('-' for stdin)")
+    ap.add_argument("-o", dest="output", default="-", help="output file (default stdout)")
+    ap.add_argument("-p", "--passes", dest="passes", default=None,
+                    help="flat pipeline, e.g. 'lower-hl,canonicalize{fast-math=true},cse'")
+    ap.add_argument("--pass-pipeline", default=None,
+                    help="MLIR-style pipeline, e.g. 'builtin.module(func.func(cse,dce))'")
+    ap.add_argument("--split-input-file", action="store_true",
+                    help="treat '// -----' lines as separators between independent inputs")
+    ap.add_argument("--verify-diagnostics", action="store_true",
+                    help="check diagnostics against '// expected-error {{...}}' comments")
+    ap.add_argument("--print-generic", action="store_true", help="print MLIR's generic op form")
+    ap.add_argument("--print-ir-after-all", action="store_true", help="dump IR after each pass")
+    ap.add_argument("--print-ir-after", action="append", default=[], metavar="PASS",
+                    help="dump IR after the named pass (repeatable, or comma-separated)")
+    ap.add_argument("--disable-verify", action="store_true",
+                    help="do not verify the IR after each pass")
+    ap.add_argument("--time-passes", action="store_true", help="report the time of each pass")
+    ap.add_argument("--pass-statistics", action="store_true",
+                    help="report the rewrites each pass applied")
+    ap.add_argument("--list-passes", action="store_true", help="list registered passes and exit")
+    ap.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
+    return ap
+
+
+def list_passes() -> str:
+    import dataclasses
+
+    import tgc.passes  # noqa: F401
+
+    lines = ["Available passes:"]
+    for name in sorted(PASSES):
+        cls = PASSES[name]
+        lines.append(f"  {name:<20} {cls.summary}")
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else ""
+            lines.append(f"      {f.name.replace('_', '-')}={default!s:<12} ({f.type})")
+    return "\n".join(lines)
+
+
+def split_chunks(text: str, split: bool) -> list[str]:
+    """Chunks padded with blank lines so every line keeps its number in the file."""
+    if not split:
+        return [text]
+    chunks, start, line = [], 0, 0
+    for m in SPLIT_MARKER.finditer(text):
+        chunk = text[start : m.start()]
+        chunks.append("\n" * line + chunk)
+        line += chunk.count("\n") + 1
+        start = m.end() + 1
+    chunks.append("\n" * line + text[start:])
+    return chunks
+
+
+def process_chunk(text: str, name: str, args, pipeline) -> str:
+    from tgc.parser import parse_module
+    from tgc.printer import print_module
+    from tgc.verifier import verify
+
+    module = parse_module(text, name)
+    verify(module)
+    inst = Instrumentation(
+        print_ir_after_all=args.print_ir_after_all,
+        print_ir_after=frozenset(p for item in args.print_ir_after for p in item.split(",")),
+        time_passes=args.time_passes,
+        pass_statistics=args.pass_statistics,
+        verify_each=not args.disable_verify,
+        generic=args.print_generic,
+    )
+    PassManager(pipeline, inst).run(module)
+    return print_module(module, generic=args.print_generic)
+
+
+# -- --verify-diagnostics ------------------------------------------------------------------------
+
+
+@dataclass
+class Expectation:
+    kind: str
+    line: int
+    message: str
+    comment_loc: Location
+    found: bool = False
+
+
+def expectations(text: str, name: str) -> list[Expectation]:
+    out = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        for m in EXPECTED.finditer(line):
+            kind, offset, message = m.group(1), m.group(2), m.group(3)
+            target = lineno
+            if offset == "@above":
+                target = lineno - 1
+            elif offset == "@below":
+                target = lineno + 1
+            elif offset:
+                target = lineno + int(offset[1:])
+            out.append(Expectation(kind, target, message, Location(name, lineno, m.start() + 1)))
+    return out
+
+
+def check_diagnostics(text: str, name: str, error: TgcError | None) -> list[str]:
+    """Problems found (MLIR's wording); empty when diagnostics and expectations agree."""
+    expected = expectations(text, name)
+    produced = []
+    if error is not None:
+        produced.append(("error", error.loc, error.message))
+        produced += [("note", n.loc, n.message) for n in error.notes]
+    problems = []
+    for kind, loc, message in produced:
+        match = next(
+            (e for e in expected if not e.found and e.kind == kind and loc is not None
+             and loc.file == name and e.line == loc.line and e.message in message),
+            None,
+        )
+        if match is not None:
+            match.found = True
+        else:
+            where = f"{loc}: " if loc is not None else ""
+            problems.append(f"{where}error: unexpected {kind}: {message}")
+    for e in expected:
+        if not e.found:
+            problems.append(f'{e.comment_loc}: error: expected {e.kind} "{e.message}" was not produced')
+    return problems
+
+
+# -- main ----------------------------------------------------------------------------------------
+
+
+def run(args) -> int:
+    if args.list_passes:
+        print(list_passes())
+        return EXIT_OK
+    if args.passes is not None and args.pass_pipeline is not None:
+        print("tgc-opt: error: give either -p or --pass-pipeline, not both", file=sys.stderr)
+        return EXIT_USAGE
+    pipeline = parse_pipeline(args.passes or args.pass_pipeline or "")
+    text, name = read_input(args.input)
+    outputs: list[str] = []
+    status = EXIT_OK
+    for chunk in split_chunks(text, args.split_input_file):
+        if args.verify_diagnostics:
+            error = None
+            try:
+                outputs.append(process_chunk(chunk, name, args, pipeline))
+            except TgcError as e:
+                error = e
+            problems = check_diagnostics(chunk, name, error)
+            for p in problems:
+                print(p, file=sys.stderr)
+            status = status or (EXIT_INPUT if problems else EXIT_OK)
+            continue
+        try:
+            outputs.append(process_chunk(chunk, name, args, pipeline))
+        except TgcError as e:
+            if not args.split_input_file:
+                raise
+            print(e.render(), file=sys.stderr)
+            status = EXIT_INPUT
+    write_output(args.output, "// -----\n".join(outputs))
+    return status
+
+
+def write_output(path: str, text: str) -> None:
+    if path == "-":
+        sys.stdout.write(text)
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise TgcError(f"could not write output file '{path}': {e.strerror}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_arg_parser().parse_args(argv)
+    return guarded("tgc-opt", lambda: run(args), args.debug)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""tgc-translate: turn a module into another language: Graphviz DOT, or standalone CUDA."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tgc.tools._common import EXIT_OK, guarded, read_input
+from tgc.tools.opt import write_output
+
+EMITTERS = ("dot", "cuda")
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="tgc-translate", description="Translate a .tg module.")
+    ap.add_argument("input", nargs="?", default="-", help="input file ('-' for stdin)")
+    ap.add_argument("--emit", choices=EMITTERS, required=True, help="output language")
+    ap.add_argument("-o", dest="output", default="-", help="output file (default stdout)")
+    ap.add_argument("-p", "--passes", default=None,
+                    help="pipeline to run first (for cuda the default is 'optimize,fuse')")
+    ap.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
+    return ap
+
+
+def run(args) -> int:
+    from tgc.parser import parse_module
+    from tgc.pass_manager import PassManager, parse_pipeline
+    from tgc.verifier import verify
+
+    text, name = read_input(args.input)
+    module = parse_module(text, name)
+    verify(module)
+    if args.emit == "dot":
+        from tgc.codegen.dot import emit_dot
+
+        PassManager(parse_pipeline(args.passes or "")).run(module)
+        write_output(args.output, emit_dot(module))
+        return EXIT_OK
+    from tgc.codegen.standalone import emit_standalone_cuda
+
+    PassManager(parse_pipeline(args.passes if args.passes is not None else "optimize,fuse")).run(module)
+    write_output(args.output, emit_standalone_cuda(module))
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_arg_parser().parse_args(argv)
+    return guarded("tgc-translate", lambda: run(args), args.debug)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
