@@ -115,6 +115,7 @@ class Operation:
     traits: ClassVar[frozenset[str]] = frozenset()
     num_results: ClassVar[int | None] = 1  # None: decided per instance (variadic results)
     num_regions: ClassVar[int] = 0
+    accepts_extra_attributes: ClassVar[bool] = False  # kernel.call forwards its op's attributes
 
     def __init__(
         self,

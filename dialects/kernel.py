@@ -1,0 +1,156 @@
+"""The `kernel` dialect: what runs.
+
+- `kernel.fused`: an isolated region of lower ops compiled into one generated kernel. Its block
+  arguments are the kernel's inputs (one per operand, same types); `kernel.yield` gives the
+  outputs. `template` names the codegen skeleton ("elementwise", "row_reduction", "matmul");
+  `name` is the kernel's symbol (sanitised again before it reaches C++).
+- `kernel.call`: a library kernel (cuBLAS, a numpy function) named by `callee`; `op` names the
+  op whose meaning it has (its numpy reference defines the call's result).
+- `kernel.copy`: moves a value between memory spaces (the encoding of the result type).
+- `kernel.yield`: the terminator of a `kernel.fused` region.
+
+A value in device memory has the encoding "cuda"; the verifier rejects a kernel whose operands
+live in different memory spaces from each other, and a copy that does not change the space.
+"""
+
+from __future__ import annotations
+
+from tgc.diagnostics import VerifyError
+from tgc.ir import Operation
+from tgc.opdef import (
+    ISOLATED,
+    PURE,
+    STR,
+    TERMINATOR,
+    Attr,
+    Operand,
+    VariadicOperand,
+    attrs,
+    enum,
+    lookup,
+    register,
+)
+
+TEMPLATES = ("elementwise", "row_reduction", "matmul", "generic")
+
+
+def _one_memory_space(op: Operation) -> str | None:
+    spaces = {v.type.encoding for v in op.operands} | {r.type.encoding for r in op.results}
+    if len(spaces) > 1:
+        listed = ", ".join(sorted(str(s or "host") for s in spaces))
+        raise VerifyError(f"reads or writes values in different memory spaces ({listed})")
+    return spaces.pop() if spaces else None
+
+
+@register
+class FusedOp(Operation):
+    """A region of lower ops that runs as one generated kernel.
+
+    %y = kernel.fused %a, %b {name = "k0", template = "elementwise"} : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32> {
+    ^bb0(%p: tensor<4xf32>, %q: tensor<4xf32>):
+      %s = atomic.add %p, %q : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+      kernel.yield %s : tensor<4xf32>
+    }
+    """
+
+    name = "kernel.fused"
+    operand_defs = (VariadicOperand("inputs"),)
+    attr_defs = attrs(Attr("name", STR), Attr("template", enum(*TEMPLATES), default="generic"))
+    traits = frozenset({PURE, ISOLATED})
+    num_results = None
+    num_regions = 1
+
+    @property
+    def body(self):
+        return self.regions[0].block
+
+    def verify_(self):
+        _one_memory_space(self)
+        region = self.regions[0]
+        if len(region.blocks) != 1:
+            raise VerifyError("expects a region of one block")
+        block = region.block
+        if [a.type for a in block.args] != [v.type for v in self.operands]:
+            raise VerifyError("block arguments must match the operand types")
+        term = block.last
+        if not isinstance(term, YieldOp):
+            raise VerifyError("region must end with 'kernel.yield'")
+        if [v.type for v in term.operands] != [r.type for r in self.results]:
+            raise VerifyError("'kernel.yield' operand types must match the result types", term.loc)
+
+    def reference(self, *inputs, precision: str = "native"):
+        from tgc.runtime.interpreter import run_block
+
+        outs = run_block(self.body, list(inputs), precision)
+        return tuple(outs) if len(outs) != 1 else outs[0]
+
+
+@register
+class YieldOp(Operation):
+    """Ends a `kernel.fused` region with its outputs. `kernel.yield %s : tensor<4xf32>`"""
+
+    name = "kernel.yield"
+    operand_defs = (VariadicOperand("values"),)
+    traits = frozenset({TERMINATOR})
+    num_results = 0
+
+    def verify_(self):
+        if not isinstance(self.parent_op, FusedOp):
+            raise VerifyError("must be inside 'kernel.fused'")
+
+
+@register
+class CallOp(Operation):
+    """A library kernel with the meaning of the op named `op`.
+
+    %c = kernel.call %a, %b {callee = "cublas.gemm", op = "atomic.matmul"} : (tensor<4x8xf32, "cuda">, tensor<8x2xf32, "cuda">) -> tensor<4x2xf32, "cuda">
+    Other attributes of the call are the attributes of `op`.
+    """
+
+    name = "kernel.call"
+    operand_defs = (VariadicOperand("inputs"),)
+    attr_defs = attrs(Attr("callee", STR), Attr("op", STR))
+    traits = frozenset({PURE})
+    num_results = None
+    accepts_extra_attributes = True
+
+    def target(self) -> type[Operation]:
+        cls = lookup(self.attr("op"))
+        if cls is None:
+            raise VerifyError(f"'op' names no registered op: '{self.attr('op')}'")
+        return cls
+
+    def op_attributes(self) -> dict:
+        return {k: v for k, v in self.attributes.items() if k not in ("callee", "op")}
+
+    def verify_(self):
+        _one_memory_space(self)
+        self.target()
+
+    def reference(self, *inputs):
+        cls = self.target()
+        proxy = cls(list(self.operands), [r.type for r in self.results], self.op_attributes())
+        proxy.drop_operand_uses()
+        return proxy.reference(*inputs)
+
+
+@register
+class CopyOp(Operation):
+    """Move a value to the memory space of the result type.
+
+    %d = kernel.copy %x : (tensor<4xf32>) -> tensor<4xf32, "cuda">
+    """
+
+    name = "kernel.copy"
+    operand_defs = (Operand("x"),)
+    traits = frozenset({PURE})
+
+    def verify_(self):
+        x, out = self.operands[0].type, self.results[0].type
+        if x.with_encoding(None) is not out.with_encoding(None):
+            raise VerifyError(f"may only change the memory space: {x} to {out}")
+        if x.encoding == out.encoding:
+            raise VerifyError(f"copies within one memory space ({x.encoding or 'host'})")
+
+    def reference(self, x):
+        return x.copy()
