@@ -395,7 +395,7 @@ class MatmulOp(Operation):
             a = np.swapaxes(a, -1, -2)
         if self.attr("transpose_b"):
             b = np.swapaxes(b, -1, -2)
-        return np.matmul(a, b)
+        return np.matmul(a, b).astype(a.dtype, copy=False)  # ml_dtypes bf16 gives f32
 
 
 @register

@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from tgc.diagnostics import VerifyError
 from tgc.dialects._shapes import (
     broadcast_shapes,
     normalize_axes,
@@ -22,7 +23,6 @@ from tgc.dialects._shapes import (
     same_encoding,
 )
 from tgc.dialects.atomic import _erf
-from tgc.diagnostics import VerifyError
 from tgc.ir import Operation
 from tgc.opdef import (
     BOOL,
