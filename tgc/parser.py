@@ -12,6 +12,7 @@ import ast
 import difflib
 import gc
 import math
+import re
 from functools import cache
 from pathlib import Path
 
@@ -47,6 +48,7 @@ _TERMINAL_WORDS = {
     "ATTRIBUTES_KW": "'attributes'",
     "DENSE_KW": "'dense'",
     "TYPE": "a type",
+    "SIGNATURE": "':'",
     "VALUE_ID": "an SSA value",
     "BLOCK_ID": "a block label",
     "SYMBOL": "a symbol",
@@ -91,11 +93,15 @@ class _ToTuples(Transformer):
 
     def custom_op(self, c):
         results, name, operands, attr_dict, signature, region = c
+        if isinstance(signature, Token):
+            signature = ("sigtok", signature)
         regions = [region] if region is not None else []
         return ("op", name, results or [], operands or [], attr_dict or [], signature, regions)
 
     def generic_op(self, c):
         results, name, operands, props, regions, attr_dict, signature = c
+        if isinstance(signature, Token):
+            signature = ("sigtok", signature)
         entries = (props or []) + (attr_dict or [])
         return ("op", name, results or [], operands or [], entries, signature, regions or [])
 
@@ -238,6 +244,23 @@ class _IRBuilder:
         except TypeSyntaxError as e:
             raise TgcError(str(e), Location(self.file, tok.line, tok.column + e.column)) from None
 
+    def signature_token(self, tok: Token) -> tuple[list[TensorType], list[TensorType]]:
+        """Types of a one-token `: (T, T) -> T` signature (cached: signatures repeat a lot)."""
+        found = _SIGNATURE_CACHE.get(str(tok))
+        if found is not None:
+            return found
+        arrow = tok.index("->")
+        ins, outs = [], []
+        for m in _TYPE_IN_SIGNATURE.finditer(tok):
+            try:
+                t = parse_type(m.group())
+            except TypeSyntaxError as e:
+                col = tok.column + m.start() + e.column
+                raise TgcError(str(e), Location(self.file, tok.line, col)) from None
+            (ins if m.start() < arrow else outs).append(t)
+        _SIGNATURE_CACHE[str(tok)] = (ins, outs)
+        return ins, outs
+
     # structure
 
     def build_top(self, items: list) -> ModuleOp:
@@ -303,16 +326,17 @@ class _IRBuilder:
             raise self.error(_unknown_op_message(name), name_tok)
         loc = _loc(name_tok, self.file)
         operands = [self.lookup(t) for t in operand_toks]
-        kind, in_toks, out_toks = (
-            signature if signature[0] == "ftype" else ("types", signature[1], [])
-        )
-        if kind == "types":  # `op %a, %b : T1, T2` lists operand types; no results
-            if result_toks:
+        kind = signature[0]
+        if kind == "sigtok":
+            in_types, out_types = self.signature_token(signature[1])
+        else:
+            in_toks, out_toks = (signature[1], signature[2]) if kind == "ftype" else (signature[1], [])
+            if kind == "types" and result_toks:  # `op %a : T1` lists operand types only
                 raise self.error(
                     f"'{name}' defines results, so its signature needs '-> result types'", name_tok
                 )
-        in_types = [self.type_of(t) for t in in_toks]
-        out_types = [self.type_of(t) for t in out_toks]
+            in_types = [self.type_of(t) for t in in_toks]
+            out_types = [self.type_of(t) for t in out_toks]
         if len(in_types) != len(operands):
             raise self.error(
                 f"'{name}' has {len(operands)} operand(s) but its signature lists "
@@ -418,6 +442,9 @@ class _IRBuilder:
             return _KEYWORD_VALUES[v.type]
         return float(v) if v.type == "FLOAT" else int(v)
 
+
+_SIGNATURE_CACHE: dict[str, tuple[list[TensorType], list[TensorType]]] = {}
+_TYPE_IN_SIGNATURE = re.compile(r"tensor<[^>]*>")
 
 _KEYWORD_VALUES = {"TRUE": True, "FALSE": False, "INF": math.inf, "NEG_INF": -math.inf, "NAN": math.nan}
 
