@@ -1,1 +1,61 @@
-"""tgc: a multi-level tensor-graph compiler."""
+"""tgc: a multi-level tensor-graph compiler.
+
+The Python API in one screen:
+
+    import tgc
+    m = tgc.parse(text)                      # or tgc.parse_file("model.tg"); verified
+    tgc.run_pipeline(m, "optimize")          # or "builtin.module(func.func(cse,dce))"
+    print(tgc.print_ir(m))                   # generic=True for MLIR's generic form
+    (y,) = tgc.run(m, [x, w], func="mlp")    # numpy in, numpy out ("f64" for reference runs)
+
+    fb = tgc.FunctionBuilder("f", [tgc.tensor("4x8xf32")], ["x"])
+    (x,) = fb.args
+    m = fb.ret(fb.hl.softmax(x, axis=-1))    # one builder method per registered op
+"""
+
+from __future__ import annotations
+
+from tgc.builder import Builder, FunctionBuilder, tensor
+from tgc.builtin import FuncOp, ModuleOp
+from tgc.diagnostics import TgcError
+from tgc.parser import parse_file as _parse_file
+from tgc.parser import parse_module as _parse_module
+from tgc.printer import print_module
+from tgc.types import TensorType
+from tgc.verifier import verify
+
+__all__ = [
+    "Builder", "FunctionBuilder", "FuncOp", "ModuleOp", "TensorType", "TgcError", "parse",
+    "parse_file", "print_ir", "run", "run_pipeline", "tensor", "verify",
+]
+
+
+def parse(text: str, filename: str = "<string>") -> ModuleOp:
+    """Parse and verify .tg text. Raises TgcError with file:line:col on bad input."""
+    module = _parse_module(text, filename)
+    verify(module)
+    return module
+
+
+def parse_file(path) -> ModuleOp:
+    module = _parse_file(path)
+    verify(module)
+    return module
+
+
+def print_ir(module: ModuleOp, generic: bool = False) -> str:
+    return print_module(module, generic)
+
+
+def run_pipeline(module: ModuleOp, pipeline: str, **instrumentation) -> ModuleOp:
+    """Run a textual pipeline (`-p` or `--pass-pipeline` syntax) in place; returns the module."""
+    from tgc.pass_manager import PassManager
+
+    return PassManager.from_text(pipeline, **instrumentation).run(module)
+
+
+def run(module: ModuleOp, inputs, func: str | None = None, precision: str = "native"):
+    """Run a function on numpy inputs with the numpy interpreter; returns a list of arrays."""
+    from tgc.runtime.interpreter import run_function, select_function
+
+    return run_function(select_function(module, func), list(inputs), precision)

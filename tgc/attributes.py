@@ -81,10 +81,15 @@ def format_float(x: float) -> str:
         return "nan"
     if math.isinf(x):
         return "inf" if x > 0 else "-inf"
-    text = repr(float(x))
-    if "." not in text and "e" not in text:
-        text += ".0"
-    return text
+    return _with_point(repr(float(x)))
+
+
+def _with_point(text: str) -> str:
+    """MLIR's float literals need a '.' in the mantissa: 1e-05 -> 1.0e-05, 3 -> 3.0."""
+    mantissa, e, exponent = text.partition("e")
+    if "." not in mantissa:
+        mantissa += ".0"
+    return mantissa + (e + exponent.lstrip("+") if e else "")
 
 
 def format_scalar(value, element_type: str) -> str:
@@ -95,10 +100,7 @@ def format_scalar(value, element_type: str) -> str:
         return str(int(value))
     if math.isnan(value) or math.isinf(value):
         return format_float(float(value))
-    text = str(value)  # numpy scalars print their shortest round-trip form for their own width
-    if "." not in text and "e" not in text:
-        text += ".0"
-    return text.replace("e+", "e")
+    return _with_point(str(value))  # numpy scalars print shortest round-trip for their width
 
 
 def format_dense_body(attr: DenseAttr) -> str:

@@ -220,8 +220,8 @@ def check_signature(op: Operation) -> None:
         raise VerifyError(f"'{op.name}' op expected {want} operand{plural}, but got {n}", op.loc)
     for key, value in op.attributes.items():
         attr_def = op.attr_defs.get(key)
-        if attr_def is None and op.accepts_extra_attributes:
-            continue
+        if attr_def is None and (op.accepts_extra_attributes or "." in key):
+            continue  # `dialect.name` keys are discardable attributes, allowed on any op (MLIR)
         if attr_def is None:
             known = ", ".join(sorted(op.attr_defs)) or "none"
             raise VerifyError(

@@ -98,6 +98,10 @@ class _ToTuples(Transformer):
         regions = [region] if region is not None else []
         return ("op", name, results or [], operands or [], attr_dict or [], signature, regions)
 
+    def bare_op(self, c):
+        """An op with no operands, results or attributes, e.g. `func.return`."""
+        return ("op", c[0], [], [], [], ("types", []), [])
+
     def generic_op(self, c):
         results, name, operands, props, regions, attr_dict, signature = c
         if isinstance(signature, Token):

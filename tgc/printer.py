@@ -192,6 +192,8 @@ class Printer:
             text += " " + attrs
         if not out_types and in_types:
             text += " : " + ", ".join(map(str, in_types))
+        elif not out_types and not op.regions:
+            pass  # `func.return` with nothing to return
         else:
             text += " : " + format_function_type(in_types, out_types)
         if not op.regions:
