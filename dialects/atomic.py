@@ -210,9 +210,13 @@ class MulOp(BinaryOp):
 
 
 def _divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if np.issubdtype(a.dtype, np.integer):
-        return np.trunc(a / b).astype(a.dtype)  # C semantics: round toward zero
-    return np.divide(a, b)
+    if not np.issubdtype(a.dtype, np.integer):
+        return np.divide(a, b)
+    # C semantics: the quotient rounds toward zero (numpy's // rounds down); x / 0 is 0 here
+    # rather than undefined behaviour.
+    with np.errstate(divide="ignore"):
+        magnitude = np.floor_divide(np.abs(a), np.abs(b))
+    return np.where(b == 0, 0, np.sign(a) * np.sign(b) * magnitude).astype(a.dtype)
 
 
 @register
@@ -226,10 +230,14 @@ class DivOp(BinaryOp):
 
 @register
 class PowOp(BinaryOp):
-    """a ** b. `%c = atomic.pow %a, %b : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>`"""
+    """a ** b on floats. `%c = atomic.pow %a, %b : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>`"""
 
     name = "atomic.pow"
     fn = staticmethod(np.power)
+
+    def verify_(self):
+        if not self.operands[0].type.is_float:
+            raise VerifyError(f"operands must have a float element type, got {self.operands[0].type}")
 
 
 @register
