@@ -45,7 +45,7 @@ class DenseAttr:
     def __init__(self, array: np.ndarray, type: TensorType, is_splat: bool | None = None):
         array = np.asarray(array, dtype=type.dtype)
         if is_splat is None:
-            is_splat = array.size > 0 and bool(np.all(array == array.flat[0])) and array.size > 1
+            is_splat = array.size > 1 and _all_bits_equal(array)
         if is_splat and array.shape != type.shape:
             array = np.broadcast_to(array.reshape(-1)[:1].reshape(()), type.shape)
         elif array.shape != type.shape:
@@ -73,6 +73,13 @@ class DenseAttr:
 
     def __repr__(self) -> str:
         return f"DenseAttr({format_dense_body(self)} : {self.type})"
+
+
+def _all_bits_equal(array: np.ndarray) -> bool:
+    """Every element has the first one's bits (so -0.0 differs from 0.0, and NaNs compare)."""
+    flat = np.ascontiguousarray(array).reshape(-1)
+    rows = flat.view(np.uint8).reshape(flat.size, -1)
+    return bool((rows == rows[:1]).all())
 
 
 def format_float(x: float) -> str:
