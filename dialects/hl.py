@@ -3,16 +3,25 @@
 Each op is one class: signature, traits, type inference, verifier and numpy meaning. The numpy
 meaning computes in the operand's dtype (constants are cast to it) and is written to stay finite
 where the mathematical function is: softmax subtracts the row maximum, sigmoid never takes the
-exponential of a positive number. Every hl op will also carry a decomposition into lower ops
-(`decompose`); until one is written, `HLOp.decompose` raises NotImplementedError.
+exponential of a positive number.
+
+Every hl op also carries its decomposition, `decompose(b)`: it builds, with the builder `b`, lower
+ops computing the same value (atomic ops, or other hl ops that decompose in turn) and returns the
+results. The decompositions are as stable as the numpy meaning: no intermediate overflows where
+the function is finite. A decomposition may never contain its own op: `register_hl` checks each
+op when it registers by decomposing its docstring example all the way down to atomic ops (ops
+defined in this module are checked together by `check_decompositions()` at the end of it).
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
+from tgc.attributes import DenseAttr
+from tgc.builder import Builder
 from tgc.diagnostics import VerifyError
 from tgc.dialects._shapes import (
     broadcast_shapes,
@@ -23,13 +32,14 @@ from tgc.dialects._shapes import (
     same_encoding,
 )
 from tgc.dialects.atomic import _erf
-from tgc.ir import Operation
+from tgc.ir import Operation, Value
 from tgc.opdef import (
     BOOL,
     ELEMENTWISE,
     FLOAT,
     INT,
     INTS,
+    OPS,
     PURE,
     Attr,
     Operand,
@@ -46,9 +56,104 @@ class HLOp(Operation):
 
     traits = frozenset({PURE})
 
-    def decompose(self, b):
+    def decompose(self, b: Builder) -> list[Value]:
         """Build, with the builder `b`, lower ops computing the same value; return the results."""
-        raise NotImplementedError(f"'{self.name}' has no decomposition yet")
+        raise NotImplementedError(f"'{self.name}' has no decomposition")
+
+
+def _scalar(b: Builder, like: Value, value) -> Value:
+    """`value` as a rank-0 constant of `like`'s element type and memory space (it broadcasts)."""
+    t = TensorType.get((), like.type.element_type, like.type.encoding)
+    return b.atomic.constant(value=DenseAttr.splat(value, t.with_encoding(None)), result_type=t)
+
+
+# -- registration: no decomposition may contain its own op ----------------------------------------
+
+_LOADED = False  # set at the end of this module; ops registered later are checked at once
+
+
+def register_hl(cls: type[HLOp]) -> type[HLOp]:
+    """Register an hl op; once this module has loaded, also check its decomposition (a class
+    whose decomposition contains its own op, or fails to build, is unregistered and rejected)."""
+    register(cls)
+    if _LOADED:
+        _check_or_unregister(cls)
+    return cls
+
+
+def check_decompositions() -> None:
+    """Check the decomposition of every registered hl op (see `check_decomposition`)."""
+    for cls in [c for name, c in OPS.items() if name.startswith("hl.")]:
+        _check_or_unregister(cls)
+
+
+def _check_or_unregister(cls: type[HLOp]) -> None:
+    try:
+        check_decomposition(cls)
+    except Exception:
+        if OPS.get(cls.name) is cls:
+            del OPS[cls.name]
+        raise
+
+
+def check_decomposition(cls: type[HLOp]) -> None:
+    """Build `cls` from each syntax example in its docstring and decompose it all the way down:
+    raise TypeError when the expansion contains the op itself (directly or through other hl
+    ops), when the decomposition returns values of other types, or when it cannot be built."""
+    from tgc.parser import parse_module  # the Lark grammar is built once, then cached
+    from tgc.verifier import verify
+
+    examples = [m.group(1) for m in map(_EXAMPLE.search, cls.__doc__.splitlines()) if m]
+    examples = [text for text in examples if text.split(" = ", 1)[-1].startswith(cls.name + " ")]
+    if not examples:
+        raise TypeError(
+            f"{cls.name}: the docstring has no syntax example to check its decomposition"
+        )
+    for text in examples:
+        module = parse_module(_example_function(cls.name, text), f"<{cls.name} docstring>")
+        verify(module)
+        (func,) = module.funcs
+        for op in [op for op in func.body.ops if type(op) is cls]:
+            _expand(op, (cls.name,))
+
+
+_EXAMPLE = re.compile(r"`((?:%[\w.]+(?:, %[\w.]+)* = )?\w+\.\w+ [^`]*)`")
+
+
+def _example_function(name: str, text: str) -> str:
+    """A function around one docstring example: its operands become the arguments."""
+    ins, outs = re.search(r": \((.*?)\) -> \(?(.*?)\)?$", text).groups()
+    in_types = re.split(r",\s*(?=tensor<)", ins) if ins else []
+    operands = re.findall(r"%[\w.]+", text.split(name, 1)[1].split("{")[0].split(":")[0])
+    args = ", ".join(f"{v}: {t}" for v, t in zip(dict.fromkeys(operands), in_types))
+    results = [r.strip() for r in text.split(" = ", 1)[0].split(",")]
+    out_types = re.split(r",\s*(?=tensor<)", outs)
+    ret = f"func.return {', '.join(results)} : {', '.join(out_types)}"
+    return f"func.func @example({args}) -> ({', '.join(out_types)}) {{\n  {text}\n  {ret}\n}}\n"
+
+
+def _expand(op: HLOp, chain: tuple[str, ...]) -> None:
+    """Decompose `op` in place (before it) and recursively every hl op that emits."""
+    emitted: list[Operation] = []
+    b = Builder(op.block, op, op.loc, on_insert=emitted.append)
+    try:
+        results = op.decompose(b)
+    except NotImplementedError as e:
+        raise TypeError(f"{chain[0]}: {e}") from None
+    except VerifyError as e:
+        raise TypeError(
+            f"{chain[0]}: its decomposition builds an invalid op: {e.message}"
+        ) from None
+    got = [v.type for v in results]
+    want = [r.type for r in op.results]
+    if got != want:
+        raise TypeError(f"{chain[0]}: the decomposition of '{op.name}' returns {got}, not {want}")
+    for new in emitted:
+        if new.name in chain:
+            path = " -> ".join(chain + (new.name,))
+            raise TypeError(f"{chain[0]}: the decomposition contains the op itself ({path})")
+        if isinstance(new, HLOp):
+            _expand(new, chain + (new.name,))
 
 
 def _float_operand(t: TensorType, what: str = "operand") -> None:
@@ -104,7 +209,7 @@ class HLUnaryOp(HLOp):
         return [x.type]
 
 
-@register
+@register_hl
 class TanhOp(HLUnaryOp):
     """Hyperbolic tangent. `%y = hl.tanh %x : (tensor<4xf32>) -> tensor<4xf32>`"""
 
@@ -113,8 +218,18 @@ class TanhOp(HLUnaryOp):
     def reference(self, x):
         return np.tanh(x)
 
+    def decompose(self, b):
+        """Sign-symmetric: t = exp(-2|x|) is in (0, 1], so nothing overflows in any float type
+        (exp(2x) would overflow f16 from x > 5.5); tanh(x) = ±(1 - t) / (1 + t), - where x < 0."""
+        (x,) = self.operands
+        one = _scalar(b, x, 1.0)
+        t = b.atomic.exp(b.atomic.mul(b.atomic.abs(x), _scalar(b, x, -2.0)))
+        magnitude = b.atomic.div(b.atomic.sub(one, t), b.atomic.add(one, t))
+        negative = b.atomic.cmp(x, _scalar(b, x, 0.0), pred="lt")
+        return [b.atomic.where(negative, b.atomic.neg(magnitude), magnitude)]
 
-@register
+
+@register_hl
 class SigmoidOp(HLUnaryOp):
     """1 / (1 + e**-x). `%y = hl.sigmoid %x : (tensor<4xf32>) -> tensor<4xf32>`"""
 
@@ -123,8 +238,19 @@ class SigmoidOp(HLUnaryOp):
     def reference(self, x):
         return _sigmoid(x)
 
+    def decompose(self, b):
+        """As the numpy meaning: e = exp(-|x|) never overflows; 1/(1+e) for x >= 0, else
+        e/(1+e)."""
+        (x,) = self.operands
+        e = b.atomic.exp(b.atomic.neg(b.atomic.abs(x)))
+        denominator = b.atomic.add(_scalar(b, x, 1.0), e)
+        non_negative = b.atomic.cmp(x, _scalar(b, x, 0.0), pred="ge")
+        return [
+            b.atomic.where(non_negative, b.atomic.recip(denominator), b.atomic.div(e, denominator))
+        ]
 
-@register
+
+@register_hl
 class ReluOp(HLUnaryOp):
     """max(x, 0); floats or integers. `%y = hl.relu %x : (tensor<4xf32>) -> tensor<4xf32>`"""
 
@@ -134,8 +260,12 @@ class ReluOp(HLUnaryOp):
     def reference(self, x):
         return np.maximum(x, _const(x, 0))
 
+    def decompose(self, b):
+        (x,) = self.operands
+        return [b.atomic.max(x, _scalar(b, x, 0))]
 
-@register
+
+@register_hl
 class SiluOp(HLUnaryOp):
     """x * sigmoid(x) (swish). `%y = hl.silu %x : (tensor<4xf32>) -> tensor<4xf32>`"""
 
@@ -144,12 +274,17 @@ class SiluOp(HLUnaryOp):
     def reference(self, x):
         return x * _sigmoid(x)
 
+    def decompose(self, b):
+        (x,) = self.operands
+        return [b.atomic.mul(x, b.hl.sigmoid(x))]
 
-@register
+
+@register_hl
 class GeluOp(HLUnaryOp):
     """Gaussian error linear unit. "none": 0.5 x (1 + erf(x / sqrt 2)); "tanh":
     0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x**3))).
-    `%y = hl.gelu %x {approximate = "tanh"} : (tensor<4xf32>) -> tensor<4xf32>`"""
+    `%y = hl.gelu %x {approximate = "tanh"} : (tensor<4xf32>) -> tensor<4xf32>`
+    `%y = hl.gelu %x : (tensor<4xf32>) -> tensor<4xf32>`"""
 
     name = "hl.gelu"
     attr_defs = attrs(Attr("approximate", enum("none", "tanh"), default="none"))
@@ -160,6 +295,18 @@ class GeluOp(HLUnaryOp):
             inner = _const(x, math.sqrt(2 / math.pi)) * (x + _const(x, 0.044715) * x * x * x)
             return half * x * (one + np.tanh(inner))
         return half * x * (one + _erf(x * _const(x, 1 / math.sqrt(2))))
+
+    def decompose(self, b):
+        """Either form as written above; the tanh form through hl.tanh (stable)."""
+        (x,) = self.operands
+        if self.attr("approximate") == "tanh":
+            cube = b.atomic.mul(b.atomic.mul(x, x), x)
+            inner = b.atomic.add(x, b.atomic.mul(_scalar(b, x, 0.044715), cube))
+            gate = b.hl.tanh(b.atomic.mul(_scalar(b, x, math.sqrt(2 / math.pi)), inner))
+        else:
+            gate = b.atomic.erf(b.atomic.mul(x, _scalar(b, x, 1 / math.sqrt(2))))
+        half_x = b.atomic.mul(_scalar(b, x, 0.5), x)
+        return [b.atomic.mul(half_x, b.atomic.add(_scalar(b, x, 1.0), gate))]
 
 
 # -- normalisations along an axis -----------------------------------------------------------------
@@ -180,7 +327,7 @@ class AxisOp(HLOp):
         normalize_axis(self.attr("axis"), self.operands[0].type.rank)
 
 
-@register
+@register_hl
 class SoftmaxOp(AxisOp):
     """exp(x) / sum(exp(x)) along `axis` (computed max-subtracted).
     `%y = hl.softmax %x {axis = -1} : (tensor<4x16xf32>) -> tensor<4x16xf32>`"""
@@ -190,8 +337,16 @@ class SoftmaxOp(AxisOp):
     def reference(self, x):
         return _softmax(x, self.attr("axis"))
 
+    def decompose(self, b):
+        """e = exp(x - max(x)) (every exponent <= 0), then e / sum(e)."""
+        (x,) = self.operands
+        axes = (self.attr("axis"),)
+        shifted = b.atomic.sub(x, b.atomic.reduce_max(x, axes=axes, keepdims=True))
+        e = b.atomic.exp(shifted)
+        return [b.atomic.div(e, b.atomic.reduce_sum(e, axes=axes, keepdims=True))]
 
-@register
+
+@register_hl
 class LogSoftmaxOp(AxisOp):
     """x - log(sum(exp(x))) along `axis` (computed max-subtracted).
     `%y = hl.log_softmax %x {axis = -1} : (tensor<4x16xf32>) -> tensor<4x16xf32>`"""
@@ -203,8 +358,16 @@ class LogSoftmaxOp(AxisOp):
         shifted = x - np.max(x, axis=axis, keepdims=True)
         return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
 
+    def decompose(self, b):
+        """s = x - max(x), then s - log(sum(exp(s))): the sum is >= 1, its log finite."""
+        (x,) = self.operands
+        axes = (self.attr("axis"),)
+        shifted = b.atomic.sub(x, b.atomic.reduce_max(x, axes=axes, keepdims=True))
+        total = b.atomic.reduce_sum(b.atomic.exp(shifted), axes=axes, keepdims=True)
+        return [b.atomic.sub(shifted, b.atomic.log(total))]
 
-@register
+
+@register_hl
 class MeanOp(HLOp):
     """Arithmetic mean over `axes` (negative axes count from the end).
     `%m = hl.mean %x {axes = [1], keepdims = true} : (tensor<4x8xf32>) -> tensor<4x1xf32>`"""
@@ -226,6 +389,13 @@ class MeanOp(HLOp):
 
     def reference(self, x):
         return np.mean(x, axis=self.axes(), keepdims=self.attr("keepdims"))
+
+    def decompose(self, b):
+        """sum(x) / n, n the number of elements reduced."""
+        (x,) = self.operands
+        count = math.prod(x.type.shape[a] for a in self.axes())
+        total = b.atomic.reduce_sum(x, axes=self.attr("axes"), keepdims=self.attr("keepdims"))
+        return [b.atomic.div(total, _scalar(b, x, float(count)))]
 
 
 class NormOp(HLOp):
@@ -253,8 +423,12 @@ class NormOp(HLOp):
     def norm_axes(self, x: np.ndarray) -> tuple[int, ...]:
         return tuple(range(self.attr("axis") % x.ndim, x.ndim))
 
+    def norm_axes_of_operand(self) -> tuple[int, ...]:
+        rank = self.operands[0].type.rank
+        return tuple(range(self.attr("axis") % rank, rank))
 
-@register
+
+@register_hl
 class LayerNormOp(NormOp):
     """(x - mean) / sqrt(var + eps) * gamma + beta over dims axis..end (biased variance).
     gamma and beta have shape x.shape[axis:] or broadcast to it.
@@ -271,8 +445,19 @@ class LayerNormOp(NormOp):
         var = np.mean(centred * centred, axis=axes, keepdims=True)
         return centred / np.sqrt(var + _const(x, self.attr("eps"))) * gamma + beta
 
+    def decompose(self, b):
+        """centred = x - mean(x); centred * rsqrt(mean(centred**2) + eps) * gamma + beta (the
+        two-pass variance: never negative, unlike E[x**2] - E[x]**2)."""
+        x, gamma, beta = self.operands
+        axes = self.norm_axes_of_operand()
+        centred = b.atomic.sub(x, b.hl.mean(x, axes=axes, keepdims=True))
+        var = b.hl.mean(b.atomic.mul(centred, centred), axes=axes, keepdims=True)
+        inv_std = b.atomic.rsqrt(b.atomic.add(var, _scalar(b, x, self.attr("eps"))))
+        scaled = b.atomic.mul(b.atomic.mul(centred, inv_std), gamma)
+        return [b.atomic.add(scaled, beta)]
 
-@register
+
+@register_hl
 class RMSNormOp(NormOp):
     """x / sqrt(mean(x**2) + eps) * gamma over dims axis..end.
     gamma has shape x.shape[axis:] or broadcasts to it.
@@ -287,15 +472,23 @@ class RMSNormOp(NormOp):
         ms = np.mean(x * x, axis=self.norm_axes(x), keepdims=True)
         return x / np.sqrt(ms + _const(x, self.attr("eps"))) * gamma
 
+    def decompose(self, b):
+        """x * rsqrt(mean(x**2) + eps) * gamma."""
+        x, gamma = self.operands
+        ms = b.hl.mean(b.atomic.mul(x, x), axes=self.norm_axes_of_operand(), keepdims=True)
+        inv_rms = b.atomic.rsqrt(b.atomic.add(ms, _scalar(b, x, self.attr("eps"))))
+        return [b.atomic.mul(b.atomic.mul(x, inv_rms), gamma)]
+
 
 # -- linear algebra -------------------------------------------------------------------------------
 
 
-@register
+@register_hl
 class LinearOp(HLOp):
     """x @ w + b with w of shape [in, out]; x is [..., in]; b (optional) broadcasts to the
     result [..., out] (usually [out]).
     `%y = hl.linear %x, %w, %b : (tensor<8x768xf32>, tensor<768x64xf32>, tensor<64xf32>) -> tensor<8x64xf32>`
+    `%y = hl.linear %x, %w : (tensor<768xf32>, tensor<768x64xf32>) -> tensor<64xf32>`
     """
 
     name = "hl.linear"
@@ -324,8 +517,18 @@ class LinearOp(HLOp):
         y = np.matmul(x, w).astype(x.dtype, copy=False)
         return y if b is None else y + b
 
+    def decompose(self, b):
+        """atomic.matmul (a rank-1 x is reshaped to one row and back), then atomic.add of b."""
+        x, w, *bias = self.operands
+        if x.type.rank == 1:
+            row = b.atomic.reshape(x, result_type=x.type.with_shape((1, x.type.shape[0])))
+            y = b.atomic.reshape(b.atomic.matmul(row, w), result_type=self.result.type)
+        else:
+            y = b.atomic.matmul(x, w)
+        return [b.atomic.add(y, bias[0]) if bias else y]
 
-@register
+
+@register_hl
 class AttentionOp(HLOp):
     """softmax(q @ k^T * scale + mask) @ v over the last two dims; batch dims broadcast.
 
@@ -336,6 +539,7 @@ class AttentionOp(HLOp):
     PyTorch's is_causal, and with a KV cache (seq_k > seq_q) the queries are the last positions.
     causal needs seq_q <= seq_k, so that every query sees at least one key.
     `%o = hl.attention %q, %k, %v {causal = true} : (tensor<2x8x64xf32>, tensor<2x8x64xf32>, tensor<2x8x64xf32>) -> tensor<2x8x64xf32>`
+    `%o = hl.attention %q, %k, %v, %m {scale = 0.5} : (tensor<4x16xf32>, tensor<8x16xf32>, tensor<8x32xf32>, tensor<4x8xf32>) -> tensor<4x32xf32>`
     """
 
     name = "hl.attention"
@@ -385,3 +589,30 @@ class AttentionOp(HLOp):
             allowed = np.arange(seq_k)[None, :] <= np.arange(seq_q)[:, None] + (seq_k - seq_q)
             scores = np.where(allowed, scores, _const(q, -np.inf)).astype(dtype, copy=False)
         return np.matmul(_softmax(scores, -1), v).astype(dtype, copy=False)
+
+    def decompose(self, b):
+        """matmul(q, k, transpose_b) * scale (+ mask); causal: atomic.where(col <= row + seq_k -
+        seq_q, scores, -inf) with row and col from atomic.iota; hl.softmax; matmul with v.
+        No row is fully masked by the causal mask: the verifier requires seq_q <= seq_k, so key
+        0 is allowed for every query (an additive mask of -inf can still mask a whole row, as in
+        the numpy meaning)."""
+        q, k, v, *mask = self.operands
+        scores = b.atomic.matmul(q, k, transpose_b=True)
+        if self.scale() != 1.0:
+            scores = b.atomic.mul(scores, _scalar(b, q, self.scale()))
+        if mask:
+            scores = b.atomic.add(scores, mask[0])
+        if self.attr("causal"):
+            seq_q, seq_k = scores.type.shape[-2:]
+            positions = TensorType.get((seq_q, seq_k), "i32", q.type.encoding)
+            row = b.atomic.iota(axis=0, result_type=positions)
+            col = b.atomic.iota(axis=1, result_type=positions)
+            if seq_k != seq_q:
+                row = b.atomic.add(row, _scalar(b, row, seq_k - seq_q))
+            allowed = b.atomic.cmp(col, row, pred="le")
+            scores = b.atomic.where(allowed, scores, _scalar(b, q, -math.inf))
+        return [b.atomic.matmul(b.hl.softmax(scores, axis=-1), v)]
+
+
+_LOADED = True
+check_decompositions()
