@@ -170,3 +170,21 @@ func.func @f(%a: tensor<4xf32>) -> tensor<4xf32> {
     with pytest.raises(TgcError, match="undeclared SSA value name '%a'") as e:
         tgc.parse(text, "iso.tg")
     assert (e.value.loc.line, e.value.loc.col) == (5, 25)
+
+
+def test_special_float_attributes_round_trip_in_the_generic_form():
+    import math
+
+    fb = FunctionBuilder("f", [F4])
+    (x,) = fb.args
+    y = fb.atomic.neg(x)
+    module = fb.ret(y)
+    op = y.defining_op
+    for value in (math.inf, -math.inf, 1e-5):
+        op.attributes["tgc.v"] = value
+        generic = tgc.print_ir(module, generic=True)
+        again = tgc.parse(generic).funcs[0].body.first.attributes["tgc.v"]
+        assert again == value
+    op.attributes["tgc.v"] = math.nan
+    again = tgc.parse(tgc.print_ir(module, generic=True)).funcs[0].body.first
+    assert math.isnan(again.attributes["tgc.v"])

@@ -12,6 +12,7 @@ import ast
 import difflib
 import gc
 import math
+import struct
 import re
 from functools import cache
 from pathlib import Path
@@ -56,6 +57,7 @@ _TERMINAL_WORDS = {
     "STRING": "a string",
     "INT": "an integer",
     "FLOAT": "a float",
+    "HEX_F64": "a float",
     "TRUE": "'true'",
     "FALSE": "'false'",
     "INF": "'inf'",
@@ -401,6 +403,8 @@ class _IRBuilder:
                 return int(v)
             if t == "FLOAT":
                 return float(v)
+            if t == "HEX_F64":
+                return struct.unpack("<d", struct.pack("<Q", int(v.split(":")[0], 16)))[0]
             if t == "STRING":
                 return _unquote(v)
             if t == "SYMBOL":
