@@ -1,0 +1,92 @@
+"""`algebraic`: TASO-class rewrites of the tensor algebra, chosen by a cost model and a search.
+
+The package: `rules.py` (the rule table), `cost.py` (the cost model), `graph.py` (cloning and
+windows of a function), `search.py` (best-first search with α relaxation, and replay).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tgc.builtin import FuncOp
+from tgc.pass_manager import Pass, PassStatistics, PipelineError, register_pass
+from tgc.passes.algebraic.cost import CostWeights, ops_cost
+from tgc.passes.algebraic.graph import extract_window, span_ops
+from tgc.passes.algebraic.rules import RULE_NAMES, RULES
+from tgc.passes.algebraic.search import plan_windows, replay, search
+from tgc.rewriter import Rewriter
+
+
+@register_pass
+@dataclass(frozen=True)
+class Algebraic(Pass):
+    """Rewrite matmuls and products into cheaper equivalent forms (the TASO family).
+
+    Rules (passes/algebraic/rules.py): distributivity on both sides, `A@B + A@C -> A@(B+C)`,
+    `B@A + C@A -> (B+C)@A`, `x*a + x*b -> x*(a+b)` (and the same with `-`); matmul chains of
+    three or more factors reordered by matrix-chain dynamic programming, and reassociated one step
+    at a time; N >= 2 matmuls sharing an operand on the same side (with the same transpose flags
+    and weights that differ only in the concatenated dim) merged into one matmul on the
+    concatenated operands plus `atomic.split`; transposes pushed through matmuls into their
+    `transpose_a`/`transpose_b` flags.
+
+    Cost: seconds = flop-cost·flops + byte-cost·bytes + launch-cost·launches (cost.py; views such
+    as split, reshape and broadcast are free). Search: best-first over rewritten copies of each
+    window of the function, keeping candidates cheaper than `alpha` times the best seen (so a
+    step that is worse now can lead to a better graph later), expanding at most `budget` states
+    per window of at most `window` ops; the best graph found is then rebuilt through the
+    rewriter. `rules` restricts the rule set (comma-separated names; default all).
+
+    Contract: every function result keeps its type and its value in exact arithmetic (floating
+    point may round differently, as reassociation does); rewritten ops take the location of the
+    op they replace; ops made dead by a rewrite are erased, no other op is touched; a window is
+    only changed when its cost strictly drops, so the cost never grows; deterministic. With
+    --pass-statistics: one counter per rule applied, the cost of each function before and after,
+    and the search effort.
+    """
+
+    name = "algebraic"
+    summary = "Cost-driven algebraic rewrites: distributivity, matmul chains, merged matmuls"
+
+    alpha: float = 1.05
+    budget: int = 64
+    window: int = 64
+    flop_cost: float = 2e-14
+    byte_cost: float = 3.3e-13
+    launch_cost: float = 5e-6
+    rules: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = [r for r in self.rules if r not in RULE_NAMES]
+        if unknown:
+            raise PipelineError(
+                f"pass 'algebraic' has no rule '{unknown[0]}' (rules: {', '.join(RULE_NAMES)})"
+            )
+        if self.alpha < 1 or self.budget < 0 or self.window < 1:
+            raise PipelineError("pass 'algebraic' needs alpha >= 1, budget >= 0 and window >= 1")
+
+    def run_on_func(self, func: FuncOp, stats: PassStatistics) -> None:
+        weights = CostWeights(self.flop_cost, self.byte_cost, self.launch_cost)
+        rules = tuple(r for r in RULES if not self.rules or r.name in self.rules)
+        block = func.body
+        before = ops_cost(block.ops)
+        rewriter = Rewriter()
+        windows = plan_windows(block, self.window)
+        expanded = 0
+        for first, after in windows:
+            result = search(
+                extract_window(span_ops(block, first, after)),
+                rules,
+                weights,
+                self.alpha,
+                self.budget,
+            )
+            expanded += result.expanded
+            replay(result.moves, block, first, after, rewriter)
+            for move in result.moves:
+                stats.bump(move.rule.name)
+        after_cost = ops_cost(block.ops)
+        name = f"@{func.sym_name}"
+        stats.note(f"{name}: cost before {before.describe(weights)}")
+        stats.note(f"{name}: cost after {after_cost.describe(weights)}")
+        stats.note(f"{name}: searched {len(windows)} window(s), expanded {expanded} state(s)")

@@ -1,0 +1,106 @@
+"""Graph states for the `algebraic` search: cloning, windows and structural fingerprints.
+
+A search state is a small standalone function: a *window* of the real function (a contiguous run
+of its ops) cloned into a `func.func` whose arguments are the values the window reads from
+outside and whose `func.return` lists the values used after the window. Because the window is
+contiguous and cloned in order, an op's position in the clone is its position in the real block:
+a rewrite found on a clone can be replayed on the real ops by index (see `search.py`).
+"""
+
+from __future__ import annotations
+
+from tgc.builtin import FuncOp, ReturnOp
+from tgc.ir import Block, Operation, Region, Value
+
+
+def clone_op(op: Operation, value_map: dict[Value, Value]) -> Operation:
+    """A copy of `op` (regions included) reading `value_map[v]` for each operand `v`; the
+    map is extended with the copy's results."""
+    regions = [_clone_region(r, value_map) for r in op.regions]
+    copy = type(op)(
+        [value_map.get(v, v) for v in op.operands],
+        [r.type for r in op.results],
+        dict(op.attributes),
+        regions,
+        op.loc,
+        [r.name_hint for r in op.results],
+    )
+    for old, new in zip(op.results, copy.results):
+        value_map[old] = new
+    return copy
+
+
+def _clone_region(region: Region, value_map: dict[Value, Value]) -> Region:
+    out = Region()
+    for block in region.blocks:
+        new_block = Block(
+            [a.type for a in block.args], [a.name_hint for a in block.args], block.label
+        )
+        value_map.update(zip(block.args, new_block.args))
+        for op in block.ops:
+            new_block.append(clone_op(op, value_map))
+        out.add_block(new_block)
+    return out
+
+
+def clone_func(func: FuncOp) -> FuncOp:
+    """A deep copy of a function (not inserted anywhere)."""
+    value_map: dict[Value, Value] = {}
+    copy = clone_op(func, value_map)
+    assert isinstance(copy, FuncOp)
+    return copy
+
+
+def span_ops(block: Block, before: Operation | None, after: Operation) -> list[Operation]:
+    """The ops strictly between `before` (None: the block start) and `after`."""
+    out = []
+    op = block.first if before is None else before.next
+    while op is not None and op is not after:
+        out.append(op)
+        op = op.next
+    return out
+
+
+def extract_window(ops: list[Operation]) -> FuncOp:
+    """Clone a contiguous run of ops into a standalone function (see the module docstring)."""
+    inside = set(ops)
+    inputs: dict[Value, None] = {}
+    outputs: dict[Value, None] = {}
+    for op in ops:
+        for v in op.operands:
+            if v.defining_op not in inside:
+                inputs[v] = None
+        for r in op.results:
+            if any(user not in inside for user, _ in r.uses):
+                outputs[r] = None
+    arg_values = list(inputs)
+    func = FuncOp.build(
+        "window",
+        [v.type for v in arg_values],
+        [r.type for r in outputs],
+        [v.name_hint for v in arg_values],
+    )
+    value_map: dict[Value, Value] = dict(zip(arg_values, func.body.args))
+    for op in ops:
+        func.body.append(clone_op(op, value_map))
+    func.body.append(ReturnOp([value_map[r] for r in outputs], []))
+    return func
+
+
+def fingerprint(func: FuncOp) -> tuple:
+    """A structural key of the function body: equal for clones, different after a rewrite
+    (value names and locations are ignored; op order is not)."""
+    numbers: dict[Value, int] = {a: i for i, a in enumerate(func.body.args)}
+    parts = []
+    for op in func.body.ops:
+        parts.append(
+            (
+                op.name,
+                tuple(numbers[v] for v in op.operands),
+                tuple(sorted(op.attributes.items())),
+                tuple(r.type for r in op.results),
+            )
+        )
+        for r in op.results:
+            numbers[r] = len(numbers)
+    return tuple(parts)
