@@ -61,8 +61,11 @@ class Rewriter:
         self.changed = True
 
     def set_operand(self, op: Operation, index: int, value: Value) -> None:
+        previous = op.operands[index].defining_op
         op.set_operand(index, value)
         self.listener.on_modify(op)
+        if previous is not None:
+            self.listener.on_modify(previous)  # its result may have become dead
         self.changed = True
 
     def set_attribute(self, op: Operation, key: str, value) -> None:
