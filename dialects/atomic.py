@@ -460,7 +460,11 @@ class BroadcastOp(Operation):
     def verify_(self):
         x, out = self.operands[0].type, self.results[0].type
         _same_element_and_encoding(x, out)
-        if len(x.shape) > len(out.shape) or broadcast_shapes(x.shape, out.shape) != out.shape:
+        try:
+            compatible = broadcast_shapes(x.shape, out.shape) == out.shape
+        except VerifyError:
+            compatible = False
+        if not compatible:
             raise VerifyError(f"cannot broadcast {x} to {out}")
 
     def reference(self, x):

@@ -28,6 +28,7 @@ against `infer`) live in `verify_op` so no op repeats them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -270,9 +271,12 @@ def verify_op(op: Operation) -> None:
         raise _located(op, e) from None
 
 
+_OP_PREFIX = re.compile(r"'[\w.]+' op ")
+
+
 def _located(op: Operation, e: VerifyError) -> VerifyError:
     """Prefix an op verifier's message with the op name and give it the op's location."""
     message = e.message
-    if not message.startswith("'"):
+    if not _OP_PREFIX.match(message):
         message = f"'{op.name}' op {message}"
     return VerifyError(message, e.loc if e.loc not in (None, UNKNOWN_LOC) else op.loc, e.notes)
