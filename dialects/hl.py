@@ -297,11 +297,12 @@ class GeluOp(HLUnaryOp):
         return half * x * (one + _erf(x * _const(x, 1 / math.sqrt(2))))
 
     def decompose(self, b):
-        """Either form as written above; the tanh form through hl.tanh (stable)."""
+        """Either form as written above, the tanh form through hl.tanh (stable)."""
         (x,) = self.operands
         if self.attr("approximate") == "tanh":
-            cube = b.atomic.mul(b.atomic.mul(x, x), x)
-            inner = b.atomic.add(x, b.atomic.mul(_scalar(b, x, 0.044715), cube))
+            # x + 0.044715 x**3 as x (1 + 0.044715 x**2): in f16 x**3 overflows from |x| > 40
+            square = b.atomic.mul(_scalar(b, x, 0.044715), b.atomic.mul(x, x))
+            inner = b.atomic.mul(x, b.atomic.add(_scalar(b, x, 1.0), square))
             gate = b.hl.tanh(b.atomic.mul(_scalar(b, x, math.sqrt(2 / math.pi)), inner))
         else:
             gate = b.atomic.erf(b.atomic.mul(x, _scalar(b, x, 1 / math.sqrt(2))))
@@ -394,7 +395,8 @@ class MeanOp(HLOp):
         """sum(x) / n, n the number of elements reduced."""
         (x,) = self.operands
         count = math.prod(x.type.shape[a] for a in self.axes())
-        total = b.atomic.reduce_sum(x, axes=self.attr("axes"), keepdims=self.attr("keepdims"))
+        keepdims = True if self.attr("keepdims") else None  # None: left at its default
+        total = b.atomic.reduce_sum(x, axes=self.attr("axes"), keepdims=keepdims)
         return [b.atomic.div(total, _scalar(b, x, float(count)))]
 
 
