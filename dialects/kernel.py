@@ -10,7 +10,8 @@
 - `kernel.yield`: the terminator of a `kernel.fused` region.
 
 A value in device memory has the encoding "cuda"; the verifier rejects a kernel whose operands
-live in different memory spaces from each other, and a copy that does not change the space.
+live in different memory spaces from each other, a cuBLAS call (`callee = "cublas.*"`) on
+values outside device memory, and a copy that does not change the space.
 """
 
 from __future__ import annotations
@@ -124,8 +125,13 @@ class CallOp(Operation):
         return {k: v for k, v in self.attributes.items() if k not in ("callee", "op")}
 
     def verify_(self):
-        _one_memory_space(self)
+        space = _one_memory_space(self)
         self.target()
+        if self.attr("callee").startswith("cublas.") and space != "cuda":
+            raise VerifyError(
+                f"library kernel '{self.attr('callee')}' reads and writes device memory only; "
+                f"its operands are in {space or 'host'} memory (insert kernel.copy)"
+            )
 
     def reference(self, *inputs):
         cls = self.target()

@@ -1,0 +1,217 @@
+"""The expression emitter: C statements that compute a region's values at given coordinates.
+
+Every value of a fused region is a function of its coordinates. `Emitter.value(v, coords)`
+returns a C variable (or literal) holding `v` at `coords` (C expressions, one per dim), emitting
+the statements that compute it on first use; a value is computed once per scope and coordinate
+tuple. Views (broadcast, transpose, reshape, slice, split) only transform coordinates, so a view
+of a kernel input becomes index arithmetic on its load. Templates decide where the statements go
+(scopes) and may supply values themselves through hooks (vector registers, reductions, the
+matmul accumulator).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tgc.codegen.cuda_ops import COMPUTE_CTYPE, expression, has_code, literal, load_expression
+from tgc.diagnostics import TgcError
+from tgc.ir import BlockArgument, Value
+
+Coords = tuple[str, ...]
+Hook = Callable[[Coords], "str | None"]
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
+def canon(shape: tuple[int, ...], coords: Coords) -> Coords:
+    """Coordinates with the ones of unit dims replaced by "0" (one spelling per position)."""
+    return tuple("0" if d == 1 else c for d, c in zip(shape, coords))
+
+
+def linear_offset(shape: tuple[int, ...], coords: Coords) -> str:
+    """sum(coord * stride) for a contiguous tensor of `shape`."""
+    terms = []
+    for c, s in zip(canon(shape, coords), contiguous_strides(shape)):
+        if c == "0":
+            continue
+        terms.append(c if s == 1 else f"{c} * {s}")
+    return " + ".join(terms) if terms else "0"
+
+
+def delinearize(index: str, shape: tuple[int, ...]) -> Coords:
+    """Coordinates of the linear position `index` (a C expression, < numel) in `shape`."""
+    strides = contiguous_strides(shape)
+    out = []
+    for i, (d, s) in enumerate(zip(shape, strides)):
+        if d == 1:
+            out.append("0")
+            continue
+        c = index if s == 1 else f"({index} / {s})"
+        if i > 0 and any(e != 1 for e in shape[:i]):
+            c = f"({c} % {d})"
+        out.append(c)
+    return tuple(out)
+
+
+def broadcast_coords(operand: tuple[int, ...], result: tuple[int, ...], coords: Coords) -> Coords:
+    """Coordinates in `operand` that numpy broadcasting reads for `coords` in `result`."""
+    tail = coords[len(result) - len(operand):] if operand else ()
+    return canon(operand, tail)
+
+
+class Emitter:
+    def __init__(self, arg_ptrs: dict[Value, str]) -> None:
+        self.arg_ptrs = arg_ptrs
+        self.hooks: dict[Value, Hook] = {}
+        self.scopes: list[dict[tuple[Value, Coords], str]] = [{}]
+        self.lines: list[str] = []
+        self.counter = 0
+
+    # -- scopes and output --------------------------------------------------------------------
+
+    def push(self) -> None:
+        self.scopes.append({})
+
+    def pop(self) -> None:
+        self.scopes.pop()
+
+    def take(self, indent: int) -> str:
+        """The statements emitted since the last take, indented by `indent` spaces."""
+        text = "\n".join(" " * indent + line for line in self.lines)
+        self.lines = []
+        return text
+
+    def emit(self, line: str) -> None:
+        self.lines.append(line)
+
+    def fresh(self, prefix: str = "v") -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def remember(self, v: Value, coords: Coords, name: str) -> None:
+        self.scopes[-1][(v, canon(v.type.shape, coords))] = name
+
+    def lookup(self, v: Value, coords: Coords) -> str | None:
+        key = (v, canon(v.type.shape, coords))
+        for scope in reversed(self.scopes):
+            if key in scope:
+                return scope[key]
+        return None
+
+    # -- values -------------------------------------------------------------------------------
+
+    def define(self, v: Value, expr: str) -> str:
+        name = self.fresh()
+        self.emit(f"const {COMPUTE_CTYPE[v.type.element_type]} {name} = {expr};")
+        return name
+
+    def load(self, arg: Value, coords: Coords) -> str:
+        t = arg.type
+        return load_expression(self.arg_ptrs[arg], linear_offset(t.shape, coords), t.element_type)
+
+    def value(self, v: Value, coords: Coords) -> str:
+        coords = canon(v.type.shape, coords)
+        found = self.lookup(v, coords)
+        if found is not None:
+            return found
+        hook = self.hooks.get(v)
+        name = hook(coords) if hook is not None else None
+        if name is None:
+            if isinstance(v, BlockArgument) or v.defining_op is None:
+                name = self.define(v, self.load(v, coords))
+            else:
+                name = self.compute(v, coords)
+        self.remember(v, coords, name)
+        return name
+
+    def compute(self, v: Value, coords: Coords) -> str:
+        op = v.defining_op
+        shape = v.type.shape
+        name = op.name
+        if name == "atomic.constant":
+            splat = op.attr("value").splat_value()
+            if splat is None:
+                raise TgcError("a non-splat constant cannot be inlined into a kernel", op.loc)
+            return literal(splat, v.type.element_type)
+        if name == "atomic.iota":
+            axis = op.attr("axis") % len(shape)
+            return f"(({COMPUTE_CTYPE[v.type.element_type]}) {coords[axis]})"
+        if name in ("atomic.broadcast",):
+            x = op.operands[0]
+            return self.value(x, broadcast_coords(x.type.shape, shape, coords))
+        if name == "atomic.transpose":
+            perm = op.attr("perm")
+            inner = [""] * len(perm)
+            for i, p in enumerate(perm):
+                inner[p] = coords[i]
+            return self.value(op.operands[0], tuple(inner))
+        if name == "atomic.reshape":
+            return self.value(op.operands[0], self.reshape_coords(op, coords))
+        if name == "atomic.slice":
+            inner = tuple(
+                _affine(c, step, start)
+                for c, start, step in zip(coords, op.attr("start"), op.attr("step"))
+            )
+            return self.value(op.operands[0], inner)
+        if name == "atomic.split":
+            axis = op.attr("axis") % len(shape)
+            offset = sum(op.attr("sizes")[: v.index])
+            inner = tuple(_affine(c, 1, offset) if d == axis else c for d, c in enumerate(coords))
+            return self.value(op.operands[0], inner)
+        if name == "atomic.concat":
+            return self.concat(op, v, coords)
+        if name == "atomic.gather":
+            return self.gather(op, v, coords)
+        if has_code(op):
+            operands = [self.value(x, broadcast_coords(x.type.shape, shape, coords)) for x in op.operands]
+            return self.define(v, expression(op, operands, [x.type for x in op.operands]))
+        raise TgcError(f"'{name}' cannot be generated inside this kernel", op.loc)
+
+    def reshape_coords(self, op, coords: Coords) -> Coords:
+        src, dst = op.operands[0].type.shape, op.results[0].type.shape
+        if [d for d in src if d != 1] == [d for d in dst if d != 1]:
+            it = iter(c for c, d in zip(coords, dst) if d != 1)
+            return tuple("0" if d == 1 else next(it) for d in src)
+        flat = self.fresh("l")
+        self.emit(f"const idx_t {flat} = {linear_offset(dst, coords)};")
+        return delinearize(flat, src)
+
+    def concat(self, op, v: Value, coords: Coords) -> str:
+        axis = op.attr("axis") % len(coords)
+        parts = []
+        start = 0
+        for x in op.operands:
+            if not isinstance(x, BlockArgument):
+                raise TgcError("concat inside a kernel reads kernel inputs only", op.loc)
+            size = x.type.shape[axis]
+            inner = tuple(_affine(c, 1, -start) if d == axis else c for d, c in enumerate(coords))
+            parts.append((start + size, self.load(x, inner)))
+            start += size
+        expr = parts[-1][1]
+        for bound, load in reversed(parts[:-1]):
+            expr = f"({coords[axis]} < {bound} ? {load} : {expr})"
+        return self.define(v, expr)
+
+    def gather(self, op, v: Value, coords: Coords) -> str:
+        table, indices = op.operands
+        axis = op.attr("axis") % table.type.rank
+        k = indices.type.rank
+        index = self.value(indices, coords[axis : axis + k])
+        inner = coords[:axis] + (f"((idx_t) {index})",) + coords[axis + k :]
+        return self.value(table, inner)
+
+
+def _affine(c: str, scale: int, offset: int) -> str:
+    text = c if scale == 1 else f"{c} * {scale}"
+    if offset == 0:
+        return text if scale == 1 else f"({text})"
+    sign = "+" if offset > 0 else "-"
+    if c == "0":
+        return str(offset)
+    return f"({text} {sign} {abs(offset)})"

@@ -1,0 +1,440 @@
+"""CUDA source for one `kernel.fused` region: pick its template, fill it with plain data.
+
+`generate_kernel(op)` returns a `KernelSource`: the kernel's C symbol, its source (without the
+prelude, which `prelude()` gives once per translation unit), its parameters in order (inputs
+then outputs, all device pointers: every shape is a compile-time constant), its launch
+configuration, and the template parameters it was made with (`params` overrides them: block
+size, vector width, rows per block, tile sizes, so a profiler can search them).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+
+from tgc.codegen.cuda_ops import (
+    COMPUTE_CTYPE,
+    REDUCE_CODE,
+    STORAGE_CTYPE,
+    literal,
+    load_expression,
+    store_value,
+    type_class,
+)
+from tgc.codegen.emitter import Emitter, broadcast_coords, canon, delinearize, linear_offset
+from tgc.diagnostics import Location, TgcError
+from tgc.dialects.kernel import FusedOp
+from tgc.ir import Value
+from tgc.types import ELEMENT_BYTES
+
+TEMPLATE_DIR = Path(__file__).resolve().parent
+INT32_LIMIT = 2**31 - 1
+
+
+@lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def render(template: str, **data) -> str:
+    return environment().get_template(template).render(**data)
+
+
+def prelude(origin: str = "tgc") -> str:
+    return render("prelude.cu.j2", origin=origin)
+
+
+def c_identifier(name: str, prefix: str = "tgc_") -> str:
+    """Sanitise any IR name into a C identifier: [A-Za-z0-9_], prefixed, never a keyword."""
+    text = re.sub(r"[^A-Za-z0-9_]", "_", name)
+    return (prefix + text)[:120]
+
+
+@dataclass
+class KernelSource:
+    name: str  # the C symbol
+    source: str
+    template: str
+    num_inputs: int
+    num_outputs: int
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    params: dict = field(default_factory=dict)
+    loc: Location | None = None
+    ir_name: str = ""
+
+
+def _params_decl(op: FusedOp) -> tuple[list[str], dict[Value, str], list[str]]:
+    decls, ptrs, outs = [], {}, []
+    for i, arg in enumerate(op.body.args):
+        decls.append(f"const {STORAGE_CTYPE[arg.type.element_type]}* __restrict__ in{i}")
+        ptrs[arg] = f"in{i}"
+    for j, r in enumerate(op.results):
+        decls.append(f"{STORAGE_CTYPE[r.type.element_type]}* __restrict__ out{j}")
+        outs.append(f"out{j}")
+    return decls, ptrs, outs
+
+
+def _idx_type(op: FusedOp) -> str:
+    sizes = [v.type.num_elements for v in op.operands] + [r.type.num_elements for r in op.results]
+    for inner in op.body.ops:
+        sizes += [r.type.num_elements for r in inner.results]
+    return "long long" if max(sizes, default=0) > INT32_LIMIT else "int"
+
+
+def generate_kernel(op: FusedOp, params: dict | None = None) -> KernelSource:
+    template = op.attr("template")
+    params = dict(params or {})
+    try:
+        if template == "row_reduction" or (template == "generic" and _reductions(op)):
+            return _row_reduction(op, params)
+        if template == "matmul":
+            return _matmul(op, params)
+        return _elementwise(op, params)
+    except TgcError as e:
+        if e.loc is None:
+            e.loc = op.loc
+        raise
+
+
+def _reductions(op: FusedOp):
+    return [inner for inner in op.body.ops if inner.name in REDUCE_CODE]
+
+
+def _yields(op: FusedOp) -> list[Value]:
+    return list(op.body.last.operands)
+
+
+# -- elementwise ------------------------------------------------------------------------------------
+
+
+def _elementwise(op: FusedOp, params: dict) -> KernelSource:
+    decls, ptrs, outs = _params_decl(op)
+    yields = _yields(op)
+    space = op.results[0].type.shape
+    for r in op.results:
+        if r.type.shape != space:
+            raise TgcError(f"elementwise kernel '{op.attr('name')}' yields values of several shapes")
+    numel = math.prod(space)
+    block_size = int(params.setdefault("block_size", 256))
+    coords = delinearize("i", space)
+
+    def body(vector: bool, identity_args: set[Value]) -> tuple[str, set[Value]]:
+        em = Emitter(ptrs)
+        used: set[Value] = set()
+        for arg in op.body.args:
+            if arg.type.shape != space:
+                continue
+
+            def hook(c, arg=arg):
+                if c != canon(space, coords):
+                    return None
+                used.add(arg)
+                if vector and arg in identity_args:
+                    reg = f"a{op.body.args.index(arg)}.v[l]"
+                    if arg.type.element_type in ("f16", "bf16"):
+                        reg = f"tgc_cvt({reg})"
+                    return em.define(arg, reg)
+                return em.define(arg, load_expression(ptrs[arg], "i", arg.type.element_type))
+
+            em.hooks[arg] = hook
+        for j, (y, r) in enumerate(zip(yields, op.results)):
+            val = store_value(em.value(y, coords), r.type.element_type)
+            target = f"o{j}.v[l]" if vector else f"{outs[j]}[i]"
+            em.emit(f"{target} = {val};")
+        return em.take(8 if vector else 4), used
+
+    scalar_body, identity = body(False, set())
+    widest = max(
+        [ELEMENT_BYTES[a.type.element_type] for a in identity]
+        + [ELEMENT_BYTES[r.type.element_type] for r in op.results]
+    )
+    vec = int(params.setdefault("vector_width", max(1, 16 // widest)))
+    vec_inputs = [
+        {"ctype": STORAGE_CTYPE[a.type.element_type], "reg": f"a{i}", "ptr": ptrs[a]}
+        for i, a in enumerate(op.body.args)
+        if a in identity
+    ]
+    vec_body = body(True, identity)[0] if vec > 1 else ""
+    outputs = [
+        {"ctype": STORAGE_CTYPE[r.type.element_type], "reg": f"o{j}", "ptr": outs[j]}
+        for j, r in enumerate(op.results)
+    ]
+    name = c_identifier(op.attr("name"))
+    source = render(
+        "elementwise.cu.j2",
+        name=name,
+        params=decls,
+        idx_t=_idx_type(op),
+        numel=numel,
+        space="x".join(map(str, space)) or "scalar",
+        block_size=block_size,
+        vec=vec,
+        vec_ptrs=[v["ptr"] for v in vec_inputs] + [o["ptr"] for o in outputs],
+        vec_inputs=vec_inputs,
+        outputs=outputs,
+        vec_body=vec_body,
+        scalar_body=scalar_body,
+    )
+    work = max(1, numel // vec if vec > 1 else numel)
+    blocks = max(1, math.ceil(work / block_size))
+    max_blocks = int(params.setdefault("max_blocks", 0))
+    if max_blocks:
+        blocks = min(blocks, max_blocks)
+    return KernelSource(name, source, "elementwise", len(op.operands), len(op.results),
+                        (blocks, 1, 1), (block_size, 1, 1), params, op.loc, op.attr("name"))
+
+
+# -- row reduction ----------------------------------------------------------------------------------
+
+
+def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
+    decls, ptrs, outs = _params_decl(op)
+    reductions = _reductions(op)
+    first = reductions[0]
+    full = first.operands[0].type.shape
+    red_axes = sorted(first.axes())
+    row_axes = [d for d in range(len(full)) if d not in red_axes]
+    for r in reductions:
+        if r.operands[0].type.shape != full or sorted(r.axes()) != red_axes:
+            raise TgcError(f"kernel '{op.attr('name')}' reduces over different rows", r.loc)
+    suffix = red_axes == list(range(len(full) - len(red_axes), len(full)))
+    row_shape = tuple(full[d] for d in row_axes)
+    col_shape = tuple(full[d] for d in red_axes)
+    nrows, ncols = math.prod(row_shape), math.prod(col_shape)
+    row_coords = delinearize("r", row_shape)
+    col_coords = delinearize("c", col_shape)
+    coords = [""] * len(full)
+    for d, c in zip(row_axes, row_coords):
+        coords[d] = c
+    for d, c in zip(red_axes, col_coords):
+        coords[d] = c
+    full_coords = canon(full, tuple(coords))
+
+    def scalar_coords(shape):
+        if shape == row_shape:
+            return row_coords
+        return tuple(full_coords[d] if d in row_axes else "0" for d in range(len(full)))
+
+    yields = _yields(op)
+    full_args = [a for a in op.body.args if a.type.shape == full] if suffix else []
+    full_yields = [j for j, y in enumerate(yields) if y.type.shape == full]
+    row_yields = [j for j in range(len(yields)) if j not in full_yields]
+    for j in row_yields:
+        if math.prod(yields[j].type.shape) != nrows:
+            raise TgcError(f"kernel '{op.attr('name')}' yields a value that is neither a row "
+                           f"nor one value per row", op.loc)
+
+    widest = max([ELEMENT_BYTES[a.type.element_type] for a in full_args]
+                 + [ELEMENT_BYTES[yields[j].type.element_type] for j in full_yields] + [1])
+    vec = max(1, 16 // widest) if suffix and ncols % max(1, 16 // widest) == 0 else 1
+    vec = int(params.setdefault("vector_width", vec))
+    warp_max = int(params.setdefault("warp_per_row_max", 1024))
+    warp_per_row = ncols <= warp_max
+    if warp_per_row:
+        block_size = int(params.setdefault("block_size", 128))
+        tpr = 32
+    else:
+        guess = 1 << max(6, math.ceil(math.log2(max(1, math.ceil(ncols / vec / 4)))))
+        block_size = int(params.setdefault("block_size", min(1024, guess)))
+        tpr = block_size
+    chunks = math.ceil(ncols / (tpr * vec))
+    cache_limit = int(params.setdefault("register_cache_limit", 64))
+    cached_args = full_args if chunks * vec * len(full_args) <= cache_limit else []
+    unroll = chunks if chunks * vec <= 64 else 4
+
+    em = Emitter(ptrs)
+    cache_regs = {a: f"x{op.body.args.index(a)}" for a in cached_args}
+    for a in full_args:
+
+        def hook(c, a=a):
+            if c != full_coords:
+                return None
+            if a in cache_regs:
+                return f"{cache_regs[a]}[k * {vec} + l]"
+            return em.define(a, load_expression(ptrs[a], f"r * {ncols} + c", a.type.element_type))
+
+        em.hooks[a] = hook
+    for a in op.body.args:
+        if a.type.shape == col_shape and suffix and a not in em.hooks:
+            em.hooks[a] = lambda c, a=a: (
+                em.define(a, load_expression(ptrs[a], "c", a.type.element_type))
+                if c == canon(col_shape, col_coords) else None
+            )
+
+    # level of a value: how many reductions must finish before it is known.
+    level: dict[Value, int] = {a: 0 for a in op.body.args}
+    for inner in op.body.ops:
+        base = max((level.get(x, 0) for x in inner.operands), default=0)
+        for r in inner.results:
+            level[r] = base + 1 if inner.name in REDUCE_CODE else base
+    smem, seen_smem = [], {}
+    done: set[Value] = set()
+
+    keep_shape = tuple(1 if d in red_axes else full[d] for d in range(len(full)))
+    scalar_shapes = (row_shape, keep_shape)
+    finished = [0]  # passes completed so far
+
+    def emit_ready_scalars():
+        """Values with one element per row are computed once per row, as soon as known."""
+        for inner in op.body.ops:
+            if inner.name in REDUCE_CODE or inner is op.body.last:
+                continue
+            for r in inner.results:
+                if r.type.shape in scalar_shapes and r not in done and level[r] <= finished[0]:
+                    em.value(r, scalar_coords(r.type.shape))
+                    done.add(r)
+
+    emit_ready_scalars()
+    before = em.take(2)
+    passes = []
+    max_level = max(level[r.results[0]] for r in reductions)
+    for lv in range(max_level):
+        group = [r for r in reductions if level[r.results[0]] == lv + 1]
+        accs = []
+        em.push()
+        for red in group:
+            elem = red.results[0].type.element_type
+            functor, identities = REDUCE_CODE[red.name]
+            ctype = COMPUTE_CTYPE[elem]
+            identity = identities.get(type_class(elem)) or _int_identity(red.name, elem)
+            name = em.fresh("acc")
+            if ctype not in seen_smem:
+                seen_smem[ctype] = f"smem_{len(seen_smem)}"
+                smem.append({"ctype": ctype, "name": seen_smem[ctype]})
+            val = em.value(red.operands[0], full_coords)
+            em.emit(f"{name} = {functor}()({name}, {val});")
+            accs.append({"name": name, "ctype": ctype, "identity": identity, "op": functor,
+                         "smem": seen_smem[ctype]})
+        body = em.take(8)
+        em.pop()
+        for red, acc in zip(group, accs):
+            em.hooks[red.results[0]] = lambda c, n=acc["name"]: n
+        finished[0] += 1
+        emit_ready_scalars()
+        passes.append({"what": ", ".join(r.name.split(".")[1] for r in group), "accs": accs,
+                       "body": body, "after": em.take(2)})
+
+    em.push()
+    out_infos = []
+    for j in full_yields:
+        y = yields[j]
+        val = store_value(em.value(y, full_coords), op.results[j].type.element_type)
+        em.emit(f"o{j}.v[l] = {val};")
+        out_infos.append({"storage": STORAGE_CTYPE[op.results[j].type.element_type], "reg": f"o{j}",
+                          "ptr": outs[j]})
+    output_body = em.take(8)
+    em.pop()
+    for j in row_yields:
+        y = yields[j]
+        val = store_value(em.value(y, scalar_coords(y.type.shape)), op.results[j].type.element_type)
+        em.emit(f"{outs[j]}[r] = {val};")
+    row_output_body = em.take(4)
+
+    cached = [{"ctype": COMPUTE_CTYPE[a.type.element_type], "storage": STORAGE_CTYPE[a.type.element_type],
+               "reg": cache_regs[a], "ptr": ptrs[a],
+               "convert": "tgc_cvt(w.v[l])" if a.type.element_type in ("f16", "bf16") else "w.v[l]"}
+              for a in cached_args]
+    if not suffix and full_yields:
+        raise TgcError(f"kernel '{op.attr('name')}' writes full rows of a non-suffix reduction")
+    name = c_identifier(op.attr("name"))
+    source = render(
+        "row_reduction.cu.j2",
+        name=name, params=decls, idx_t=_idx_type(op), nrows=nrows, ncols=ncols,
+        warp_per_row=warp_per_row, block_size=block_size, tpr=tpr, chunks=chunks, vec=vec,
+        unroll=unroll, cached=cached, smem=smem if not warp_per_row else [], before=before,
+        passes=passes, full_outputs=out_infos, output_body=output_body,
+        row_outputs=bool(row_yields), row_output_body=row_output_body,
+    )
+    rows_per_block = block_size // 32 if warp_per_row else 1
+    params["rows_per_block"] = rows_per_block
+    grid = (max(1, math.ceil(nrows / rows_per_block)), 1, 1)
+    return KernelSource(name, source, "row_reduction", len(op.operands), len(op.results), grid,
+                        (block_size, 1, 1), params, op.loc, op.attr("name"))
+
+
+def _int_identity(name: str, elem: str) -> str:
+    bits = {"i8": 8, "i32": 32, "i64": 64}.get(elem, 32)
+    low, high = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    if name == "atomic.reduce_max":
+        return f"({low + 1}LL - 1)" if bits == 64 else str(low)
+    return f"{high}LL" if bits == 64 else str(high)
+
+
+# -- matmul with epilogue ---------------------------------------------------------------------------
+
+
+def _matmul(op: FusedOp, params: dict) -> KernelSource:
+    decls, ptrs, outs = _params_decl(op)
+    mms = [inner for inner in op.body.ops if inner.name == "atomic.matmul"]
+    if len(mms) != 1:
+        raise TgcError(f"matmul kernel '{op.attr('name')}' needs exactly one atomic.matmul")
+    mm = mms[0]
+    a, b = mm.operands
+    for x in (a, b):
+        if x not in ptrs:
+            raise TgcError("matmul operands must be kernel inputs", mm.loc)
+    ta, tb = mm.attr("transpose_a"), mm.attr("transpose_b")
+    out = mm.results[0].type.shape
+    m, n = out[-2], out[-1]
+    k = a.type.shape[-2] if ta else a.type.shape[-1]
+    batch_shape = out[:-2]
+    batch = math.prod(batch_shape)
+    bcoords = delinearize("z", batch_shape)
+    a_batch = broadcast_coords(a.type.shape[:-2], batch_shape, bcoords)
+    b_batch = broadcast_coords(b.type.shape[:-2], batch_shape, bcoords)
+    a_off = linear_offset(a.type.shape, a_batch + ("0", "0"))
+    b_off = linear_offset(b.type.shape, b_batch + ("0", "0"))
+    sam, sak = (1, m) if ta else (k, 1)
+    sbk, sbn = (1, k) if tb else (n, 1)
+
+    def load(x: Value, first: str, s1: int, second: str, s2: int, base: str) -> str:
+        offset = f"{base} + {first} * {s1} + {second} * {s2}"
+        return load_expression(ptrs[x], offset, x.type.element_type)
+
+    bm = int(params.setdefault("block_m", 64))
+    bn = int(params.setdefault("block_n", 64))
+    bk = int(params.setdefault("block_k", 16))
+    tm = int(params.setdefault("thread_m", 4))
+    tn = int(params.setdefault("thread_n", 4))
+    threads = (bm // tm) * (bn // tn)
+
+    em = Emitter(ptrs)
+    em.hooks[mm.results[0]] = lambda c: "mm_val"
+    coords = bcoords + ("m", "n")
+    for j, (y, r) in enumerate(zip(_yields(op), op.results)):
+        if r.type.shape != out:
+            raise TgcError(f"matmul kernel '{op.attr('name')}' yields a value of another shape")
+        val = store_value(em.value(y, coords), r.type.element_type)
+        em.emit(f"{outs[j]}[{linear_offset(out, coords)}] = {val};")
+    epilogue = em.take(8)
+    acc_t = COMPUTE_CTYPE[mm.results[0].type.element_type]
+    name = c_identifier(op.attr("name"))
+    source = render(
+        "matmul.cu.j2",
+        name=name, params=decls, idx_t=_idx_type(op), acc_t=acc_t, m=m, n=n, k=k, batch=batch,
+        bm=bm, bn=bn, bk=bk, tm=tm, tn=tn, threads=threads,
+        a_batch_offset=a_off, b_batch_offset=b_off,
+        a_k_contiguous=not ta, b_n_contiguous=not tb,
+        a_load=load(a, "m", sam, "kx", sak, "a_base"),
+        b_load=load(b, "kx", sbk, "n", sbn, "b_base"),
+        epilogue=epilogue,
+    )
+    grid = (math.ceil(n / bn), math.ceil(m / bm), batch)
+    return KernelSource(name, source, "matmul", len(op.operands), len(op.results), grid,
+                        (threads, 1, 1), params, op.loc, op.attr("name"))
+
+
+__all__ = ["KernelSource", "generate_kernel", "prelude", "c_identifier", "literal"]

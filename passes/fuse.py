@@ -1,0 +1,432 @@
+"""`fuse`: group producer-consumer chains into `kernel.fused` regions, one generated kernel each.
+
+Three kinds of kernel (the `template` attribute of the region):
+
+- `elementwise`: a chain of elementwise ops over one iteration shape; operands of other shapes
+  are read through numpy broadcasting (index arithmetic, never a materialised broadcast).
+- `row_reduction`: reductions over a suffix of the dims (the "row", e.g. the last axis), with the
+  elementwise ops before them (prologue), between them and after them (epilogue): softmax,
+  log_softmax, layernorm and rmsnorm after `lower-hl` each become one kernel. Values in such a
+  region are full rows (the reduced operand's shape) or one value per row (the reduction's
+  result, with or without kept unit dims).
+- `matmul`: one `atomic.matmul` and the elementwise ops on its result (bias, activation, scale,
+  residual add): the epilogue runs on the accumulator before it is stored.
+
+Views (`broadcast`, `reshape`, `transpose`, `slice`, `split`) of a kernel input, splat
+constants, `iota` and small elementwise expressions of those alone (a causal mask) cost no
+memory traffic: they are cloned into every kernel that reads them and become index arithmetic. A plain matmul without an epilogue stays `atomic.matmul` (a
+library kernel is faster).
+
+Legality. Merging two groups is allowed only when (1) their iteration spaces agree (above),
+(2) the merged group creates no cycle in the graph of kernels (checked with networkx: no path
+between the two through a third kernel or op), and (3) nothing is computed twice: every op
+lands in exactly one kernel.
+
+Values with several consumers. A value is computed once, in its producer's kernel. Consumers
+join that kernel when they legally can (same iteration space, no cycle); then the value stays in
+registers. When some consumer lives in another kernel (a matmul operand, a value of another
+shape, a consumer that would close a cycle), the producer's kernel also writes the value to
+memory (one more `kernel.yield` result) and that consumer reads it. Work is never duplicated to
+avoid that write; only views, splat constants and iota are recomputed. See docs/fusion.md.
+
+Contract: the function computes the same values (interpreting a `kernel.fused` runs its region);
+every op that is not a view, constant or plain matmul ends up inside exactly one region; the
+order of the function's ops is a topological order of the new graph.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from tgc.builtin import FuncOp, ModuleOp
+from tgc.dialects.kernel import FusedOp, YieldOp
+from tgc.ir import Block, Operation, Region, Value
+from tgc.opdef import ELEMENTWISE, TERMINATOR
+from tgc.pass_manager import Pass, PassStatistics, register_pass
+
+VIEW_OPS = frozenset(
+    {"atomic.broadcast", "atomic.reshape", "atomic.transpose", "atomic.slice", "atomic.split"}
+)
+REDUCE_OPS = frozenset({"atomic.reduce_sum", "atomic.reduce_max", "atomic.reduce_min"})
+MAX_KERNEL_INPUTS = 64
+
+
+def is_free_leaf(op: Operation) -> bool:
+    """Ops that cost nothing to recompute in every kernel that reads them."""
+    if op.name == "atomic.iota":
+        return True
+    return op.name == "atomic.constant" and op.attr("value").splat_value() is not None
+
+
+def is_free(op: Operation, depth: int = 0) -> bool:
+    """A free leaf, or a small elementwise expression or view of free values only (the causal
+    mask `iota <= iota`): recomputing it where it is read costs less than a load."""
+    if is_free_leaf(op):
+        return True
+    if depth > 6 or not op.operands or not (is_elementwise(op) or op.name in VIEW_OPS):
+        return False
+    return all(v.defining_op is not None and is_free(v.defining_op, depth + 1) for v in op.operands)
+
+
+def is_elementwise(op: Operation) -> bool:
+    return op.has_trait(ELEMENTWISE) and len(op.results) == 1 and not op.regions
+
+
+def reduced_suffix(op: Operation) -> int | None:
+    """Number of reduced dims when `op` reduces a (non-empty) suffix of its operand's dims."""
+    if op.name not in REDUCE_OPS:
+        return None
+    rank = op.operands[0].type.rank
+    axes = sorted(op.axes())
+    if not axes or axes != list(range(rank - len(axes), rank)):
+        return None
+    return len(axes)
+
+
+def is_unit_reshape(op: Operation) -> bool:
+    """A reshape that only inserts or removes unit dims (coordinates map one to one)."""
+    if op.name != "atomic.reshape":
+        return False
+    before = [d for d in op.operands[0].type.shape if d != 1]
+    after = [d for d in op.results[0].type.shape if d != 1]
+    return before == after
+
+
+@dataclass(eq=False)
+class Group:
+    """Ops that will become one kernel, and the iteration space they share."""
+
+    kind: str  # "elementwise" | "row_reduction" | "matmul"
+    space: tuple[int, ...]  # the full iteration shape
+    ncols: int = 0  # row_reduction: how many trailing dims are reduced
+    ops: list[Operation] = field(default_factory=list)
+
+    def row_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """Shapes a value of a row_reduction group may have: a full row, or one per row."""
+        rows = self.space[: len(self.space) - self.ncols]
+        return (self.space, rows + (1,) * self.ncols, rows)
+
+    def accepts_shape(self, shape: tuple[int, ...]) -> bool:
+        if self.kind == "row_reduction":
+            return shape in self.row_shapes()
+        return shape == self.space
+
+
+def _compatible(a: Group, b: Group) -> Group | None:
+    """The kind and space of a merged group, or None when `a` and `b` cannot share a kernel."""
+    if a.kind == "matmul" and b.kind == "matmul":
+        return None
+    if "matmul" in (a.kind, b.kind):
+        mm, other = (a, b) if a.kind == "matmul" else (b, a)
+        return mm if other.kind == "elementwise" and other.space == mm.space else None
+    if a.kind == b.kind == "row_reduction":
+        return a if (a.space, a.ncols) == (b.space, b.ncols) else None
+    if a.kind == "row_reduction":
+        return a if a.accepts_shape(b.space) else None
+    if b.kind == "row_reduction":
+        return b if b.accepts_shape(a.space) else None
+    return a if a.space == b.space else None
+
+
+class _Fuser:
+    def __init__(self, func: FuncOp) -> None:
+        self.func = func
+        self.group_of: dict[Operation, Group] = {}
+        self.groups: list[Group] = []
+
+    # -- the graph of units (groups and loose ops), for the cycle check ------------------------
+
+    def unit(self, op: Operation):
+        return self.group_of.get(op, op)
+
+    def graph(self) -> nx.DiGraph:
+        g = nx.DiGraph()
+        for op in self.func.body.ops:
+            u = self.unit(op)
+            g.add_node(u)
+            for v in op.operands:
+                p = v.defining_op
+                if p is not None and self.unit(p) is not u:
+                    g.add_edge(self.unit(p), u)
+        return g
+
+    def creates_cycle(self, a, b) -> bool:
+        """True when contracting units `a` and `b` would close a cycle (a path through a third)."""
+        g = self.graph()
+        for x, y in ((a, b), (b, a)):
+            if g.has_edge(x, y):
+                g.remove_edge(x, y)
+        return nx.has_path(g, a, b) or nx.has_path(g, b, a)
+
+    # -- building groups ----------------------------------------------------------------------
+
+    def new_group(self, op: Operation) -> Group | None:
+        if op.name == "atomic.matmul":
+            group = Group("matmul", op.results[0].type.shape)
+        elif (k := reduced_suffix(op)) is not None:
+            group = Group("row_reduction", op.operands[0].type.shape, k)
+        elif is_elementwise(op):
+            group = Group("elementwise", op.results[0].type.shape)
+        else:
+            return None
+        group.ops.append(op)
+        self.group_of[op] = group
+        self.groups.append(group)
+        return group
+
+    def can_join(self, group: Group, op: Operation) -> bool:
+        """May `op`, which reads a value of `group`, run inside it (shapes only)?"""
+        if op.name == "atomic.matmul":
+            return False
+        if (k := reduced_suffix(op)) is not None:
+            if group.kind == "matmul" or op.operands[0].type.shape != group.space:
+                return False
+            return group.kind == "elementwise" or group.ncols == k
+        shape = op.results[0].type.shape if len(op.results) == 1 else None
+        if is_elementwise(op):
+            return group.accepts_shape(shape)
+        if group.kind != "row_reduction" or shape is None:
+            return False
+        inner = op.operands[0].defining_op
+        if inner is None or self.group_of.get(inner) is not group:
+            return False
+        if op.name == "atomic.broadcast" or is_unit_reshape(op):
+            return group.accepts_shape(shape)
+        return False
+
+    def join(self, group: Group, op: Operation) -> None:
+        if (k := reduced_suffix(op)) is not None and group.kind == "elementwise":
+            group.kind, group.ncols = "row_reduction", k
+        group.ops.append(op)
+        self.group_of[op] = group
+
+    def merge(self, keep: Group, other: Group) -> None:
+        for op in other.ops:
+            self.group_of[op] = keep
+        keep.ops += other.ops
+        self.groups.remove(other)
+
+    def producer_groups(self, op: Operation) -> list[Group]:
+        found: list[Group] = []
+        for v in op.operands:
+            p = v.defining_op
+            g = self.group_of.get(p) if p is not None else None
+            if g is not None and g not in found:
+                found.append(g)
+        rank = {"matmul": 0, "row_reduction": 1, "elementwise": 2}
+        return sorted(found, key=lambda g: rank[g.kind])
+
+    def run(self) -> None:
+        for op in list(self.func.body.ops):
+            if op.has_trait(TERMINATOR) or is_free(op):
+                continue
+            candidates = self.producer_groups(op)
+            home = None
+            for g in candidates:
+                if self.can_join(g, op) and not self.creates_cycle(g, op):
+                    self.join(g, op)
+                    home = g
+                    break
+            if home is None:
+                home = self.new_group(op)
+            if home is None:
+                continue
+            for g in candidates:
+                if g is home or g not in self.groups:
+                    continue
+                merged = _compatible(home, g)
+                if merged is None or self.creates_cycle(home, g):
+                    continue
+                other = g if merged is home else home
+                self.merge(merged, other)
+                home = merged
+        for g in self.groups:
+            g.ops.sort(key=self.position)
+
+    def position(self, op: Operation) -> int:
+        return self.index[op]
+
+    def number_ops(self) -> None:
+        self.index = {op: i for i, op in enumerate(self.func.body.ops)}
+
+
+def _worth_a_kernel(group: Group) -> bool:
+    return not (group.kind == "matmul" and len(group.ops) == 1)
+
+
+def sanitize(name: str) -> str:
+    """A C identifier made of [A-Za-z0-9_], never starting with a digit."""
+    text = re.sub(r"[^A-Za-z0-9_]", "_", name)
+    if not text or text[0].isdigit():
+        text = "k_" + text
+    return text[:80]
+
+
+def _summary(group: Group) -> str:
+    names: list[str] = []
+    for op in group.ops:
+        short = op.name.split(".", 1)[1]
+        if short not in names and op.name not in VIEW_OPS:
+            names.append(short)
+    return "_".join(names[:3])
+
+
+class _Materializer:
+    """Turns one group into a `kernel.fused` op placed in the function body."""
+
+    def __init__(self, func: FuncOp, group: Group, name: str) -> None:
+        self.func = func
+        self.group = group
+        self.name = name
+        self.members = set(group.ops)
+        self.inputs: list[Value] = []
+        self.clones: dict[Value, Value] = {}
+
+    def source_chain(self, v: Value) -> list[Operation] | None:
+        """The view ops (and a free leaf) between `v` and a value computed elsewhere, or None
+        when `v` is not a view of an outside value."""
+        chain: list[Operation] = []
+        while True:
+            op = v.defining_op
+            if op is None:
+                return chain if chain else None
+            if op in self.members:
+                return None
+            if is_free_leaf(op):
+                return chain + [op]
+            if op.name not in VIEW_OPS:
+                return chain if chain else None
+            chain.append(op)
+            v = op.operands[0]
+
+    def resolve(self, v: Value, block: Block) -> Value:
+        """The value inside the region that stands for the outside value `v`."""
+        if v in self.clones:
+            return self.clones[v]
+        op = v.defining_op
+        if op is not None and (is_free(op) or (op.name in VIEW_OPS and self.source_chain(v))):
+            operands = [self.resolve(x, block) for x in op.operands]
+            clone = type(op)(operands, [r.type for r in op.results], dict(op.attributes), None, op.loc)
+            block.append(clone)
+            for old, new in zip(op.results, clone.results):
+                self.clones[old] = new
+            return self.clones[v]
+        arg = self.input(v, block)
+        self.clones[v] = arg
+        return arg
+
+    def input(self, v: Value, block: Block) -> Value:
+        """The block argument standing for the outside value `v` (added on first use)."""
+        if v not in self.inputs:
+            self.inputs.append(v)
+            block.add_arg(v.type, v.name_hint)
+        return block.args[self.inputs.index(v)]
+
+    def build(self, before: Operation | None = None) -> FusedOp:
+        """Make the fused op, inserted before `before` (default: the function's terminator)."""
+        ops = self.group.ops
+        outputs = [r for op in ops for r in op.results if any(u not in self.members for u in r.users())]
+        block = Block()
+        for op in ops:
+            for i, v in enumerate(op.operands):
+                d = v.defining_op
+                if d is None or d not in self.members:
+                    # A matmul reads whole matrices: its operands are inputs, never views.
+                    inner = self.input(v, block) if op.name == "atomic.matmul" else self.resolve(v, block)
+                    op.set_operand(i, inner)
+            op.detach()
+            block.append(op)
+        block.append(YieldOp(list(outputs), [], loc=ops[-1].loc))
+        attrs = {"name": self.name, "template": self.group.kind}
+        fused = FusedOp(list(self.inputs), [v.type for v in outputs], attrs, [Region([block])],
+                        ops[-1].loc)
+        for old, new in zip(outputs, fused.results):
+            new.name_hint = old.name_hint
+            old.replace_uses_if(new, lambda user: user.block is not block)
+        self.func.body.insert_before(fused, before if before is not None else self.func.body.last)
+        return fused
+
+
+def _erase_dead_leaves(func: FuncOp) -> None:
+    changed = True
+    while changed:
+        changed = False
+        for op in list(func.body.ops_reversed()):
+            if op.has_trait(TERMINATOR) or any(r.uses for r in op.results):
+                continue
+            if op.name in VIEW_OPS or is_free(op):
+                op.erase()
+                changed = True
+
+
+def _reorder(func: FuncOp, key: dict[Operation, int]) -> None:
+    """Put the body into a topological order, as close to the original order as possible."""
+    body = func.body
+    term = body.last
+    ops = [op for op in body.ops if op is not term]
+    g = nx.DiGraph()
+    g.add_nodes_from(ops)
+    members = set(ops)
+    for op in ops:
+        for v in op.operands:
+            p = v.defining_op
+            if p in members:
+                g.add_edge(p, op)
+    order = list(nx.lexicographical_topological_sort(g, key=lambda op: key[op]))
+    for op in ops:
+        op.detach()
+    for op in order:
+        body.insert_before(op, term)
+
+
+def existing_kernel_names(module: Operation) -> set[str]:
+    return {op.attr("name") for op in module.walk() if isinstance(op, FusedOp)}
+
+
+@register_pass
+@dataclass(frozen=True)
+class Fuse(Pass):
+    """Group producer-consumer chains into `kernel.fused` regions (elementwise chains, row
+    reductions with prologue and epilogue, matmul with epilogue). See the module docstring for
+    the legality rules and the policy for values with several consumers.
+
+    Contract: results are unchanged; each fused op is an isolated region whose block arguments
+    are its inputs and whose `kernel.yield` gives its outputs; `name` is a unique C identifier.
+    """
+
+    name = "fuse"
+    summary = "Fuse producer-consumer chains into kernel.fused regions"
+
+    def run_on_module(self, module: ModuleOp, stats: PassStatistics) -> None:
+        taken = existing_kernel_names(module)
+        for func in module.funcs:
+            self.fuse_function(func, stats, taken)
+
+    def run_on_func(self, func: FuncOp, stats: PassStatistics) -> None:
+        self.fuse_function(func, stats, existing_kernel_names(func))
+
+    def fuse_function(self, func: FuncOp, stats: PassStatistics, taken: set[str]) -> None:
+        fuser = _Fuser(func)
+        fuser.number_ops()
+        fuser.run()
+        key = dict(fuser.index)
+        for group in sorted(fuser.groups, key=lambda g: fuser.index[g.ops[0]]):
+            if not _worth_a_kernel(group):
+                continue
+            base = sanitize(f"{func.sym_name}_{_summary(group)}")
+            name, n = base, 0
+            while name in taken:
+                n += 1
+                name = f"{base}_{n}"
+            taken.add(name)
+            fused = _Materializer(func, group, name).build()
+            key[fused] = max(fuser.index[op] for op in group.ops)
+            stats.bump(f"kernels ({group.kind})")
+            stats.bump("ops fused", len(group.ops))
+        for op in func.body.ops:
+            key.setdefault(op, len(key))
+        _erase_dead_leaves(func)
+        _reorder(func, key)
