@@ -21,6 +21,8 @@ On failure hypothesis prints the function text and the input seed (and, with pri
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,7 +33,7 @@ import tgc
 import tgc.passes  # registers the passes
 from tgc.builder import FunctionBuilder, tensor
 from tgc.pass_manager import PASSES
-from tgc.runtime.interpreter import run_function
+from tgc.runtime.interpreter import random_inputs, run_function
 
 LIMIT = 1e6
 TOLERANCE = 1e-8
@@ -276,3 +278,47 @@ def test_pipeline_keeps_float64_results(pipeline, text, seed):
         pytest.skip(f"passes not written yet: {missing}")
     note(f"replay: replay({text!r}, {seed}, {pipeline!r})")
     replay(text, seed, pipeline)
+
+
+# -- every example and every lit test module ---------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+SPLIT = re.compile(r"^// -----.*$", re.MULTILINE)
+
+
+def modules_in_the_repository():
+    """(name, text) of every function-bearing chunk of examples/*.tg and test/lit/**/*.tg that
+    parses and verifies (the diagnostics tests' chunks do not)."""
+    files = sorted(ROOT.glob("examples/*.tg")) + sorted((ROOT / "test" / "lit").rglob("*.tg"))
+    for path in files:
+        if "Output" in path.parts:
+            continue
+        for i, chunk in enumerate(SPLIT.split(path.read_text())):
+            try:
+                module = tgc.parse(chunk, str(path))
+            except tgc.TgcError:
+                continue
+            if module.funcs:
+                yield f"{path.relative_to(ROOT)}#{i}", chunk
+
+
+CASES = list(modules_in_the_repository())
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # log, sqrt, pow of negative inputs
+@pytest.mark.parametrize("name, text", CASES, ids=[name for name, _ in CASES])
+def test_optimize_keeps_the_results_of_every_module(name, text):
+    """float64 before and after `optimize`, seeded N(0, 1) inputs. The decompositions' constants
+    have the module's float type (see test_lower_hl.py), so the tolerance follows the narrowest
+    float type present: |after - before| <= tol (|before| + max(1, max |before|)), tol = 1e-6
+    for f32 (and f64), 4e-3 for f16, 3e-2 for bf16."""
+    tol = 3e-2 if "bf16" in text else 4e-3 if "f16" in text else 1e-6
+    module = tgc.parse(text, name)
+    inputs = {f.sym_name: random_inputs(f, 0) for f in module.funcs}
+    before = {f.sym_name: run_function(f, inputs[f.sym_name], "f64") for f in module.funcs}
+    tgc.run_pipeline(module, "optimize")
+    for func in module.funcs:
+        after = run_function(func, inputs[func.sym_name], "f64")
+        for want, got in zip(before[func.sym_name], after):
+            big = max(1.0, float(np.max(np.abs(want[np.isfinite(want)]), initial=0)))
+            np.testing.assert_allclose(got, want, rtol=tol, atol=tol * big, equal_nan=True)
