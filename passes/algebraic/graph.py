@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from tgc.builtin import FuncOp, ReturnOp
 from tgc.ir import Block, Operation, Region, Value
+from tgc.rewriter import Rewriter
 
 
 def clone_op(op: Operation, value_map: dict[Value, Value]) -> Operation:
@@ -104,3 +105,59 @@ def fingerprint(func: FuncOp) -> tuple:
         for r in op.results:
             numbers[r] = len(numbers)
     return tuple(parts)
+
+
+class UndoRewriter(Rewriter):
+    """A rewriter that logs every change so that `undo(mark)` can revert to an earlier point.
+
+    The search moves one working copy of a window between states (undo to the common prefix,
+    apply the rest) instead of cloning a graph per state. Changes are reverted exactly, use
+    lists included, in reverse order. `inserted_since(mark)` and `erased_since(mark)` give what
+    a move added and removed, which is all a cost delta needs.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[tuple] = []
+
+    def _inserted(self, op: Operation) -> None:
+        super()._inserted(op)
+        self.log.append(("insert", op))
+
+    def replace_all_uses(self, old: Value, new: Value) -> None:
+        if old is not new:
+            self.log.append(("uses", old, list(old.uses), new, list(new.uses)))
+        super().replace_all_uses(old, new)
+
+    def erase_op(self, op: Operation) -> None:
+        saved = [(v, list(v.uses)) for v in dict.fromkeys(op.operands)]
+        self.log.append(("erase", op, op.prev, op.block, saved))
+        super().erase_op(op)
+
+    def changes_since(self, mark: int) -> tuple[list[Operation], list[Operation]]:
+        """(ops inserted and still present, pre-existing ops erased) since `mark`."""
+        inserted = [e[1] for e in self.log[mark:] if e[0] == "insert"]
+        erased = [e[1] for e in self.log[mark:] if e[0] == "erase"]
+        new = set(inserted)
+        return [op for op in inserted if op.block is not None], [
+            op for op in erased if op not in new
+        ]
+
+    def undo(self, mark: int = 0) -> None:
+        while len(self.log) > mark:
+            entry = self.log.pop()
+            if entry[0] == "insert":
+                entry[1].erase()
+            elif entry[0] == "uses":
+                _, old, old_uses, new, new_uses = entry
+                for user, index in old_uses:
+                    user.operands[index] = old
+                old.uses, new.uses = old_uses, new_uses
+            else:
+                _, op, prev, block, saved = entry
+                if prev is None:
+                    block.insert_before(op, block.first)
+                else:
+                    block.insert_after(op, prev)
+                for v, uses in saved:
+                    v.uses = uses

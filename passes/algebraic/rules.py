@@ -360,7 +360,12 @@ def _find_merge(op: Operation, ctx: Context) -> Found:
         at = anchor(members)
         if at is None or not available(shared, at):
             continue
-        members = [m for m in members if available(m.operands[1 - side], at)]
+        group = set(members)  # a weight computed by a member cannot feed the merged matmul
+        members = [
+            m
+            for m in members
+            if available(m.operands[1 - side], at) and m.operands[1 - side].defining_op not in group
+        ]
         if len(members) < 2:
             continue
         found.append(((anchor(members), *members), side))

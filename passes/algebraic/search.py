@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from tgc.builtin import FuncOp
 from tgc.ir import Block, Operation
-from tgc.passes.algebraic.cost import CostWeights, ops_cost
-from tgc.passes.algebraic.graph import clone_func, fingerprint, span_ops
+from tgc.passes.algebraic.cost import Cost, CostWeights, ops_cost
+from tgc.passes.algebraic.graph import UndoRewriter, fingerprint, span_ops
 from tgc.passes.algebraic.rules import MATMUL, MAX_SHARERS, MUL, Context, Rule
 from tgc.rewriter import Rewriter
 
@@ -124,39 +124,64 @@ def find_moves(func: FuncOp, rules: tuple[Rule, ...], weights: CostWeights) -> l
 
 def apply_move(move: Move, ops: list[Operation], rewriter: Rewriter) -> None:
     found = tuple(ops[i] for i in move.indices)
-    names = tuple(o.name for o in found)
-    assert names == move.names, f"{move.rule.name}: replay found {names}, expected {move.names}"
+    for op, name in zip(found, move.names):  # the window's func.return stands for any op
+        assert name in (op.name, "func.return"), f"{move.rule.name}: replay found {op.name}"
     move.rule.apply(rewriter, found, move.plan)
 
 
 def search(
     window: FuncOp, rules: tuple[Rule, ...], weights: CostWeights, alpha: float, budget: int
 ) -> SearchResult:
+    """Best-first search over rewrites of `window` (which is left as it was)."""
     start = ops_cost(window.body.ops).seconds(weights)
     best_cost, best_moves = start, ()
-    queue = [(start, 0, window, ())]
+    queue: list[tuple[float, int, tuple[Move, ...]]] = [(start, 0, ())]
     seen = {fingerprint(window)}
+    rewriter = UndoRewriter()
+    applied: list[tuple[Move, int]] = []  # the working copy's moves, each with its undo mark
     counter = expanded = 0
     while queue and expanded < budget:
-        cost, _, func, moves = heapq.heappop(queue)
+        cost, _, moves = heapq.heappop(queue)
         if cost >= alpha * best_cost and moves:
             continue
         expanded += 1
-        for move in find_moves(func, rules, weights):
-            child = clone_func(func)
-            apply_move(move, list(child.body.ops), Rewriter())
-            key = fingerprint(child)
-            if key in seen:
-                continue
-            seen.add(key)
-            child_cost = ops_cost(child.body.ops).seconds(weights)
+        _go_to(moves, applied, window, rewriter)
+        ops = list(window.body.ops)
+        for move in find_moves(window, rules, weights):
+            mark = len(rewriter.log)
+            apply_move(move, ops, rewriter)
+            inserted, erased = rewriter.changes_since(mark)
+            child_cost = cost + (ops_cost(inserted) + _minus(ops_cost(erased))).seconds(weights)
             path = moves + (move,)
-            if child_cost < best_cost * (1 - IMPROVEMENT):
-                best_cost, best_moves = child_cost, path
-            if child_cost < alpha * best_cost:
-                counter += 1
-                heapq.heappush(queue, (child_cost, counter, child, path))
+            if child_cost < alpha * best_cost or child_cost < best_cost:
+                key = fingerprint(window)
+                if key not in seen:
+                    seen.add(key)
+                    if child_cost < best_cost * (1 - IMPROVEMENT):
+                        best_cost, best_moves = child_cost, path
+                    if child_cost < alpha * best_cost:
+                        counter += 1
+                        heapq.heappush(queue, (child_cost, counter, path))
+            rewriter.undo(mark)
+    rewriter.undo(0)
     return SearchResult(best_moves, start, best_cost, expanded)
+
+
+def _minus(cost: Cost) -> Cost:
+    return Cost(-cost.flops, -cost.bytes, -cost.launches)
+
+
+def _go_to(moves, applied: list, window: FuncOp, rewriter: UndoRewriter) -> None:
+    """Bring the working copy from the state of `applied` to the state reached by `moves`."""
+    common = 0
+    while common < min(len(moves), len(applied)) and applied[common][0] is moves[common]:
+        common += 1
+    if common < len(applied):
+        rewriter.undo(applied[common][1])
+        del applied[common:]
+    for move in moves[common:]:
+        applied.append((move, len(rewriter.log)))
+        apply_move(move, list(window.body.ops), rewriter)
 
 
 def replay(

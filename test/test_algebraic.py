@@ -1,0 +1,511 @@
+"""The `algebraic` pass: every rule and random combinations keep float64 results; the cost model.
+
+- Rule verification (TASO-style random testing): random graphs built so that each rule has
+  places to apply; every match the rule finds is applied alone to a copy, which must verify and
+  compute the same results as the original in float64 (relative tolerance 1e-9).
+- Differential testing of the whole pass: random graphs mixing all the patterns (shared
+  operands, broadcasting, transpose flags, batch dims, reused values) run through the pass with
+  varied options (alpha, budget, window, cost weights); results must agree (1e-9) and the
+  model's cost must not grow.
+- The cost model's numbers on small graphs computed by hand, the chain DP against brute
+  force, locations, and the speed on GPT-2-like graphs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import numpy as np
+import pytest
+
+import tgc.dialects  # noqa: F401  (registers the ops)
+from tgc.attributes import DenseAttr, FunctionTypeAttr
+from tgc.builder import FunctionBuilder, tensor
+from tgc.builtin import FuncOp
+from tgc.parser import parse_module
+from tgc.pass_manager import PassManager, PipelineError, parse_pipeline
+from tgc.passes.algebraic.cost import Cost, CostWeights, op_cost, ops_cost
+from tgc.passes.algebraic.graph import clone_func, extract_window, fingerprint
+from tgc.passes.algebraic.rules import RULE_NAMES, RULES, _best_tree, _chain, _tree_cost
+from tgc.passes.algebraic.search import apply_move, find_moves
+from tgc.printer import print_op
+from tgc.rewriter import Rewriter
+from tgc.runtime.interpreter import run_function
+from tgc.types import TensorType
+from tgc.verifier import verify
+
+RTOL = 1e-9  # float64; reassociation and distribution only change rounding
+WEIGHTS = CostWeights()
+
+
+# -- random graphs ---------------------------------------------------------------------------------
+
+
+class RandomGraph:
+    """Builds a random function from templates, each a place where some rule applies.
+
+    Operands are fresh arguments or, half of the time, earlier values of the right shape, so
+    templates interact (a chain factor may be a merged projection, a sum may feed a chain).
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.fb = FunctionBuilder("random", [])
+        self.values = []
+
+    def dim(self) -> int:
+        return int(self.rng.choice([1, 2, 3, 4, 5, 6]))
+
+    def arg(self, shape) -> object:
+        return self.fb.func.body.add_arg(TensorType.get(tuple(shape), "f64"))
+
+    def operand(self, shape):
+        shape = tuple(shape)
+        pool = [v for v in self.values + list(self.fb.func.body.args) if v.type.shape == shape]
+        if pool and self.rng.random() < 0.5:
+            return pool[int(self.rng.integers(len(pool)))]
+        return self.arg(shape)
+
+    def stored(self, batch, rows, cols):
+        """A matrix operand meaning rows x cols, stored transposed half of the time."""
+        flag = bool(self.rng.random() < 0.5)
+        shape = tuple(batch) + ((cols, rows) if flag else (rows, cols))
+        return self.operand(shape), flag
+
+    def batch(self):
+        return tuple(self.dim() for _ in range(int(self.rng.choice([0, 0, 0, 1]))))
+
+    def matmul(self, a, b):
+        (x, tx), (y, ty) = a, b
+        return self.fb.atomic.matmul(x, y, transpose_a=tx or None, transpose_b=ty or None)
+
+    def keep(self, v):
+        self.values.append(v)
+        return v
+
+    # templates
+
+    def distribute_matmul(self):
+        m, k, n = self.dim(), self.dim(), self.dim()
+        batch = self.batch()
+        shared = self.stored(batch, m, k)
+        b = self.stored((), k, n)
+        c = self.stored(self.batch() if not batch else (), k, 1 if self.rng.random() < 0.2 else n)
+        if self.rng.random() < 0.5:  # shared on the right: transpose the picture
+            shared = self.stored(batch, k, m)
+            b, c = self.stored((), n, k), self.stored((), n, k)
+            left, right = self.matmul(b, shared), self.matmul(c, shared)
+        else:
+            left, right = self.matmul(shared, b), self.matmul(shared, c)
+        op = "add" if self.rng.random() < 0.7 else "sub"
+        return self.keep(getattr(self.fb.atomic, op)(left, right))
+
+    def distribute_mul(self):
+        shape = (self.dim(), self.dim())
+        x = self.operand(shape)
+        a = self.operand(shape if self.rng.random() < 0.5 else (shape[1],))
+        b = self.operand(shape if self.rng.random() < 0.5 else (shape[0], 1))
+        xa = self.fb.atomic.mul(x, a) if self.rng.random() < 0.5 else self.fb.atomic.mul(a, x)
+        xb = self.fb.atomic.mul(b, x) if self.rng.random() < 0.5 else self.fb.atomic.mul(x, b)
+        op = "add" if self.rng.random() < 0.7 else "sub"
+        return self.keep(getattr(self.fb.atomic, op)(xa, xb))
+
+    def chain(self):
+        n = int(self.rng.integers(3, 6))
+        dims = [self.dim() for _ in range(n + 1)]
+        factors = [self.stored((), dims[i], dims[i + 1]) for i in range(n)]
+
+        def build(lo, hi):  # a random parenthesisation of factors[lo:hi]
+            if hi - lo == 1:
+                return factors[lo]
+            cut = int(self.rng.integers(lo + 1, hi))
+            return self.matmul(build(lo, cut), build(cut, hi)), False
+
+        return self.keep(build(0, n)[0])
+
+    def merge(self):
+        batch = self.batch()
+        k, m = self.dim(), self.dim()
+        side = int(self.rng.integers(2))
+        tx, tw = bool(self.rng.random() < 0.3), bool(self.rng.random() < 0.3)
+        x = self.operand(batch + ((k, m) if tx == (side == 0) else (m, k)))
+        outs = []
+        for _ in range(int(self.rng.integers(2, 5))):
+            n = self.dim()
+            if side == 0:
+                w = self.operand((n, k) if tw else (k, n))
+                outs.append(self.matmul((x, tx), (w, tw)))
+            else:
+                w = self.operand((k, n) if tw else (n, k))
+                outs.append(self.matmul((w, tw), (x, tx)))
+        for v in outs:
+            self.keep(v)
+        return outs[0]
+
+    def transposes(self):
+        m, k, n = self.dim(), self.dim(), self.dim()
+        a, b = self.stored((), m, k), self.stored((), k, n)
+        if self.rng.random() < 0.5:
+            return self.keep(self.fb.atomic.transpose(self.matmul(a, b), perm=(1, 0)))
+        at = self.fb.atomic.transpose(self.operand((k, m)), perm=(1, 0))
+        return self.keep(self.matmul((at, False), b))
+
+    def power(self):
+        """x@W@W...: matmuls sharing W where one's result feeds the next (no merge possible)."""
+        n = self.dim()
+        w = self.stored((), n, n)
+        x = self.stored(self.batch(), self.dim(), n)
+        for _ in range(int(self.rng.integers(2, 4))):
+            x = self.keep(self.matmul(x, w)), False
+        return x[0]
+
+    TEMPLATES = ("distribute_matmul", "distribute_mul", "chain", "merge", "transposes", "power")
+
+    def build(self, templates, count: int) -> FuncOp:
+        for _ in range(count):
+            getattr(self, templates[int(self.rng.integers(len(templates)))])()
+        results = [v for v in self.values if not v.uses] or self.values[-1:]
+        args = tuple(a.type for a in self.fb.func.body.args)
+        self.fb.func.attributes["function_type"] = FunctionTypeAttr(args, ())
+        return self.fb.ret(*results).funcs[0]
+
+
+def random_inputs(func: FuncOp, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(a.type.shape) for a in func.body.args]
+
+
+def assert_same(expected, got) -> None:
+    assert len(expected) == len(got)
+    for e, g in zip(expected, got):
+        assert e.shape == g.shape
+        scale = max(1.0, float(np.max(np.abs(e))) if e.size else 1.0)
+        np.testing.assert_allclose(g, e, rtol=RTOL, atol=RTOL * scale)
+
+
+# -- every rule, every match, alone ----------------------------------------------------------------
+
+RULE_TEMPLATES = {
+    "distribute-matmul-left": ("distribute_matmul",),
+    "distribute-matmul-right": ("distribute_matmul",),
+    "distribute-mul": ("distribute_mul",),
+    "reorder-matmul-chain": ("chain",),
+    "reassociate-matmul": ("chain", "power"),
+    "merge-shared-matmuls": ("merge", "power"),
+    "transpose-of-matmul": ("transposes",),
+    "matmul-of-transpose": ("transposes", "chain"),
+}
+
+
+def test_every_rule_has_templates():
+    assert set(RULE_TEMPLATES) == set(RULE_NAMES)
+    assert len(set(RULE_NAMES)) == len(RULE_NAMES)
+
+
+@pytest.mark.parametrize("rule", RULES, ids=RULE_NAMES)
+def test_rule_preserves_results(rule):
+    applied = 0
+    for seed in range(80):  # graphs made for the rule, then graphs mixing every template
+        templates = RULE_TEMPLATES[rule.name] if seed < 40 else RandomGraph.TEMPLATES
+        func = RandomGraph(seed).build(templates, 4 if seed < 40 else 8)
+        inputs = random_inputs(func, seed)
+        expected = run_function(func, inputs, "f64")
+        for move in find_moves(func, (rule,), WEIGHTS):
+            copy = clone_func(func)
+            apply_move(move, list(copy.body.ops), Rewriter())
+            verify(copy)
+            assert fingerprint(copy) != fingerprint(func), f"{rule.name} changed nothing"
+            assert_same(expected, run_function(copy, inputs, "f64"))
+            applied += 1
+    assert applied >= 20, f"{rule.name} applied only {applied} times"
+
+
+def test_wrong_rule_is_caught():
+    """The check above rejects a rule that is wrong: A@B + A@C -> A@(B-C)."""
+    src = """
+    func.func @f(%a: tensor<3x4xf64>, %b: tensor<4x5xf64>, %c: tensor<4x5xf64>) -> tensor<3x5xf64> {
+      %0 = atomic.matmul %a, %b : (tensor<3x4xf64>, tensor<4x5xf64>) -> tensor<3x5xf64>
+      %1 = atomic.matmul %a, %c : (tensor<3x4xf64>, tensor<4x5xf64>) -> tensor<3x5xf64>
+      %2 = atomic.add %0, %1 : (tensor<3x5xf64>, tensor<3x5xf64>) -> tensor<3x5xf64>
+      func.return %2 : tensor<3x5xf64>
+    }
+    """
+    func = parse_module(src).funcs[0]
+    inputs = random_inputs(func, 0)
+    expected = run_function(func, inputs, "f64")
+    (move,) = find_moves(func, (RULES[0],), WEIGHTS)
+    copy = clone_func(func)
+    ops = list(copy.body.ops)
+    add, m1, m2 = (ops[i] for i in move.indices)
+    b = Rewriter().builder_before(add)
+    wrong = b.atomic.matmul(m1.operands[0], b.atomic.sub(m1.operands[1], m2.operands[1]))
+    Rewriter().replace_op(add, wrong)
+    with pytest.raises(AssertionError):
+        assert_same(expected, run_function(copy, inputs, "f64"))
+
+
+# -- the whole pass on random combinations ---------------------------------------------------------
+
+OPTIONS = [
+    "",
+    "{alpha=1.0}",
+    "{alpha=1.5 budget=16}",
+    "{budget=1}",
+    "{window=3}",
+    "{window=8 alpha=1.2}",
+    "{launch-cost=0}",
+    "{flop-cost=1e-9 launch-cost=0 byte-cost=0}",
+    "{byte-cost=1e-9}",
+]
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_pass_preserves_results(seed):
+    graph = RandomGraph(1000 + seed)
+    func = graph.build(RandomGraph.TEMPLATES, int(graph.rng.integers(2, 9)))
+    inputs = random_inputs(func, seed)
+    expected = run_function(func, inputs, "f64")
+    options = OPTIONS[seed % len(OPTIONS)]
+    weights = parse_pipeline(f"algebraic{options}")[0]
+    w = CostWeights(weights.flop_cost, weights.byte_cost, weights.launch_cost)
+    before = ops_cost(func.body.ops).seconds(w)
+    module = func.parent_op
+    pm = PassManager.from_text(f"algebraic{options}")
+    pm.run(module)
+    assert_same(expected, run_function(func, inputs, "f64"))
+    assert ops_cost(func.body.ops).seconds(w) <= before * (1 + 1e-12)
+
+
+def test_random_graphs_do_get_rewritten():
+    """The differential test above is not vacuous: the pass rewrites most random graphs."""
+    counts = {}
+    for seed in range(60):
+        graph = RandomGraph(1000 + seed)
+        func = graph.build(RandomGraph.TEMPLATES, int(graph.rng.integers(2, 9)))
+        pm = PassManager.from_text("algebraic")
+        pm.run(func.parent_op)
+        for key, n in pm.statistics[0][1].counters.items():
+            counts[key] = counts.get(key, 0) + n
+    assert sum(counts.values()) >= 60
+    assert {"distribute-matmul-left", "merge-shared-matmuls", "reorder-matmul-chain"} <= set(counts)
+
+
+def test_pass_is_deterministic():
+    texts = set()
+    for _ in range(2):
+        func = RandomGraph(7).build(RandomGraph.TEMPLATES, 8)
+        PassManager.from_text("algebraic").run(func.parent_op)
+        texts.add(print_op(func))
+    assert len(texts) == 1
+
+
+# -- the cost model --------------------------------------------------------------------------------
+
+
+def _func(src: str) -> FuncOp:
+    return parse_module(src).funcs[0]
+
+
+def test_cost_of_matmul():
+    func = _func("""
+    func.func @f(%a: tensor<2x3xf32>, %b: tensor<3x4xf32>) -> tensor<2x4xf32> {
+      %0 = atomic.matmul %a, %b : (tensor<2x3xf32>, tensor<3x4xf32>) -> tensor<2x4xf32>
+      func.return %0 : tensor<2x4xf32>
+    }""")
+    cost = ops_cost(func.body.ops)
+    assert cost == Cost(flops=2 * 2 * 3 * 4, bytes=(6 + 12 + 8) * 4, launches=1)
+    assert cost.seconds(WEIGHTS) == pytest.approx(48 * 2e-14 + 104 * 3.3e-13 + 5e-6)
+    assert cost.seconds(CostWeights(1.0, 0.0, 0.0)) == 48
+
+
+def test_cost_of_batched_transposed_matmul():
+    func = _func("""
+    func.func @f(%a: tensor<5x1x3x2xf16>, %b: tensor<7x4x3xf16>) -> tensor<5x7x2x4xf16> {
+      %0 = atomic.matmul %a, %b {transpose_a = true, transpose_b = true} : (tensor<5x1x3x2xf16>, tensor<7x4x3xf16>) -> tensor<5x7x2x4xf16>
+      func.return %0 : tensor<5x7x2x4xf16>
+    }""")
+    assert ops_cost(func.body.ops) == Cost(
+        flops=2 * 35 * 2 * 3 * 4, bytes=(30 + 84 + 280) * 2, launches=1
+    )
+
+
+def test_cost_of_elementwise_reduce_views_and_concat():
+    func = _func("""
+    func.func @f(%x: tensor<4x8xf32>, %s: tensor<f32>, %w: tensor<8x2xf32>) -> (tensor<4x8xf32>, tensor<4xf32>, tensor<32xf32>, tensor<8x4xf32>, tensor<8x2xf32>, tensor<8x4xf32>, tensor<2x8xf32>) {
+      %0 = atomic.mul %x, %s : (tensor<4x8xf32>, tensor<f32>) -> tensor<4x8xf32>
+      %1 = atomic.reduce_sum %x {axes = [1]} : (tensor<4x8xf32>) -> tensor<4xf32>
+      %2 = atomic.reshape %x : (tensor<4x8xf32>) -> tensor<32xf32>
+      %3 = atomic.concat %w, %w {axis = 1} : (tensor<8x2xf32>, tensor<8x2xf32>) -> tensor<8x4xf32>
+      %4, %5 = atomic.split %3 {axis = 1, sizes = [2, 2]} : (tensor<8x4xf32>) -> (tensor<8x2xf32>, tensor<8x2xf32>)
+      %c = atomic.constant {value = dense<1.0> : tensor<8x2xf32>} : () -> tensor<8x2xf32>
+      %6 = atomic.concat %c, %c {axis = 1} : (tensor<8x2xf32>, tensor<8x2xf32>) -> tensor<8x4xf32>
+      %7 = atomic.transpose %4 {perm = [1, 0]} : (tensor<8x2xf32>) -> tensor<2x8xf32>
+      func.return %0, %1, %2, %3, %5, %6, %7 : tensor<4x8xf32>, tensor<4xf32>, tensor<32xf32>, tensor<8x4xf32>, tensor<8x2xf32>, tensor<8x4xf32>, tensor<2x8xf32>
+    }""")
+    costs = [op_cost(op) for op in func.body.ops]
+    assert costs == [
+        Cost(32, (32 + 1 + 32) * 4, 1),  # mul: one flop per result element
+        Cost(32, (32 + 4) * 4, 1),  # reduce: one flop per input element
+        Cost(),  # reshape: a view
+        Cost(0, (16 + 16 + 32) * 4, 1),  # concat: moves bytes
+        Cost(),  # split: views
+        Cost(),  # constant
+        Cost(),  # concat of constants: folded
+        Cost(0, (16 + 16) * 4, 1),  # transpose
+        Cost(),  # return
+    ]
+
+
+def test_distributivity_saves_half_the_flops():
+    src = """
+    func.func @f(%a: tensor<64x128xf32>, %b: tensor<128x256xf32>, %c: tensor<128x256xf32>) -> tensor<64x256xf32> {
+      %0 = atomic.matmul %a, %b : (tensor<64x128xf32>, tensor<128x256xf32>) -> tensor<64x256xf32>
+      %1 = atomic.matmul %a, %c : (tensor<64x128xf32>, tensor<128x256xf32>) -> tensor<64x256xf32>
+      %2 = atomic.add %0, %1 : (tensor<64x256xf32>, tensor<64x256xf32>) -> tensor<64x256xf32>
+      func.return %2 : tensor<64x256xf32>
+    }"""
+    module = parse_module(src)
+    before = ops_cost(module.funcs[0].body.ops)
+    PassManager.from_text("algebraic").run(module)
+    after = ops_cost(module.funcs[0].body.ops)
+    mm = 2 * 64 * 128 * 256
+    assert before == Cost(2 * mm + 64 * 256, (2 * (8192 + 32768 + 16384) + 3 * 16384) * 4, 3)
+    assert after == Cost(mm + 128 * 256, (3 * 32768 + 8192 + 32768 + 16384) * 4, 2)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_chain_dp_is_optimal(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(3, 7))
+    dims = [int(d) for d in rng.integers(1, 40, size=n + 1)]
+    fb = FunctionBuilder("chain", [tensor(f"{dims[i]}x{dims[i + 1]}xf32") for i in range(n)])
+    value = fb.args[0]
+    for arg in fb.args[1:]:
+        value = fb.atomic.matmul(value, arg)
+    fb.ret(value)
+    factors, tree, _ = _chain(value.defining_op, None)
+    assert tree == _left_deep(n)
+    w = CostWeights(float(rng.random()), float(rng.random()) * 1e-3, float(rng.random()) * 10)
+    best_cost, best = _best_tree(factors, w, 4)
+    brute = min(_tree_cost(t, factors, w, 4)[0] for t in _all_trees(0, n))
+    assert best_cost == pytest.approx(brute)
+    assert _tree_cost(best, factors, w, 4)[0] == pytest.approx(best_cost)
+
+
+def _left_deep(n):
+    tree = 0
+    for i in range(1, n):
+        tree = (tree, i)
+    return tree
+
+
+def _all_trees(lo, hi):
+    if hi - lo == 1:
+        yield lo
+        return
+    for cut in range(lo + 1, hi):
+        yield from itertools.product(_all_trees(lo, cut), list(_all_trees(cut, hi)))
+
+
+# -- mechanics -------------------------------------------------------------------------------------
+
+
+def test_clone_and_window_keep_structure():
+    func = RandomGraph(3).build(RandomGraph.TEMPLATES, 6)
+    copy = clone_func(func)
+    assert print_op(copy) == print_op(func)
+    assert fingerprint(copy) == fingerprint(func)
+    ops = list(func.body.ops)[:-1]
+    window = extract_window(ops[2:5])
+    verify(window)
+    assert [op.name for op in window.body.ops][:-1] == [op.name for op in ops[2:5]]
+
+
+def test_rewrites_keep_the_replaced_location():
+    src = """func.func @f(%a: tensor<64x128xf32>, %b: tensor<128x256xf32>, %c: tensor<128x256xf32>) -> tensor<64x256xf32> {
+  %0 = atomic.matmul %a, %b : (tensor<64x128xf32>, tensor<128x256xf32>) -> tensor<64x256xf32>
+  %1 = atomic.matmul %a, %c : (tensor<64x128xf32>, tensor<128x256xf32>) -> tensor<64x256xf32>
+  %2 = atomic.add %0, %1 : (tensor<64x256xf32>, tensor<64x256xf32>) -> tensor<64x256xf32>
+  func.return %2 : tensor<64x256xf32>
+}"""
+    module = parse_module(src, "dist.tg")
+    PassManager.from_text("algebraic").run(module)
+    add, mm, _ = list(module.funcs[0].body.ops)
+    assert (add.name, mm.name) == ("atomic.add", "atomic.matmul")
+    assert (add.loc.line, mm.loc.line) == (4, 4)
+
+
+def test_bad_options_are_usage_errors():
+    with pytest.raises(PipelineError, match="no rule 'nope'"):
+        parse_pipeline("algebraic{rules=nope}")
+    with pytest.raises(PipelineError, match="alpha >= 1"):
+        parse_pipeline("algebraic{alpha=0.9}")
+
+
+# -- speed -----------------------------------------------------------------------------------------
+
+
+def gpt2_like(blocks: int, tokens: int = 16, width: int = 64, heads: int = 4):
+    """A GPT-2-like stack in atomic ops with separate Q/K/V weights."""
+    head = width // heads
+    per_block = [(width, width)] * 3 + [
+        (width,),
+        (width, width),
+        (width, 4 * width),
+        (4 * width, width),
+        (width,),
+    ]
+    arg_types = [tensor(f"{tokens}x{width}xf32")]
+    for _ in range(blocks):
+        arg_types += [TensorType.get(s, "f32") for s in per_block]
+    fb = FunctionBuilder("gpt", arg_types)
+    b = fb.atomic
+    x, params = fb.args[0], fb.args[1:]
+    scale = b.constant(value=DenseAttr.splat(0.125, tensor("f32")), result_type=tensor("f32"))
+
+    def heads_of(t):
+        t = b.reshape(t, result_type=tensor(f"{tokens}x{heads}x{head}xf32"))
+        return b.transpose(t, perm=(1, 0, 2))
+
+    for i in range(blocks):
+        wq, wk, wv, bq, wo, w1, w2, g = params[8 * i : 8 * i + 8]
+        h = b.mul(b.sub(x, b.reduce_sum(x, axes=(1,), keepdims=True)), g)
+        q = heads_of(b.add(b.matmul(h, wq), bq))
+        k, v = heads_of(b.matmul(h, wk)), heads_of(b.matmul(h, wv))
+        s = b.mul(b.matmul(q, k, transpose_b=True), scale)
+        e = b.exp(b.sub(s, b.reduce_max(s, axes=(2,), keepdims=True)))
+        p = b.div(e, b.reduce_sum(e, axes=(2,), keepdims=True))
+        o = b.transpose(b.matmul(p, v), perm=(1, 0, 2))
+        o = b.reshape(o, result_type=tensor(f"{tokens}x{width}xf32"))
+        x = b.add(x, b.matmul(o, wo))
+        f = b.matmul(x, w1)
+        x = b.add(x, b.matmul(b.mul(f, b.exp(f)), w2))
+    return fb.ret(x)
+
+
+def test_gpt2_like_block_keeps_results():
+    module = gpt2_like(2)
+    func = module.funcs[0]
+    inputs = [0.1 * a for a in random_inputs(func, 0)]
+    expected = run_function(func, inputs, "f64")
+    pm = PassManager.from_text("algebraic{window=16}")
+    pm.run(module)
+    assert pm.statistics[0][1].counters["merge-shared-matmuls"] == 2
+    assert_same(expected, run_function(func, inputs, "f64"))
+
+
+def test_speed_is_about_linear():
+    def seconds(blocks):
+        module = gpt2_like(blocks)
+        start = time.perf_counter()
+        pm = PassManager.from_text("algebraic")
+        pm.run(module)
+        assert pm.statistics[0][1].counters["merge-shared-matmuls"] == blocks
+        return time.perf_counter() - start, len(module.funcs[0].body)
+
+    seconds(1)  # warm up imports and caches
+    small, _ = seconds(12)
+    large, large_ops = seconds(48)
+    assert large < 10, f"48 blocks ({large_ops} ops) took {large:.1f} s"
+    assert large / max(small, 1e-3) < 8, f"12 blocks {small:.2f} s, 48 blocks {large:.2f} s"
