@@ -123,7 +123,7 @@ class Emitter:
         hook = self.hooks.get(v)
         name = hook(coords) if hook is not None else None
         if name is None:
-            if isinstance(v, BlockArgument) or v.defining_op is None:
+            if v in self.arg_ptrs or v.defining_op is None:
                 name = self.define(v, self.load(v, coords))
             else:
                 name = self.compute(v, coords)

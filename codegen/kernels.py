@@ -76,9 +76,9 @@ class KernelSource:
     ir_name: str = ""
 
 
-def _params_decl(op: FusedOp) -> tuple[list[str], dict[Value, str], list[str]]:
+def _params_decl(op: FusedOp, extra: tuple[Value, ...] = ()) -> tuple[list[str], dict[Value, str], list[str]]:
     decls, ptrs, outs = [], {}, []
-    for i, arg in enumerate(op.body.args):
+    for i, arg in enumerate(list(op.body.args) + list(extra)):
         decls.append(f"const {STORAGE_CTYPE[arg.type.element_type]}* __restrict__ in{i}")
         ptrs[arg] = f"in{i}"
     for j, r in enumerate(op.results):
@@ -109,6 +109,28 @@ def generate_kernel(op: FusedOp, params: dict | None = None) -> KernelSource:
         raise
 
 
+def matmul_of(op: FusedOp):
+    """The atomic.matmul of a matmul kernel."""
+    found = [inner for inner in op.body.ops if inner.name == "atomic.matmul"]
+    if len(found) != 1:
+        raise TgcError(f"matmul kernel '{op.attr('name')}' needs exactly one atomic.matmul", op.loc)
+    return found[0]
+
+
+def generate_epilogue_kernel(op: FusedOp, params: dict | None = None) -> KernelSource:
+    """The epilogue of a matmul kernel alone, as an elementwise kernel that reads the matmul's
+    result as one more input (after the region's inputs): for a library matmul (cuBLAS) followed
+    by the generated epilogue."""
+    params = dict(params or {})
+    try:
+        kernel = _elementwise(op, params, extra=(matmul_of(op).results[0],), suffix="_epilogue")
+        return kernel
+    except TgcError as e:
+        if e.loc is None:
+            e.loc = op.loc
+        raise
+
+
 def _reductions(op: FusedOp):
     return [inner for inner in op.body.ops if inner.name in REDUCE_CODE]
 
@@ -120,8 +142,9 @@ def _yields(op: FusedOp) -> list[Value]:
 # -- elementwise ------------------------------------------------------------------------------------
 
 
-def _elementwise(op: FusedOp, params: dict) -> KernelSource:
-    decls, ptrs, outs = _params_decl(op)
+def _elementwise(op: FusedOp, params: dict, extra: tuple[Value, ...] = (), suffix: str = "") -> KernelSource:
+    decls, ptrs, outs = _params_decl(op, extra)
+    args = list(op.body.args) + list(extra)
     yields = _yields(op)
     space = op.results[0].type.shape
     for r in op.results:
@@ -134,7 +157,7 @@ def _elementwise(op: FusedOp, params: dict) -> KernelSource:
     def body(vector: bool, identity_args: set[Value]) -> tuple[str, set[Value]]:
         em = Emitter(ptrs)
         used: set[Value] = set()
-        for arg in op.body.args:
+        for arg in args:
             if arg.type.shape != space:
                 continue
 
@@ -143,7 +166,7 @@ def _elementwise(op: FusedOp, params: dict) -> KernelSource:
                     return None
                 used.add(arg)
                 if vector and arg in identity_args:
-                    reg = f"a{op.body.args.index(arg)}.v[l]"
+                    reg = f"a{args.index(arg)}.v[l]"
                     if arg.type.element_type in ("f16", "bf16"):
                         reg = f"tgc_cvt({reg})"
                     return em.define(arg, reg)
@@ -164,7 +187,7 @@ def _elementwise(op: FusedOp, params: dict) -> KernelSource:
     vec = int(params.setdefault("vector_width", max(1, 16 // widest)))
     vec_inputs = [
         {"ctype": STORAGE_CTYPE[a.type.element_type], "reg": f"a{i}", "ptr": ptrs[a]}
-        for i, a in enumerate(op.body.args)
+        for i, a in enumerate(args)
         if a in identity
     ]
     vec_body = body(True, identity)[0] if vec > 1 else ""
@@ -172,7 +195,7 @@ def _elementwise(op: FusedOp, params: dict) -> KernelSource:
         {"ctype": STORAGE_CTYPE[r.type.element_type], "reg": f"o{j}", "ptr": outs[j]}
         for j, r in enumerate(op.results)
     ]
-    name = c_identifier(op.attr("name"))
+    name = c_identifier(op.attr("name")) + suffix
     source = render(
         "elementwise.cu.j2",
         name=name,
@@ -193,7 +216,7 @@ def _elementwise(op: FusedOp, params: dict) -> KernelSource:
     max_blocks = int(params.setdefault("max_blocks", 0))
     if max_blocks:
         blocks = min(blocks, max_blocks)
-    return KernelSource(name, source, "elementwise", len(op.operands), len(op.results),
+    return KernelSource(name, source, "elementwise", len(args), len(op.results),
                         (blocks, 1, 1), (block_size, 1, 1), params, op.loc, op.attr("name"))
 
 
@@ -378,10 +401,7 @@ def _int_identity(name: str, elem: str) -> str:
 
 def _matmul(op: FusedOp, params: dict) -> KernelSource:
     decls, ptrs, outs = _params_decl(op)
-    mms = [inner for inner in op.body.ops if inner.name == "atomic.matmul"]
-    if len(mms) != 1:
-        raise TgcError(f"matmul kernel '{op.attr('name')}' needs exactly one atomic.matmul")
-    mm = mms[0]
+    mm = matmul_of(op)
     a, b = mm.operands
     for x in (a, b):
         if x not in ptrs:

@@ -14,13 +14,27 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tgc.builtin import FuncOp
-from tgc.codegen.kernels import KernelSource, generate_kernel
+from tgc.codegen.kernels import KernelSource, generate_epilogue_kernel, generate_kernel, matmul_of
 from tgc.diagnostics import Location, TgcError
 from tgc.dialects.kernel import CallOp, CopyOp, FusedOp
 from tgc.ir import Value
 from tgc.types import TensorType
 
 ALIGNMENT = 256
+GEMM_TYPES = ("f32", "f64", "f16", "bf16")
+
+
+def cublas_can_run(op) -> bool:
+    """cuBLAS runs a matmul whose operands are each either batched like the result or unbatched."""
+    out = op.results[0].type
+    if out.element_type not in GEMM_TYPES:
+        return False
+    batch = out.shape[:-2]
+    for x in op.operands:
+        xb = x.type.shape[:-2]
+        if tuple(xb) != tuple(batch) and any(d != 1 for d in xb):
+            return False
+    return True
 
 
 @dataclass(eq=False)
@@ -94,8 +108,13 @@ def _align(n: int) -> int:
     return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
 
-def build_plan(func: FuncOp, kernel_params: dict[str, dict] | None = None) -> Plan:
-    """The plan of a function already placed on the device (see tgc.runtime.placement)."""
+def build_plan(func: FuncOp, kernel_params: dict[str, dict] | None = None,
+               library_matmul: bool = True) -> Plan:
+    """The plan of a function already placed on the device (see tgc.runtime.placement).
+
+    With `library_matmul`, a matmul kernel whose matmul cuBLAS can run becomes a cuBLAS GEMM
+    into scratch memory followed by its epilogue as a generated elementwise kernel; otherwise
+    (and in the standalone file) the generated matmul template runs it whole."""
     kernel_params = kernel_params or {}
     body = func.body
     ret = body.last
@@ -137,7 +156,18 @@ def build_plan(func: FuncOp, kernel_params: dict[str, dict] | None = None) -> Pl
             buf[r] = b
         for b in ins + outs:
             use(b, step)
-        if isinstance(op, FusedOp):
+        if isinstance(op, FusedOp) and op.attr("template") == "matmul" and library_matmul \
+                and cublas_can_run(matmul_of(op)):
+            mm = matmul_of(op)
+            product = new("scratch", mm.results[0].type, name="matmul")
+            use(product, step)
+            args = {a: b for a, b in zip(op.body.args, ins)}
+            plan.steps.append(_gemm(mm, [args[x] for x in mm.operands], product))
+            params = kernel_params.get(op.attr("name"))
+            plan.steps.append(Launch(generate_epilogue_kernel(op, params), ins + [product] + outs))
+            for b in ins + [product] + outs:
+                use(b, step + 1)
+        elif isinstance(op, FusedOp):
             params = kernel_params.get(op.attr("name"))
             plan.steps.append(Launch(generate_kernel(op, params), ins + outs))
         elif isinstance(op, CallOp) and op.attr("callee") == "cublas.gemm":

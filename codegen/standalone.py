@@ -26,7 +26,7 @@ def emit_standalone_cuda(module: ModuleOp, source_name: str = "<module>") -> str
     funcs = []
     for seed, func in enumerate(module.funcs):
         prepare_module(module, func, library=False)
-        plan = build_plan(func)
+        plan = build_plan(func, library_matmul=False)
         kernels += [k.source for k in plan.kernels]
         funcs.append(_function_data(func, plan, seed * 1000))
     return render("standalone.cu.j2", source_name=source_name, prelude=prelude("standalone"),

@@ -131,6 +131,14 @@ def _compatible(a: Group, b: Group) -> Group | None:
     return a if a.space == b.space else None
 
 
+def _feeds_matmul(group: Group, other: Group) -> bool:
+    """True when `other` computes an operand of the matmul of `group` (no prologue fusion)."""
+    members = set(other.ops)
+    return any(
+        v.defining_op in members for op in group.ops if op.name == "atomic.matmul" for v in op.operands
+    )
+
+
 class _Fuser:
     def __init__(self, func: FuncOp) -> None:
         self.func = func
@@ -238,7 +246,9 @@ class _Fuser:
                 if g is home or g not in self.groups:
                     continue
                 merged = _compatible(home, g)
-                if merged is None or self.creates_cycle(home, g):
+                if merged is None or _feeds_matmul(home, g) or _feeds_matmul(g, home):
+                    continue
+                if self.creates_cycle(home, g):
                     continue
                 other = g if merged is home else home
                 self.merge(merged, other)

@@ -142,6 +142,7 @@ class CudaPlanRunner:
         self.allocations = []
         self.ptr: dict[int, int] = {}
         arena = self._alloc(plan.scratch_bytes) if plan.scratch_bytes else 0
+        self.arena = arena
         for b in plan.buffers:
             if b.kind == "scratch":
                 self.ptr[id(b)] = arena + b.offset
@@ -209,10 +210,13 @@ class CudaPlanRunner:
         self.stream.synchronize()
         return outs
 
-    def fill_outputs(self, byte: int = 0xFF) -> None:
-        """Poison every output (0xFF bytes are NaN for floats) so unwritten elements show."""
+    def poison(self, byte: int = 0xFF) -> None:
+        """Fill outputs and scratch with `byte` (0xFF bytes are NaN for floats), so that an
+        element a kernel forgets to write, or a read of memory nothing wrote, shows."""
         for b in self.outputs.values():
             cuda.memset_d8(self.ptr[id(b)], byte, b.nbytes)
+        if self.plan.scratch_bytes:
+            cuda.memset_d8(self.arena, byte, self.plan.scratch_bytes)
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         self.upload(inputs)
@@ -243,5 +247,5 @@ def run_on_cuda(module: ModuleOp, func: FuncOp, inputs: list[np.ndarray]) -> lis
 
     inputs = check_inputs(func, inputs, "native")
     runner = CudaPlanRunner(plan_for(module, func))
-    runner.fill_outputs()
+    runner.poison()
     return runner.run(inputs)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from tgc.builder import Builder
 from tgc.builtin import FuncOp, ReturnOp
+from tgc.codegen.plan import cublas_can_run
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import CallOp, CopyOp, FusedOp
 from tgc.ir import Operation
@@ -36,22 +37,8 @@ from tgc.passes.fuse import (
 )
 
 DEVICE = "cuda"
-GEMM_TYPES = ("f32", "f64", "f16", "bf16")
 KERNEL_OPS = ("kernel.fused", "kernel.call", "kernel.copy")
 SINGLE_OP_KERNELS = VIEW_OPS | {"atomic.iota", "atomic.concat", "atomic.gather"}
-
-
-def cublas_can_run(op: Operation) -> bool:
-    """cuBLAS runs a matmul whose operands are each either batched like the result or unbatched."""
-    out = op.results[0].type
-    if out.element_type not in GEMM_TYPES:
-        return False
-    batch = out.shape[:-2]
-    for x in op.operands:
-        xb = x.type.shape[:-2]
-        if tuple(xb) != tuple(batch) and any(d != 1 for d in xb):
-            return False
-    return True
 
 
 def _split_to_slices(func: FuncOp) -> None:

@@ -1,0 +1,32 @@
+"""Shared pytest setup: tests marked `cuda` are skipped, with the reason, where there is no GPU."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_unavailable_reason() -> str | None:
+    try:
+        import pycuda.driver as cuda
+    except ImportError as e:
+        return f"PyCUDA is not installed ({e})"
+    try:
+        cuda.init()
+        if cuda.Device.count() == 0:
+            return "no CUDA device is visible"
+    except Exception as e:  # driver missing or broken
+        return f"the CUDA driver is not usable ({e})"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = None
+    for item in items:
+        if item.get_closest_marker("cuda") is None:
+            continue
+        reason = reason or cuda_unavailable_reason()
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=f"needs a GPU: {reason}"))

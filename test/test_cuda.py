@@ -1,0 +1,309 @@
+"""GPU tests (marker `cuda`): every kernel kind against the numpy interpreter on random inputs.
+
+Sizes are odd (not multiples of the block size or the vector width), every broadcast pattern
+appears, f32 and bf16 both run, and outputs and scratch memory are poisoned (NaN bytes) before
+each run, so an element a kernel forgets to write fails the comparison.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tgc.diagnostics import TgcError
+from tgc.parser import parse_module
+from tgc.runtime.interpreter import random_inputs, run_function
+from tgc.verifier import verify
+
+pytestmark = pytest.mark.cuda
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.tg"))
+TOLERANCE = {"f32": 1e-4, "bf16": 3e-2, "f16": 1e-2, "f64": 1e-9}
+
+
+def t(shape, dtype) -> str:
+    dims = "".join(f"{d}x" for d in shape)
+    return f"tensor<{dims}{dtype}>"
+
+
+def run_on_gpu(text: str, seed: int = 0, library: bool = True, params=None):
+    from tgc.codegen.plan import build_plan
+    from tgc.runtime.cuda_executor import CudaPlanRunner
+    from tgc.runtime.placement import prepare_module
+
+    ref = parse_module(text)
+    verify(ref)
+    module = parse_module(text)
+    func = module.funcs[0]
+    inputs = random_inputs(ref.funcs[0], seed)
+    prepare_module(module, func, library)
+    runner = CudaPlanRunner(build_plan(func, params))
+    runner.poison()
+    got = runner.run(inputs)
+    want = run_function(ref.funcs[0], inputs, "f64")
+    return got, want, runner
+
+
+def check(text: str, seed: int = 0, library: bool = True, params=None):
+    got, want, runner = run_on_gpu(text, seed, library, params)
+    for g, w in zip(got, want):
+        elem = str(g.dtype)
+        tol = TOLERANCE["bf16" if elem == "bfloat16" else {"float32": "f32", "float64": "f64",
+                                                           "float16": "f16"}.get(elem, "f32")]
+        g64 = g.astype(np.float64)
+        assert not np.isnan(g64).any() or np.isnan(w).any(), "unwritten (NaN) elements"
+        scale = max(float(np.max(np.abs(w))) if w.size else 0.0, 1.0)
+        np.testing.assert_allclose(g64, w.astype(np.float64), atol=tol * scale, rtol=tol)
+    return runner
+
+
+# -- elementwise -----------------------------------------------------------------------------------
+
+BROADCASTS = [
+    ((1,), ()),
+    ((7,), (7,)),
+    ((1000003,), ()),
+    ((257, 33), (33,)),
+    ((257, 33), (257, 1)),
+    ((257, 33), (1, 33)),
+    ((3, 5, 7), (5, 1)),
+    ((3, 5, 7), (3, 1, 7)),
+    ((3, 1, 7), (5, 1)),  # both sides broadcast: result 3x5x7
+    ((2, 3, 4, 5), (1, 3, 1, 5)),
+]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("a,b", BROADCASTS, ids=[f"{a}+{b}" for a, b in BROADCASTS])
+def test_elementwise_broadcast(a, b, dtype):
+    from tgc.dialects._shapes import broadcast_shapes
+
+    out = broadcast_shapes(a, b)
+    text = f"""
+func.func @f(%x: {t(a, dtype)}, %y: {t(b, dtype)}) -> {t(out, dtype)} {{
+  %s = atomic.mul %x, %y : ({t(a, dtype)}, {t(b, dtype)}) -> {t(out, dtype)}
+  %e = hl.gelu %s {{approximate = "tanh"}} : ({t(out, dtype)}) -> {t(out, dtype)}
+  %c = atomic.constant {{value = dense<1.5> : tensor<{dtype}>}} : () -> tensor<{dtype}>
+  %r = atomic.add %e, %c : ({t(out, dtype)}, tensor<{dtype}>) -> {t(out, dtype)}
+  func.return %r : {t(out, dtype)}
+}}"""
+    check(text)
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 1023, 4097, 65537])
+def test_elementwise_vector_tail_and_two_outputs(n):
+    text = f"""
+func.func @f(%x: {t((n,), 'f32')}) -> ({t((n,), 'f32')}, {t((n,), 'f32')}) {{
+  %e = atomic.exp %x : ({t((n,), 'f32')}) -> {t((n,), 'f32')}
+  %s = atomic.sin %e : ({t((n,), 'f32')}) -> {t((n,), 'f32')}
+  func.return %e, %s : {t((n,), 'f32')}, {t((n,), 'f32')}
+}}"""
+    check(text)
+
+
+def test_elementwise_views_casts_where_iota():
+    text = """
+func.func @f(%x: tensor<33x17xf32>, %y: tensor<17x33xbf16>) -> (tensor<17x33xf32>, tensor<17x16xbf16>) {
+  %t = atomic.transpose %x {perm = [1, 0]} : (tensor<33x17xf32>) -> tensor<17x33xf32>
+  %yc = atomic.cast %y : (tensor<17x33xbf16>) -> tensor<17x33xf32>
+  %i = atomic.iota {axis = 1} : () -> tensor<17x33xi32>
+  %j = atomic.iota {axis = 0} : () -> tensor<17x33xi32>
+  %m = atomic.cmp %i, %j {pred = "le"} : (tensor<17x33xi32>, tensor<17x33xi32>) -> tensor<17x33xi1>
+  %s = atomic.add %t, %yc : (tensor<17x33xf32>, tensor<17x33xf32>) -> tensor<17x33xf32>
+  %w = atomic.where %m, %s, %t : (tensor<17x33xi1>, tensor<17x33xf32>, tensor<17x33xf32>) -> tensor<17x33xf32>
+  %sl = atomic.slice %y {start = [0, 1], stop = [17, 33], step = [1, 2]} : (tensor<17x33xbf16>) -> tensor<17x16xbf16>
+  %n = atomic.neg %sl : (tensor<17x16xbf16>) -> tensor<17x16xbf16>
+  func.return %w, %n : tensor<17x33xf32>, tensor<17x16xbf16>
+}"""
+    check(text)
+
+
+def test_concat_gather_split_reshape():
+    text = """
+func.func @f(%a: tensor<5x7xf32>, %b: tensor<3x7xf32>, %idx: tensor<4xi32>) -> (tensor<8x7xf32>, tensor<4x7xf32>, tensor<7x5xf32>) {
+  %c = atomic.concat %a, %b {axis = 0} : (tensor<5x7xf32>, tensor<3x7xf32>) -> tensor<8x7xf32>
+  %g = atomic.gather %c, %idx {axis = 0} : (tensor<8x7xf32>, tensor<4xi32>) -> tensor<4x7xf32>
+  %p, %q = atomic.split %a {axis = 1, sizes = [2, 5]} : (tensor<5x7xf32>) -> (tensor<5x2xf32>, tensor<5x5xf32>)
+  %r = atomic.reshape %q : (tensor<5x5xf32>) -> tensor<25xf32>
+  %r2 = atomic.reshape %r : (tensor<25xf32>) -> tensor<5x5xf32>
+  %tq = atomic.transpose %r2 {perm = [1, 0]} : (tensor<5x5xf32>) -> tensor<5x5xf32>
+  %z = atomic.concat %tq, %p {axis = 1} : (tensor<5x5xf32>, tensor<5x2xf32>) -> tensor<5x7xf32>
+  %zt = atomic.transpose %z {perm = [1, 0]} : (tensor<5x7xf32>) -> tensor<7x5xf32>
+  func.return %c, %g, %zt : tensor<8x7xf32>, tensor<4x7xf32>, tensor<7x5xf32>
+}"""
+    check(text)
+
+
+# -- row reductions --------------------------------------------------------------------------------
+
+ROW_SIZES = [1, 3, 31, 32, 33, 100, 768, 1024, 1025, 3000, 4096, 5001, 70000]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("n", ROW_SIZES)
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "layernorm", "rmsnorm"])
+def test_row_reduction(op, n, dtype):
+    rows = 37
+    x, p = t((rows, n), dtype), t((n,), dtype)
+    if op == "layernorm":
+        sig, args = f"%x: {x}, %g: {p}, %b: {p}", "%x, %g, %b"
+        types = f"({x}, {p}, {p})"
+    elif op == "rmsnorm":
+        sig, args, types = f"%x: {x}, %g: {p}", "%x, %g", f"({x}, {p})"
+    else:
+        sig, args, types = f"%x: {x}", "%x", f"({x})"
+    text = f"""
+func.func @f({sig}) -> {x} {{
+  %y = hl.{op} {args} : {types} -> {x}
+  func.return %y : {x}
+}}"""
+    check(text, seed=n)
+
+
+def test_row_reduction_with_row_outputs_and_leading_dims():
+    text = """
+func.func @f(%x: tensor<3x5x77xf32>) -> (tensor<3x5x77xf32>, tensor<3x5xf32>, tensor<3x5x1xf32>) {
+  %m = atomic.reduce_max %x {axes = [2], keepdims = true} : (tensor<3x5x77xf32>) -> tensor<3x5x1xf32>
+  %d = atomic.sub %x, %m : (tensor<3x5x77xf32>, tensor<3x5x1xf32>) -> tensor<3x5x77xf32>
+  %s = atomic.reduce_sum %d {axes = [2]} : (tensor<3x5x77xf32>) -> tensor<3x5xf32>
+  %mn = atomic.reduce_min %x {axes = [2], keepdims = true} : (tensor<3x5x77xf32>) -> tensor<3x5x1xf32>
+  func.return %d, %s, %mn : tensor<3x5x77xf32>, tensor<3x5xf32>, tensor<3x5x1xf32>
+}"""
+    check(text)
+
+
+@pytest.mark.parametrize("axes", [[0], [0, 2], [1]])
+def test_reduction_over_other_axes(axes):
+    from tgc.dialects._shapes import reduced_shape
+
+    shape = (9, 130, 7)
+    out = reduced_shape(shape, axes, False)
+    text = f"""
+func.func @f(%x: {t(shape, 'f32')}) -> {t(out, 'f32')} {{
+  %s = atomic.reduce_sum %x {{axes = {axes}}} : ({t(shape, 'f32')}) -> {t(out, 'f32')}
+  func.return %s : {t(out, 'f32')}
+}}"""
+    check(text)
+
+
+# -- matmul ----------------------------------------------------------------------------------------
+
+MATMULS = [
+    ((1, 1), (1, 1), False, False),
+    ((7, 33), (33, 65), False, False),
+    ((130, 70), (130, 31), True, False),
+    ((65, 129), (17, 129), False, True),
+    ((3, 33, 20), (20, 9), False, False),
+    ((2, 3, 17, 20), (3, 20, 19), False, False),
+    ((4, 40, 33), (4, 45, 33), False, True),
+]
+
+
+def _matmul_text(a, b, ta, tb, dtype, epilogue: bool):
+    from tgc.dialects._shapes import matmul_shape
+
+    out = matmul_shape(a, b, ta, tb)
+    n = out[-1]
+    body = f"""  %c = atomic.matmul %a, %b {{transpose_a = {str(ta).lower()}, transpose_b = {str(tb).lower()}}} : ({t(a, dtype)}, {t(b, dtype)}) -> {t(out, dtype)}"""
+    if epilogue:
+        body += f"""
+  %cb = atomic.add %c, %bias : ({t(out, dtype)}, {t((n,), dtype)}) -> {t(out, dtype)}
+  %r = hl.relu %cb : ({t(out, dtype)}) -> {t(out, dtype)}
+  %y = atomic.add %r, %res : ({t(out, dtype)}, {t(out, dtype)}) -> {t(out, dtype)}"""
+        result = "%y"
+    else:
+        result = "%c"
+    return f"""
+func.func @f(%a: {t(a, dtype)}, %b: {t(b, dtype)}, %bias: {t((n,), dtype)}, %res: {t(out, dtype)}) -> {t(out, dtype)} {{
+{body}
+  func.return {result} : {t(out, dtype)}
+}}"""
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("a,b,ta,tb", MATMULS)
+def test_generated_matmul_with_epilogue(a, b, ta, tb, dtype):
+    check(_matmul_text(a, b, ta, tb, dtype, True), library=False)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("a,b,ta,tb", MATMULS)
+def test_cublas_matmul(a, b, ta, tb, dtype):
+    runner = check(_matmul_text(a, b, ta, tb, dtype, False), library=True)
+    assert any(type(s).__name__ == "Gemm" for s in runner.plan.steps) or len(a) > 3
+
+
+def test_generated_matmul_tile_parameters():
+    text = _matmul_text((70, 50), (50, 90), False, False, "f32", True)
+    module = parse_module(text)
+    from tgc.dialects.kernel import FusedOp
+    from tgc.runtime.placement import prepare_module
+
+    prepare_module(module, module.funcs[0], library=False)
+    (name,) = [op.attr("name") for op in module.funcs[0].body.ops if isinstance(op, FusedOp)]
+    params = {name: {"block_m": 32, "block_n": 128, "block_k": 8, "thread_m": 2, "thread_n": 8}}
+    check(text, library=False, params=params)
+
+
+# -- examples, the executor, the standalone file ---------------------------------------------------
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_tgc_run_cuda_check(name):
+    proc = subprocess.run(
+        [sys.executable, "-m", "tgc.tools.run", str(ROOT / "examples" / name), "--backend", "cuda",
+         "--check"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "check: result 0 ok" in proc.stdout
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_standalone_main_matches_pycuda(name, tmp_path):
+    from tgc.codegen.plan import build_plan
+    from tgc.codegen.standalone import checksums, emit_standalone_cuda, standalone_inputs
+    from tgc.runtime.cuda_executor import CudaPlanRunner, device_arch
+    from tgc.runtime.placement import prepare_module
+
+    text = (ROOT / "examples" / name).read_text()
+    src = tmp_path / "k.cu"
+    src.write_text(emit_standalone_cuda(parse_module(text), name))
+    exe = tmp_path / "k"
+    build = subprocess.run(["nvcc", f"-arch={device_arch()}", "-DTGC_STANDALONE_MAIN", str(src),
+                            "-o", str(exe)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    module = parse_module(text)
+    func = module.funcs[0]
+    inputs = standalone_inputs(func, 0)
+    prepare_module(module, func)
+    results = CudaPlanRunner(build_plan(func)).run(inputs)
+    for i, (s, a) in enumerate(checksums(results)):
+        line = next(x for x in out.splitlines() if f"result {i}:" in x)
+        got_s = float(line.split("sum=")[1].split()[0])
+        got_a = float(line.split("abs_sum=")[1].split()[0])
+        assert got_a == pytest.approx(a, rel=1e-3)
+        assert got_s == pytest.approx(s, rel=1e-3, abs=1e-3 * a)
+
+
+def test_compile_error_names_the_kernel_and_the_op():
+    from tgc.codegen.plan import build_plan
+    from tgc.runtime.cuda_executor import CudaPlanRunner
+    from tgc.runtime.placement import prepare_module
+
+    text = """func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %y = atomic.exp %x : (tensor<4xf32>) -> tensor<4xf32>
+  func.return %y : tensor<4xf32>
+}"""
+    module = parse_module(text, "broken.tg")
+    func = module.funcs[0]
+    prepare_module(module, func)
+    plan = build_plan(func)
+    plan.kernels[0].source = plan.kernels[0].source.replace("expf(", "no_such_function(")
+    with pytest.raises(TgcError) as e:
+        CudaPlanRunner(plan)
+    text = e.value.render()
+    assert "f_exp" in text and "failed to compile" in text and "broken.tg:2:" in text
