@@ -26,9 +26,9 @@ from tgc.builtin import FuncOp
 from tgc.parser import parse_module
 from tgc.pass_manager import PassManager, PipelineError, parse_pipeline
 from tgc.passes.algebraic.cost import Cost, CostWeights, op_cost, ops_cost
-from tgc.passes.algebraic.graph import clone_func, extract_window, fingerprint
+from tgc.passes.algebraic.graph import UndoRewriter, clone_func, extract_window, fingerprint
 from tgc.passes.algebraic.rules import RULE_NAMES, RULES, _best_tree, _chain, _tree_cost
-from tgc.passes.algebraic.search import apply_move, find_moves
+from tgc.passes.algebraic.search import apply_move, find_moves, replay, search
 from tgc.printer import print_op
 from tgc.rewriter import Rewriter
 from tgc.runtime.interpreter import run_function
@@ -420,6 +420,43 @@ def test_clone_and_window_keep_structure():
     window = extract_window(ops[2:5])
     verify(window)
     assert [op.name for op in window.body.ops][:-1] == [op.name for op in ops[2:5]]
+
+
+def _uses(func: FuncOp) -> list:
+    values = list(func.body.args) + [r for op in func.body.ops for r in op.results]
+    return [[(ops_index, i) for ops_index, i in v.uses] for v in values]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_undo_restores_the_graph_exactly(seed):
+    func = RandomGraph(seed).build(RandomGraph.TEMPLATES, 8)
+    text, uses = print_op(func), _uses(func)
+    rewriter = UndoRewriter()
+    ops = list(func.body.ops)
+    for move in find_moves(func, RULES, WEIGHTS):
+        before = ops_cost(func.body.ops)
+        mark = len(rewriter.log)
+        apply_move(move, ops, rewriter)
+        inserted, erased = rewriter.changes_since(mark)
+        delta = ops_cost(inserted).seconds(WEIGHTS) - ops_cost(erased).seconds(WEIGHTS)
+        after = ops_cost(func.body.ops)
+        assert delta == pytest.approx(after.seconds(WEIGHTS) - before.seconds(WEIGHTS), abs=1e-15)
+        verify(func)
+        rewriter.undo(mark)
+        assert print_op(func) == text
+        assert _uses(func) == uses
+
+
+def test_search_costs_match_the_replayed_graph():
+    for seed in range(20):
+        func = RandomGraph(seed).build(RandomGraph.TEMPLATES, 6)
+        window = extract_window(list(func.body.ops)[:-1])
+        result = search(window, RULES, WEIGHTS, 1.05, 32)
+        assert ops_cost(window.body.ops).seconds(WEIGHTS) == pytest.approx(result.cost_before)
+        replay(result.moves, window.body, None, window.body.last, Rewriter())
+        verify(window)
+        assert ops_cost(window.body.ops).seconds(WEIGHTS) == pytest.approx(result.cost_after)
+        assert result.cost_after <= result.cost_before
 
 
 def test_rewrites_keep_the_replaced_location():

@@ -74,15 +74,16 @@ class Algebraic(Pass):
         windows = plan_windows(block, self.window)
         expanded = 0
         for first, after in windows:
+            before_window = first.prev
             result = search(
-                extract_window(span_ops(block, first, after)),
+                extract_window(span_ops(block, before_window, after)),
                 rules,
                 weights,
                 self.alpha,
                 self.budget,
             )
             expanded += result.expanded
-            replay(result.moves, block, first, after, rewriter)
+            replay(result.moves, block, before_window, after, rewriter)
             for move in result.moves:
                 stats.bump(move.rule.name)
         after_cost = ops_cost(block.ops)

@@ -5,6 +5,7 @@ of its ops) cloned into a `func.func` whose arguments are the values the window 
 outside and whose `func.return` lists the values used after the window. Because the window is
 contiguous and cloned in order, an op's position in the clone is its position in the real block:
 a rewrite found on a clone can be replayed on the real ops by index (see `search.py`).
+`UndoRewriter` lets the search move that one copy between states instead of copying it.
 """
 
 from __future__ import annotations

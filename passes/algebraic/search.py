@@ -5,11 +5,13 @@
    sharing an operand, as a contiguous run of ops; overlapping runs are merged up to `window`
    ops. A function of at most `window` ops is one window. The work is linear in the function's
    size; a rewrite whose ops lie further apart than a window is not found.
-2. `search` explores one window, cloned (see graph.py), as TASO does: a priority queue of
-   states ordered by cost; popping a state applies every rule at every match to a fresh clone
-   each; a new state (by fingerprint) whose cost is below α·best joins the queue, so a step
-   that is worse now (by at most α) can lead to a better graph later. At most `budget` states
-   are expanded.
+2. `search` explores one window, cloned into a standalone function (see graph.py), as TASO
+   does: a priority queue of states (each a sequence of moves) ordered by cost. Popping a
+   state brings the one working copy there (undo back to the moves it shares with the current
+   state, apply the rest), then tries every rule at every match in turn: apply, price by the
+   cost of the ops added minus the ops erased, undo. A new state (by fingerprint) cheaper than
+   α·best joins the queue, so a step that is worse now (by at most α) can lead to a better
+   graph later. At most `budget` states are expanded.
 3. `replay` applies the moves of the best state, in order, to the real ops through the rewriter.
    A move names its ops by position in the window, and the window clone keeps the real order,
    so position i of the clone is position i of the real run (the clone's `func.return` stands
@@ -69,13 +71,15 @@ def _related(op: Operation) -> list[Operation]:
 
 
 def plan_windows(block: Block, window: int) -> list[tuple[Operation | None, Operation]]:
-    """Windows as (op before the run or None, op after the run); in program order."""
+    """Windows as (first op of the run, op after the run), in program order. The op before a
+    run may be rewritten by the window before it, so take `first.prev` only when you get there;
+    a window never touches the ops of the next one."""
     ops = list(block.ops)[:-1]
     terminator = block.last
     if not any(op.name in SEEDS for op in ops):
         return []
     if len(ops) <= window:
-        return [(None, terminator)]
+        return [(ops[0], terminator)]
     pos = {op: i for i, op in enumerate(ops)}
     intervals = []
     for i, op in enumerate(ops):
@@ -98,10 +102,7 @@ def plan_windows(block: Block, window: int) -> list[tuple[Operation | None, Oper
             if lo > hi:
                 continue
         spans.append((lo, hi))
-    return [
-        (ops[lo - 1] if lo > 0 else None, ops[hi + 1] if hi + 1 < len(ops) else terminator)
-        for lo, hi in spans
-    ]
+    return [(ops[lo], ops[hi + 1] if hi + 1 < len(ops) else terminator) for lo, hi in spans]
 
 
 # -- search ----------------------------------------------------------------------------------------
