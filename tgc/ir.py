@@ -23,15 +23,70 @@ if TYPE_CHECKING:
     from tgc.opdef import AttrDef, OperandDef
 
 
+class UseList:
+    """The uses of a value, `(op, operand index)` pairs in insertion order.
+
+    Reads like a list (iteration, len, `uses[0]`, slices, `==` with a list, `in`) but removes a
+    use in O(1), so rewriting the users of a value with thousands of uses (a shared constant
+    after CSE) stays linear.
+    """
+
+    __slots__ = ("_uses",)
+
+    def __init__(self, uses=()) -> None:
+        self._uses: dict[tuple[Operation, int], None] = dict.fromkeys(uses)
+
+    def append(self, use: tuple[Operation, int]) -> None:
+        self._uses[use] = None
+
+    def remove(self, use: tuple[Operation, int]) -> None:
+        try:
+            del self._uses[use]
+        except KeyError:
+            raise ValueError(f"{use!r} is not a use of this value") from None
+
+    def __iter__(self):
+        return iter(self._uses)
+
+    def __len__(self) -> int:
+        return len(self._uses)
+
+    def __bool__(self) -> bool:
+        return bool(self._uses)
+
+    def __contains__(self, use) -> bool:
+        return use in self._uses
+
+    def __getitem__(self, index):
+        if index == 0 and self._uses:
+            return next(iter(self._uses))
+        return list(self._uses)[index]
+
+    def __eq__(self, other) -> bool:
+        return list(self._uses) == list(other)
+
+    def __repr__(self) -> str:
+        return repr(list(self._uses))
+
+
 class Value:
     """An SSA value. `name_hint` is the source name (without `%`), kept by the printer."""
 
-    __slots__ = ("type", "uses", "name_hint")
+    __slots__ = ("type", "_uses", "name_hint")
 
     def __init__(self, type: TensorType, name_hint: str | None = None) -> None:
         self.type = type
-        self.uses: list[tuple[Operation, int]] = []
+        self._uses = UseList()
         self.name_hint = name_hint
+
+    @property
+    def uses(self) -> UseList:
+        """`(op, operand index)` for every use, in the order they were made."""
+        return self._uses
+
+    @uses.setter
+    def uses(self, uses) -> None:
+        self._uses = uses if isinstance(uses, UseList) else UseList(uses)
 
     @property
     def owner(self) -> Operation | Block:
@@ -54,7 +109,7 @@ class Value:
         for op, index in self.uses:
             op.operands[index] = new
             new.uses.append((op, index))
-        self.uses = []
+        self.uses = UseList()
 
     def replace_uses_if(self, new: Value, predicate) -> None:
         keep = []
