@@ -393,6 +393,21 @@ def test_chain_dp_is_optimal(seed):
     assert _tree_cost(best, factors, w, 4)[0] == pytest.approx(best_cost)
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_chain_pricing_agrees_with_the_cost_model(seed):
+    """The chain DP prices each product exactly as op_cost prices the matmul it becomes."""
+    rng = np.random.default_rng(seed)
+    func = RandomGraph(seed).build(("chain", "power"), 3)
+    for op in func.body.ops:
+        if op.name != "atomic.matmul":
+            continue
+        w = CostWeights(float(rng.random()), float(rng.random()), float(rng.random()))
+        factors, tree, interior = _chain(op, frozenset((op,)))
+        assert (tree, interior) == ((0, 1), [op])
+        nbytes = op.results[0].type.nbytes // op.results[0].type.num_elements
+        assert _tree_cost(tree, factors, w, nbytes)[0] == pytest.approx(op_cost(op).seconds(w))
+
+
 def _left_deep(n):
     tree = 0
     for i in range(1, n):

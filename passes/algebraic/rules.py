@@ -224,41 +224,47 @@ def _chain(root: Operation, members: frozenset[Operation] | None):
     return factors, tree, interior
 
 
+def _product(left, right, w: CostWeights, nbytes: int):
+    """(seconds, batch, rows, cols) of multiplying two (seconds, batch, rows, cols) operands,
+    priced as cost.op_cost prices the matmul."""
+    cl, bl, rows, inner = left
+    cr, br, _, cols = right
+    batch = broadcast_shapes(bl, br)
+    out = math.prod(batch) * rows * cols
+    moved = (math.prod(bl) * rows * inner + math.prod(br) * inner * cols + out) * nbytes
+    seconds = cl + cr + w.flop * 2 * out * inner + w.byte * moved + w.launch
+    return seconds, batch, rows, cols
+
+
+def _leaf(factor) -> tuple[float, tuple[int, ...], int, int]:
+    value, flag = factor
+    shape = value.type.shape
+    rows, cols = (shape[-1], shape[-2]) if flag else (shape[-2], shape[-1])
+    return 0.0, shape[:-2], rows, cols
+
+
 def _tree_cost(tree: Tree, factors, w: CostWeights, nbytes: int):
     """(seconds, batch shape, rows, cols) of evaluating `tree` over `factors`."""
     if isinstance(tree, int):
-        value, flag = factors[tree]
-        shape = value.type.shape
-        rows, cols = (shape[-1], shape[-2]) if flag else (shape[-2], shape[-1])
-        return 0.0, shape[:-2], rows, cols
-    cl, bl, rows, k = _tree_cost(tree[0], factors, w, nbytes)
-    cr, br, _, cols = _tree_cost(tree[1], factors, w, nbytes)
-    batch = broadcast_shapes(bl, br)
-    out = math.prod(batch) * rows * cols
-    moved = (math.prod(bl) * rows * k + math.prod(br) * k * cols + out) * nbytes
-    return cl + cr + w.flop * 2 * out * k + w.byte * moved + w.launch, batch, rows, cols
+        return _leaf(factors[tree])
+    left = _tree_cost(tree[0], factors, w, nbytes)
+    return _product(left, _tree_cost(tree[1], factors, w, nbytes), w, nbytes)
 
 
 def _best_tree(factors, w: CostWeights, nbytes: int) -> tuple[float, Tree]:
     """Matrix-chain dynamic programming over the factors (batch dims broadcast)."""
     n = len(factors)
-    best: dict[tuple[int, int], tuple[float, Tree, tuple, int, int]] = {}
-    for i in range(n):
-        _, batch, rows, cols = _tree_cost(i, factors, w, nbytes)
-        best[i, i] = (0.0, i, batch, rows, cols)
+    best = {(i, i): (_leaf(f), i) for i, f in enumerate(factors)}  # (i, j) -> (priced, tree)
     for length in range(2, n + 1):
         for i in range(n - length + 1):
             j = i + length - 1
             for k in range(i, j):
-                cl, tl, bl, rows, inner = best[i, k]
-                cr, tr, br, _, cols = best[k + 1, j]
-                batch = broadcast_shapes(bl, br)
-                out = math.prod(batch) * rows * cols
-                moved = (math.prod(bl) * rows * inner + math.prod(br) * inner * cols + out) * nbytes
-                cost = cl + cr + w.flop * 2 * out * inner + w.byte * moved + w.launch
-                if (i, j) not in best or cost < best[i, j][0]:
-                    best[i, j] = (cost, (tl, tr), batch, rows, cols)
-    return best[0, n - 1][0], best[0, n - 1][1]
+                (left, tl), (right, tr) = best[i, k], best[k + 1, j]
+                priced = _product(left, right, w, nbytes)
+                if (i, j) not in best or priced[0] < best[i, j][0][0]:
+                    best[i, j] = (priced, (tl, tr))
+    priced, tree = best[0, n - 1]
+    return priced[0], tree
 
 
 def _is_chain_root(op: Operation) -> bool:
