@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from tgc.codegen.cuda_ops import COMPUTE_CTYPE, expression, has_code, literal, load_expression
 from tgc.diagnostics import TgcError
-from tgc.ir import BlockArgument, Value
+from tgc.ir import Value
 
 Coords = tuple[str, ...]
 Hook = Callable[[Coords], "str | None"]
@@ -183,20 +183,23 @@ class Emitter:
         return delinearize(flat, src)
 
     def concat(self, op, v: Value, coords: Coords) -> str:
+        """Each piece is computed only in its own branch (its loads stay in bounds)."""
         axis = op.attr("axis") % len(coords)
-        parts = []
+        name = self.fresh()
+        self.emit(f"{COMPUTE_CTYPE[v.type.element_type]} {name};")
         start = 0
-        for x in op.operands:
-            if not isinstance(x, BlockArgument):
-                raise TgcError("concat inside a kernel reads kernel inputs only", op.loc)
+        for i, x in enumerate(op.operands):
             size = x.type.shape[axis]
             inner = tuple(_affine(c, 1, -start) if d == axis else c for d, c in enumerate(coords))
-            parts.append((start + size, self.load(x, inner)))
+            last = i == len(op.operands) - 1
+            keyword = "if" if i == 0 else "else if"
+            self.emit("else {" if last else f"{keyword} ({coords[axis]} < {start + size}) {{")
+            self.push()
+            self.emit(f"{name} = {self.value(x, inner)};")
+            self.pop()
+            self.emit("}")
             start += size
-        expr = parts[-1][1]
-        for bound, load in reversed(parts[:-1]):
-            expr = f"({coords[axis]} < {bound} ? {load} : {expr})"
-        return self.define(v, expr)
+        return name
 
     def gather(self, op, v: Value, coords: Coords) -> str:
         table, indices = op.operands

@@ -316,7 +316,8 @@ def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
             if inner.name in REDUCE_CODE or inner is op.body.last:
                 continue
             for r in inner.results:
-                if r.type.shape in scalar_shapes and r not in done and level[r] <= finished[0]:
+                if r.type.shape in scalar_shapes and r.type.shape != full and r not in done \
+                        and level[r] <= finished[0]:
                     em.value(r, scalar_coords(r.type.shape))
                     done.add(r)
 

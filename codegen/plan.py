@@ -111,6 +111,7 @@ def _align(n: int) -> int:
 def build_plan(func: FuncOp, kernel_params: dict[str, dict] | None = None,
                library_matmul: bool = True) -> Plan:
     """The plan of a function already placed on the device (see tgc.runtime.placement).
+    `kernel_params` maps a kernel's IR name (or "*", every kernel) to template parameters.
 
     With `library_matmul`, a matmul kernel whose matmul cuBLAS can run becomes a cuBLAS GEMM
     into scratch memory followed by its epilogue as a generated elementwise kernel; otherwise
@@ -163,12 +164,12 @@ def build_plan(func: FuncOp, kernel_params: dict[str, dict] | None = None,
             use(product, step)
             args = {a: b for a, b in zip(op.body.args, ins)}
             plan.steps.append(_gemm(mm, [args[x] for x in mm.operands], product))
-            params = kernel_params.get(op.attr("name"))
+            params = kernel_params.get(op.attr("name"), kernel_params.get("*"))
             plan.steps.append(Launch(generate_epilogue_kernel(op, params), ins + [product] + outs))
             for b in ins + [product] + outs:
                 use(b, step + 1)
         elif isinstance(op, FusedOp):
-            params = kernel_params.get(op.attr("name"))
+            params = kernel_params.get(op.attr("name"), kernel_params.get("*"))
             plan.steps.append(Launch(generate_kernel(op, params), ins + outs))
         elif isinstance(op, CallOp) and op.attr("callee") == "cublas.gemm":
             plan.steps.append(_gemm(op, ins, outs[0]))
