@@ -40,7 +40,7 @@ from tgc.diagnostics import TgcError, VerifyError
 from tgc.dialects._shapes import broadcast_shapes
 from tgc.dialects.atomic import AddOp, MaxOp, MinOp, MulOp
 from tgc.ir import BlockArgument, Operation, Value
-from tgc.opdef import ASSOCIATIVE, COMMUTATIVE, ELEMENTWISE, PURE, create
+from tgc.opdef import ASSOCIATIVE, COMMUTATIVE, ELEMENTWISE, PURE, create, dialect_ops
 from tgc.pass_manager import Pass, PassStatistics, register_pass
 from tgc.passes.canonicalize_rules import CANONICALIZE_RULES
 from tgc.passes.rules import make_constant, run_reference
@@ -69,20 +69,26 @@ def worth_folding(result: np.ndarray, inputs: list[np.ndarray]) -> bool:
 
 
 class FoldConstant(RewritePattern):
-    """A pure op whose operands are all constants -> constants (the op's numpy reference)."""
+    """A pure atomic op whose operands are all constants -> constants (its numpy reference)."""
 
-    traits = frozenset({PURE})
     benefit = 10
     name = "fold-constant"
 
+    def __init__(self) -> None:
+        self.op_types = tuple(
+            cls for cls in dialect_ops("atomic") if PURE in cls.traits and cls.operand_defs
+        )
+
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> bool:
-        if not op.operands or op.regions or op.name == "atomic.constant":
+        if not op.operands:
             return False
         arrays = [constant_array(v) for v in op.operands]
         if any(a is None for a in arrays):
             return False
-        if op.name == "atomic.div" and not op.results[0].type.is_float and any(
-            np.any(a == 0) for a in arrays[1:]
+        if (
+            op.name == "atomic.div"
+            and not op.results[0].type.is_float
+            and any(np.any(a == 0) for a in arrays[1:])
         ):
             return False  # integer division by zero has no value to fold to
         outs = run_reference(op, arrays, [r.type.dtype for r in op.results])
@@ -151,6 +157,8 @@ class AssociativeChain(RewritePattern):
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> bool:
         if _inner_node(op, op.name):
             return False  # the chain's root will handle it
+        if _canonical_pair(op):
+            return False
         current = _postfix(op)
         leaves = [e for e in current if e is not _NODE]
         items = _canonical_leaves(op, leaves)
@@ -175,6 +183,20 @@ def _inner_node(op: Operation, name: str) -> bool:
     return user.name == name and user.block is op.block
 
 
+def _canonical_pair(op: Operation) -> bool:
+    """Fast path for the common chain of two leaves already in canonical order."""
+    a, b = op.operands
+    if a is b:
+        return False
+    for v in (a, b):
+        producer = v.defining_op
+        if producer is not None and producer.name == op.name and _inner_node(producer, op.name):
+            return False
+    if constant_array(a) is not None and constant_array(b) is not None:
+        return False
+    return _leaf_key(a) <= _leaf_key(b)
+
+
 def _postfix(root: Operation) -> list:
     """The chain under `root` in postfix order: leaves (values) and _NODE for each inner op."""
     out: list = []
@@ -190,8 +212,11 @@ def _postfix(root: Operation) -> list:
         stack.append((item, True))
         for v in reversed(item.operands):
             producer = v.defining_op
-            if producer is not None and producer is not root and producer.name == root.name and (
-                _inner_node(producer, root.name)
+            if (
+                producer is not None
+                and producer is not root
+                and producer.name == root.name
+                and (_inner_node(producer, root.name))
             ):
                 stack.append((producer, False))
             else:
@@ -243,23 +268,21 @@ def _fold_constants(root: Operation, constants: list[Value]):
     return _Leaf(acc_type, array=acc)
 
 
-def _size(t) -> int:
-    return t.num_elements
+def _leaf_key(item) -> tuple:
+    """Biggest shapes first; inside a shape, `value_key` order (constants last)."""
+    t = item.type
+    if isinstance(item, _Leaf):
+        rank = (2, "") if item.array is not None else (1, "~scaled", 0, value_key(item.value))
+    else:
+        rank = value_key(item)
+    return (-t.num_elements, t.shape, rank)
 
 
 def _shape_postfix(items: list) -> list:
     """Group leaves by shape (biggest first), left-deep chains inside a group, constants last
     in each group; groups combined as g1 + (g2 + (g3 + ...))."""
 
-    def key(item):
-        t = item.type
-        if isinstance(item, _Leaf):
-            rank = (2, "") if item.array is not None else (1, "~scaled", 0, value_key(item.value))
-        else:
-            rank = value_key(item)
-        return (-_size(t), t.shape, rank)
-
-    ordered = sorted(items, key=key)
+    ordered = sorted(items, key=_leaf_key)
     groups: list[list] = []
     for item in ordered:
         if groups and groups[-1][0].type.shape == item.type.shape:
@@ -372,7 +395,10 @@ class Canonicalize(Pass):
 
     def run_on_func(self, func: FuncOp, stats: PassStatistics) -> None:
         result = apply_patterns_greedily(
-            func, canonicalize_patterns(self.fast_math), self.max_iterations, stats,
+            func,
+            canonicalize_patterns(self.fast_math),
+            self.max_iterations,
+            stats,
             pass_name=f"canonicalize on @{func.sym_name}",
         )
         if not result.converged and self.test_convergence:

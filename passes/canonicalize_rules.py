@@ -77,6 +77,7 @@ def flip_b(m: Match) -> bool:
 
 # -- the table -------------------------------------------------------------------------------------
 
+# fmt: off
 CANONICALIZE_RULES = RuleTable("canonicalize", [
     # neutral elements
     rule(x + -0.0, x),                                       # x+(-0) -> x
@@ -144,3 +145,4 @@ CANONICALIZE_RULES = RuleTable("canonicalize", [
          atomic.matmul(x, y, transpose_a=ta, transpose_b=flip_b),
          when=swaps_last_two),                               # matmul(x, yᵀ) -> matmul(x, y, tb)
 ])
+# fmt: on

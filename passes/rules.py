@@ -45,8 +45,13 @@ from tgc.opdef import COMMUTATIVE, OPS
 from tgc.patterns import PatternRewriter, RewritePattern
 from tgc.types import TensorType
 
-_INFIX = {"atomic.add": "+", "atomic.sub": "-", "atomic.mul": "*", "atomic.div": "/",
-          "atomic.pow": "**"}
+_INFIX = {
+    "atomic.add": "+",
+    "atomic.sub": "-",
+    "atomic.mul": "*",
+    "atomic.div": "/",
+    "atomic.pow": "**",
+}
 
 
 class Match(dict):
@@ -192,24 +197,46 @@ class Op(Pattern):
         self.attributes = attributes
         self.result_type = result_type
         self.commutative = COMMUTATIVE in self.cls.traits and len(self.operands) == 2
+        # The op name each operand's producer must have (None: anything), checked before any
+        # binding so that most candidates are rejected by a few comparisons.
+        self.producers = tuple(_producer_name(o) for o in self.operands)
+
+    def _producers_fit(self, operands, producers) -> bool:
+        for v, want in zip(operands, producers):
+            if want is None:
+                continue
+            op = v.defining_op
+            if op is None or op.name != want:
+                return False
+        return True
 
     def match(self, value: Value, m: Match) -> bool:
         op = value.defining_op
         return op is not None and self.match_op(op, m)
 
     def match_op(self, op: Operation, m: Match) -> bool:
-        if op.name != self.name or len(op.operands) != len(self.operands):
-            return False
-        if len(op.results) != 1 or not self._match_attributes(op, m):
+        operands = op.operands
+        if op.name != self.name or len(operands) != len(self.operands) or len(op.results) != 1:
             return False
         if not self.commutative:
-            return all(p.match(v, m) for p, v in zip(self.operands, op.operands))
-        a, b = op.operands
-        trial = dict(m)
-        if self.operands[0].match(a, m) and self.operands[1].match(b, m):
+            if not self._producers_fit(operands, self.producers):
+                return False
+            if not self._match_attributes(op, m):
+                return False
+            return all(p.match(v, m) for p, v in zip(self.operands, operands))
+        a, b = operands
+        straight = self._producers_fit(operands, self.producers)
+        swapped = self._producers_fit((b, a), self.producers)
+        if not (straight or swapped) or not self._match_attributes(op, m):
+            return False
+        trial = dict(m) if straight and swapped else None
+        if straight and self.operands[0].match(a, m) and self.operands[1].match(b, m):
             return True
-        m.clear()
-        m.update(trial)
+        if not swapped:
+            return False
+        if trial is not None:
+            m.clear()
+            m.update(trial)
         return self.operands[0].match(b, m) and self.operands[1].match(a, m)
 
     def _match_attributes(self, op: Operation, m: Match) -> bool:
@@ -233,6 +260,14 @@ class Op(Pattern):
             return f"-{_operand_text(self.operands[0])}"
         short = self.name.removeprefix("atomic.")
         return f"{short}({', '.join(str(o) for o in self.operands)})"
+
+
+def _producer_name(p: Pattern) -> str | None:
+    if isinstance(p, Op):
+        return p.name
+    if isinstance(p, (Const, Splat)):
+        return "atomic.constant"
+    return None
 
 
 def _operand_text(p) -> str:
@@ -293,8 +328,14 @@ class Rule:
         return self.name
 
 
-def rule(lhs: Pattern, rhs, *, when: Callable[[Match], bool] | None = None,
-         fast_math: bool = False, name: str | None = None) -> Rule:
+def rule(
+    lhs: Pattern,
+    rhs,
+    *,
+    when: Callable[[Match], bool] | None = None,
+    fast_math: bool = False,
+    name: str | None = None,
+) -> Rule:
     if not isinstance(lhs, Op):
         raise TypeError("the left side of a rule must be an op pattern")
     rhs = lift(rhs)
@@ -318,7 +359,12 @@ class RuleTable:
         RULE_TABLES[name] = self
 
     def patterns(self, fast_math: bool = False) -> list[RewritePattern]:
-        return [RulePattern(r) for r in self.rules if fast_math or not r.fast_math]
+        """One pattern per root op, trying its allowed rules in table order."""
+        by_root: dict[str, list[Rule]] = {}
+        for r in self.rules:
+            if fast_math or not r.fast_math:
+                by_root.setdefault(r.root_name, []).append(r)
+        return [RuleSetPattern(root, rules) for root, rules in by_root.items()]
 
 
 RULE_TABLES: dict[str, RuleTable] = {}
@@ -338,18 +384,59 @@ class RulePattern(RewritePattern):
         return self.rule.name
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> bool:
-        r = self.rule
-        m = Match(op)
-        if not r.lhs.match_op(op, m):
+        return apply_rule(self.rule, op, rewriter)
+
+
+class RuleSetPattern(RewritePattern):
+    """The rules rooted at one op, tried in order; the producers of the op's operands are
+    looked up once and rules that need other producers are skipped without matching.
+    Returns the applied rule's name (the statistics key)."""
+
+    benefit = 2
+
+    def __init__(self, root_name: str, rules: Sequence[Rule]) -> None:
+        self.rules = tuple(rules)
+        self.op_types = (root_name,)
+        self._name = f"rules on {root_name}"
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> bool | str:
+        names = tuple(None if v.defining_op is None else v.defining_op.name for v in op.operands)
+        swapped = names[::-1]
+        for r in self.rules:
+            need = r.lhs.producers
+            if len(need) != len(names):
+                continue
+            if not _names_fit(need, names) and not (
+                r.lhs.commutative and _names_fit(need, swapped)
+            ):
+                continue
+            if apply_rule(r, op, rewriter):
+                return r.name
+        return False
+
+
+def _names_fit(need: tuple, names: tuple) -> bool:
+    for want, got in zip(need, names):
+        if want is not None and want != got:
             return False
-        if r.when is not None and not r.when(m):
-            return False
-        want = op.results[0].type
-        if replacement_type(r.rhs, m) is not want:
-            return False
-        new = build(r.rhs, m, rewriter)
-        rewriter.replace_op(op, new)
-        return True
+    return True
+
+
+def apply_rule(r: Rule, op: Operation, rewriter: PatternRewriter) -> bool:
+    """Match `r` at `op` and, where its guard and the type check allow, rewrite."""
+    m = Match(op)
+    if not r.lhs.match_op(op, m):
+        return False
+    if r.when is not None and not r.when(m):
+        return False
+    if replacement_type(r.rhs, m) is not op.results[0].type:
+        return False
+    rewriter.replace_op(op, build(r.rhs, m, rewriter))
+    return True
 
 
 # -- replacements ----------------------------------------------------------------------------------
@@ -363,7 +450,11 @@ def _attributes(node: Op, m: Match) -> dict:
         elif callable(value):
             value = value(m)
         attr_def = node.cls.attr_defs.get(key)
-        if attr_def is not None and not attr_def.required and attribute_key(value) == attribute_key(attr_def.default):
+        if (
+            attr_def is not None
+            and not attr_def.required
+            and attribute_key(value) == attribute_key(attr_def.default)
+        ):
             continue  # leave defaults implicit, as a person would write it
         out[key] = value
     return out
@@ -434,7 +525,7 @@ def run_reference(op: Operation, arrays: Sequence[np.ndarray], dtypes) -> tuple 
     try:
         with np.errstate(all="ignore"):
             raw = op.reference(*[compute_view(a) for a in arrays])
-    except (NotImplementedError, ValueError, TypeError, ZeroDivisionError, OverflowError):
+    except Exception:  # noqa: BLE001  (a reference that cannot run on these values: no fold)
         return None
     outs = raw if isinstance(raw, tuple) else (raw,)
     with np.errstate(all="ignore"):
@@ -454,8 +545,11 @@ def evaluate(template: Pattern, m: Match) -> np.ndarray | None:
     arrays = [evaluate(o, m) for o in template.operands]
     if any(a is None for a in arrays):
         return None
-    probe = template.cls([Value(TensorType.get(a.shape, _elem(a.dtype))) for a in arrays], [],
-                         _attributes(template, m))
+    probe = template.cls(
+        [Value(TensorType.get(a.shape, _elem(a.dtype))) for a in arrays],
+        [],
+        _attributes(template, m),
+    )
     try:
         types = probe.infer()
     except VerifyError:
@@ -470,4 +564,3 @@ def _elem(dtype: np.dtype) -> str:
     from tgc.types import ELEMENT_TYPE_OF_DTYPE
 
     return ELEMENT_TYPE_OF_DTYPE[np.dtype(dtype)]
-

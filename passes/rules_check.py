@@ -49,8 +49,9 @@ class CheckReport:
     examples: list[str] = field(default_factory=list)
 
 
-def check_rule(r: Rule, seed: int = 0, min_fires: int = 8, max_trials: int = 3000,
-               enough: int = 40) -> CheckReport:
+def check_rule(
+    r: Rule, seed: int = 0, min_fires: int = 8, max_trials: int = 3000, enough: int = 40
+) -> CheckReport:
     """Instantiate and check `r` until it fired `enough` times (or `max_trials` were tried)."""
     rng = np.random.default_rng(seed)
     report = CheckReport(r)
@@ -114,8 +115,10 @@ def compare(before: np.ndarray, after: np.ndarray, fast_math: bool) -> str | Non
         return "values differ where the original is finite"
     if not np.array_equal(np.isnan(before), np.isnan(after)):
         return "NaN positions differ"
-    if not (np.array_equal(np.isposinf(before), np.isposinf(after))
-            and np.array_equal(np.isneginf(before), np.isneginf(after))):
+    if not (
+        np.array_equal(np.isposinf(before), np.isposinf(after))
+        and np.array_equal(np.isneginf(before), np.isneginf(after))
+    ):
         return "infinities differ"
     zero = (before == 0) & (after == 0)
     if not np.array_equal(np.signbit(before[zero]), np.signbit(after[zero])):
@@ -146,7 +149,7 @@ class _Instance:
     def subshape(self) -> tuple[int, ...]:
         """A shape that broadcasts to the universe: a suffix, some dims set to 1."""
         keep = int(self.rng.integers(0, len(self.universe) + 1))
-        shape = self.universe[len(self.universe) - keep:]
+        shape = self.universe[len(self.universe) - keep :]
         return tuple(1 if self.rng.random() < 0.25 else d for d in shape)
 
     def tensor(self, shape) -> TensorType:
@@ -268,7 +271,9 @@ def sample_attribute(op_name: str, key: str, types: list[TensorType], rng: np.ra
     if key == "perm":
         choice = rng.random()
         if choice < 0.25 or rank < 2:
-            return tuple(range(rank)) if choice < 0.5 else tuple(int(i) for i in rng.permutation(rank))
+            return (
+                tuple(range(rank)) if choice < 0.5 else tuple(int(i) for i in rng.permutation(rank))
+            )
         if choice < 0.6:
             return tuple(range(rank - 2)) + (rank - 1, rank - 2)
         return tuple(int(i) for i in rng.permutation(rank))

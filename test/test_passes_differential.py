@@ -32,7 +32,7 @@ import tgc.passes  # noqa: F401
 from tgc.attributes import DenseAttr
 from tgc.builder import FunctionBuilder, tensor
 from tgc.builtin import ReturnOp
-from tgc.diagnostics import TgcError, VerifyError
+from tgc.diagnostics import VerifyError
 from tgc.ir import Operation
 from tgc.opdef import Operand
 from tgc.parser import parse_module
@@ -49,8 +49,19 @@ COMMUTATIVE = {"add", "mul", "max", "min"}
 CONSTANTS = [0.0, -0.0, 1.0, -1.0, 2.0, 0.5, 3.0, 4.0]
 SPECIALS = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0])
 KINDS = [
-    "unary", "binary", "binary", "binary", "constant", "repeat", "select", "reduce", "transpose",
-    "reshape", "broadcast", "matmul", "idiom",
+    "unary",
+    "binary",
+    "binary",
+    "binary",
+    "constant",
+    "repeat",
+    "select",
+    "reduce",
+    "transpose",
+    "reshape",
+    "broadcast",
+    "matmul",
+    "idiom",
 ]
 
 
@@ -82,8 +93,10 @@ class _GraphBuilder:
 
     def subshape(self) -> tuple[int, ...]:
         keep = self.draw(st.integers(0, len(self.universe)))
-        shape = self.universe[len(self.universe) - keep:]
-        return tuple(1 if self.draw(st.booleans()) and self.draw(st.booleans()) else d for d in shape)
+        shape = self.universe[len(self.universe) - keep :]
+        return tuple(
+            1 if self.draw(st.booleans()) and self.draw(st.booleans()) else d for d in shape
+        )
 
     def pick(self):
         recent = self.pool[-6:]
@@ -145,8 +158,14 @@ class _GraphBuilder:
         rank = x.type.rank
         if rank == 0:
             return None
-        axes = self.draw(st.lists(st.integers(-rank, rank - 1), min_size=1, max_size=rank,
-                                  unique_by=lambda i: i % rank))
+        axes = self.draw(
+            st.lists(
+                st.integers(-rank, rank - 1),
+                min_size=1,
+                max_size=rank,
+                unique_by=lambda i: i % rank,
+            )
+        )
         op = self.draw(st.sampled_from(["reduce_sum", "reduce_max", "reduce_min"]))
         return getattr(a, op)(x, axes=tuple(axes), keepdims=self.draw(st.booleans()))
 
@@ -272,8 +291,12 @@ def run_pipeline(text: str, pipeline: str):
     return module
 
 
-@settings(max_examples=250, deadline=None, print_blob=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=250,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(cases())
 def test_passes_keep_results(case: Case):
     note(f"input seed {case.seed}; replay: save the text below and run tgc-opt -p <pipeline>")

@@ -72,7 +72,9 @@ def test_patterns_only_see_their_op_types():
     apply_patterns_greedily(func, [Spy(), TraitSpy()])
     assert sorted(s for s in seen if ":" not in s) == ["atomic.add", "atomic.exp"]
     assert sorted(s for s in seen if ":" in s) == [
-        "elementwise:atomic.add", "elementwise:atomic.exp", "elementwise:atomic.neg"
+        "elementwise:atomic.add",
+        "elementwise:atomic.exp",
+        "elementwise:atomic.neg",
     ]
 
 
@@ -112,8 +114,7 @@ def test_patterns_that_undo_each_other_hit_the_cap(capsys):
     fb = FunctionBuilder("f", [T, T], ["x", "y"])
     func = fb.ret(fb.atomic.add(*fb.args)).funcs[0]
     stats = PassStatistics()
-    result = apply_patterns_greedily(func, [swap], max_iterations=3, stats=stats,
-                                     pass_name="test")
+    result = apply_patterns_greedily(func, [swap], max_iterations=3, stats=stats, pass_name="test")
     assert not result.converged and result.iterations == 3
     assert any("did not converge after 3 iteration(s)" in n for n in stats.notes)
     assert "warning: test did not converge" in capsys.readouterr().err

@@ -33,8 +33,8 @@ class UseList:
 
     __slots__ = ("_uses",)
 
-    def __init__(self, uses=()) -> None:
-        self._uses: dict[tuple[Operation, int], None] = dict.fromkeys(uses)
+    def __init__(self, uses=None) -> None:
+        self._uses: dict[tuple[Operation, int], None] = dict.fromkeys(uses) if uses else {}
 
     def append(self, use: tuple[Operation, int]) -> None:
         self._uses[use] = None
