@@ -226,7 +226,7 @@ class _GraphBuilder:
 def cases(draw) -> Case:
     element_type = draw(st.sampled_from(["f64", "f64", "f64", "f32"]))
     g = _GraphBuilder(draw, element_type)
-    for _ in range(draw(st.integers(1, 14))):
+    for _ in range(draw(st.integers(1, 20))):
         g.step()
     results = [g.pool[-1]]
     results += draw(st.lists(st.sampled_from(g.pool), max_size=2))
@@ -292,7 +292,7 @@ def run_pipeline(text: str, pipeline: str):
 
 
 @settings(
-    max_examples=250,
+    max_examples=400,
     deadline=None,
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -380,7 +380,7 @@ def test_passes_run_in_linear_time(n_ops):
     per_op = []
     for n in (n_ops, 4 * n_ops):
         module = long_chain(n)
-        start = time.perf_counter()
+        start = time.process_time()
         PassManager(parse_pipeline("canonicalize,cse,dce")).run(module)
-        per_op.append((time.perf_counter() - start) / n)
+        per_op.append((time.process_time() - start) / n)
     assert per_op[1] < 2.5 * per_op[0], per_op
