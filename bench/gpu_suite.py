@@ -89,7 +89,9 @@ def tgc_runner(text: str, pipeline: str = "", params: dict | None = None):
     module = parse_module(text)
     if pipeline:
         PassManager.from_text(pipeline).run(module)
-    func = prepare_module(module, module.funcs[0])
+    params = dict(params or {})
+    epilogue = params.pop("matmul_epilogue", None)
+    func = prepare_module(module, module.funcs[0], matmul_epilogue=epilogue)
     return CudaPlanRunner(build_plan(func, {"*": params} if params else None))
 
 
@@ -252,7 +254,7 @@ def gpt2_torch(b: int, s: int, d: int = 768, h: int = 12):
 # the fastest correct one is reported, and every one is listed.
 ELEMENTWISE_VARIANTS = [None, {"block_size": 128}, {"block_size": 512}, {"max_blocks": 132 * 8},
                         {"block_size": 512, "max_blocks": 132 * 4}]
-ROW_VARIANTS = [None, {"block_size": 128}, {"block_size": 512}, {"block_size": 1024},
+ROW_VARIANTS = [None, {"merge_passes": False}, {"block_size": 128}, {"block_size": 512}, {"block_size": 1024},
                 {"warp_per_row_max": 512, "block_size": 128}, {"warp_per_row_max": 512, "block_size": 256},
                 {"block_size": 256, "warp_per_row_max": 2048}]
 
@@ -332,7 +334,8 @@ def main(argv=None) -> int:
         bsz, seq = (8, 1024) if not args.quick else (2, 256)
         res = Result(f"GPT-2 block, batch {bsz} x {seq} tokens", "beat_compile")
         fn, inputs = gpt2_torch(bsz, seq)
-        bench_one(res, gpt2_text(bsz, seq), fn, inputs, stream, do_compile=do_compile, tol=2e-3)
+        bench_one(res, gpt2_text(bsz, seq), fn, inputs, stream, do_compile=do_compile, tol=2e-3,
+                  variants=None if args.no_sweep else [None, {"matmul_epilogue": True}])
         results.append(res)
         print(res, flush=True)
 

@@ -297,15 +297,20 @@ def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
                 if c == canon(col_shape, col_coords) else None
             )
 
-    # level of a value: how many reductions must finish before it is known.
+    online, moments = ({}, {}) if params.setdefault("merge_passes", True) is False else _merged_pairs(op, reductions)
+    partner = {**{s: m for m, s in online.items()}, **{s2: s1 for s1, (s2, _) in moments.items()}}
+    # level of a value: how many passes over the row must finish before it is known (a merged
+    # reduction is known after the same pass as its partner).
     level: dict[Value, int] = {a: 0 for a in op.body.args}
     for inner in op.body.ops:
         base = max((level.get(x, 0) for x in inner.operands), default=0)
         for r in inner.results:
-            level[r] = base + 1 if inner.name in REDUCE_CODE else base
+            if inner.name in REDUCE_CODE:
+                level[r] = level[partner[r]] if r in partner else base + 1
+            else:
+                level[r] = base
     smem, seen_smem = [], {}
     done: set[Value] = set()
-
     keep_shape = tuple(1 if d in red_axes else full[d] for d in range(len(full)))
     scalar_shapes = (row_shape, keep_shape)
     finished = [0]  # passes completed so far
@@ -321,34 +326,68 @@ def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
                     em.value(r, scalar_coords(r.type.shape))
                     done.add(r)
 
+    def shared(ctype: str, size: int, kind: str) -> str:
+        key = (ctype, size, kind)
+        if key not in seen_smem:
+            seen_smem[key] = f"smem_{len(seen_smem)}"
+            smem.append({"ctype": ctype, "name": seen_smem[key], "size": size})
+        return seen_smem[key]
+
     emit_ready_scalars()
     before = em.take(2)
     passes = []
     max_level = max(level[r.results[0]] for r in reductions)
     for lv in range(max_level):
-        group = [r for r in reductions if level[r.results[0]] == lv + 1]
-        accs = []
+        group = [r for r in reductions if level[r.results[0]] == lv + 1 and r.results[0] not in partner]
+        pass_decls, combines, hooks, what = [], [], {}, []
         em.push()
         for red in group:
             elem = red.results[0].type.element_type
-            functor, identities = REDUCE_CODE[red.name]
             ctype = COMPUTE_CTYPE[elem]
+            val = em.value(red.operands[0], full_coords)
+            result = red.results[0]
+            if result in online:
+                m, sm = em.fresh("max"), em.fresh("sum")
+                pass_decls += [f"{ctype} {m} = ({ctype}) -INFINITY;", f"{ctype} {sm} = ({ctype}) 0;"]
+                em.emit(f"tgc_online_add({m}, {sm}, {val});")
+                combines.append(f"tgc_warp_online({m}, {sm});" if warp_per_row else
+                                f"tgc_block_online<{tpr}>({m}, {sm}, {shared(ctype, 64, 'online')});")
+                hooks[result] = m
+                hooks[online[result]] = sm
+                what.append("online max and sum of exp")
+                continue
+            if result in moments:
+                n, mean, m2 = em.fresh("n"), em.fresh("mean"), em.fresh("m2")
+                pass_decls += [f"{ctype} {n} = 0, {mean} = 0, {m2} = 0;"]
+                em.emit(f"tgc_moments_add({n}, {mean}, {m2}, {val});")
+                combines.append(f"tgc_warp_moments({n}, {mean}, {m2});" if warp_per_row else
+                                f"tgc_block_moments<{tpr}>({n}, {mean}, {m2}, {shared(ctype, 96, 'moments')});")
+                total = em.fresh("sum")
+                combines.append(f"const {ctype} {total} = {mean} * {n};")
+                hooks[result] = total
+                second, centre = moments[result]
+                hooks[second] = _centred_square_sum(em, n, mean, m2, centre, scalar_coords, ctype)
+                what.append("sum and centred sum of squares in one pass")
+                continue
+            functor, identities = REDUCE_CODE[red.name]
             identity = identities.get(type_class(elem)) or _int_identity(red.name, elem)
             name = em.fresh("acc")
-            if ctype not in seen_smem:
-                seen_smem[ctype] = f"smem_{len(seen_smem)}"
-                smem.append({"ctype": ctype, "name": seen_smem[ctype]})
-            val = em.value(red.operands[0], full_coords)
+            pass_decls.append(f"{ctype} {name} = {identity};")
             em.emit(f"{name} = {functor}()({name}, {val});")
-            accs.append({"name": name, "ctype": ctype, "identity": identity, "op": functor,
-                         "smem": seen_smem[ctype]})
+            if warp_per_row:
+                combines.append(f"{name} = tgc_warp_reduce({name}, {functor}());")
+            else:
+                combines.append(f"{name} = tgc_block_reduce<{tpr}>({name}, {functor}(), ({ctype}) "
+                                f"{identity}, {shared(ctype, 32, 'reduce')});")
+            hooks[result] = name
+            what.append(red.name.split(".")[1])
         body = em.take(8)
         em.pop()
-        for red, acc in zip(group, accs):
-            em.hooks[red.results[0]] = lambda c, n=acc["name"]: n
+        for v, h in hooks.items():
+            em.hooks[v] = h if callable(h) else (lambda c, n=h: n)
         finished[0] += 1
         emit_ready_scalars()
-        passes.append({"what": ", ".join(r.name.split(".")[1] for r in group), "accs": accs,
+        passes.append({"what": ", ".join(what), "decls": pass_decls, "combines": combines,
                        "body": body, "after": em.take(2)})
 
     em.push()
@@ -378,7 +417,7 @@ def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
         "row_reduction.cu.j2",
         name=name, params=decls, idx_t=_idx_type(op), nrows=nrows, ncols=ncols,
         warp_per_row=warp_per_row, block_size=block_size, tpr=tpr, chunks=chunks, vec=vec,
-        unroll=unroll, cached=cached, smem=smem if not warp_per_row else [], before=before,
+        unroll=unroll, cached=cached, smem=smem, before=before,
         passes=passes, full_outputs=out_infos, output_body=output_body,
         row_outputs=bool(row_yields), row_output_body=row_output_body,
     )
@@ -387,6 +426,79 @@ def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
     grid = (max(1, math.ceil(nrows / rows_per_block)), 1, 1)
     return KernelSource(name, source, "row_reduction", len(op.operands), len(op.results), grid,
                         (block_size, 1, 1), params, op.loc, op.attr("name"))
+
+
+def _strip_unit_views(v: Value) -> Value:
+    from tgc.passes.fuse import is_unit_reshape
+
+    while v.defining_op is not None and (v.defining_op.name == "atomic.broadcast"
+                                         or is_unit_reshape(v.defining_op)):
+        v = v.defining_op.operands[0]
+    return v
+
+
+def _merged_pairs(op: FusedOp, reductions) -> tuple[dict, dict]:
+    """Reductions that can share one pass over the row with the reduction they depend on:
+    - online softmax: max(x) and sum(exp(x - max(x))) -> {max result: sum result};
+    - moments: s = sum(x) and sum((x - m)^2) with m known from s -> {s result: (second, m)}."""
+    online, moments, used = {}, {}, set()
+    results = {r.results[0]: r for r in reductions}
+    for red in reductions:
+        if red.name != "atomic.reduce_sum" or not red.results[0].type.is_float:
+            continue
+        inner = red.operands[0].defining_op
+        if inner is not None and inner.name == "atomic.exp":
+            sub = inner.operands[0].defining_op
+            if sub is not None and sub.name == "atomic.sub":
+                mx = results.get(_strip_unit_views(sub.operands[1]))
+                if mx is not None and mx.name == "atomic.reduce_max" and mx.operands[0] is sub.operands[0] \
+                        and mx not in used and red not in used:
+                    online[mx.results[0]] = red.results[0]
+                    used |= {mx, red}
+            continue
+        if inner is not None and inner.name == "atomic.mul" and inner.operands[0] is inner.operands[1]:
+            sub = inner.operands[0].defining_op
+            if sub is None or sub.name != "atomic.sub":
+                continue
+            x, centre = sub.operands[0], _strip_unit_views(sub.operands[1])
+            first = next((r for r in reductions if r.name == "atomic.reduce_sum" and r.operands[0] is x
+                          and r is not red and r not in used), None)
+            if first is None or red in used or not _depends_only_on(centre, first, op):
+                continue
+            moments[first.results[0]] = (red.results[0], centre)
+            used |= {first, red}
+    return online, moments
+
+
+def _depends_only_on(v: Value, reduction, op: FusedOp) -> bool:
+    """True when the per-row value `v` is computed from `reduction`'s result and constants."""
+    stack, seen = [v], set()
+    found = False
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if x is reduction.results[0]:
+            found = True
+            continue
+        d = x.defining_op
+        if d is None or d.name in REDUCE_CODE or d.name == "atomic.matmul":
+            return False
+        stack.extend(d.operands)
+    return found
+
+
+def _centred_square_sum(em: Emitter, n: str, mean: str, m2: str, centre: Value, scalar_coords, ctype: str):
+    """sum((x - c)^2) = m2 + n (mean - c)^2, emitted when first needed (c is known by then)."""
+
+    def hook(coords):
+        c = em.value(centre, scalar_coords(centre.type.shape))
+        d = em.fresh("d")
+        em.emit(f"const {ctype} {d} = {mean} - {c};")
+        return em.define(centre, f"{m2} + {n} * {d} * {d}")
+
+    return hook
 
 
 def _int_identity(name: str, elem: str) -> str:

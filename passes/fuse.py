@@ -140,8 +140,9 @@ def _feeds_matmul(group: Group, other: Group) -> bool:
 
 
 class _Fuser:
-    def __init__(self, func: FuncOp) -> None:
+    def __init__(self, func: FuncOp, matmul_epilogue: bool = True) -> None:
         self.func = func
+        self.matmul_epilogue = matmul_epilogue
         self.group_of: dict[Operation, Group] = {}
         self.groups: list[Group] = []
 
@@ -187,7 +188,7 @@ class _Fuser:
 
     def can_join(self, group: Group, op: Operation) -> bool:
         """May `op`, which reads a value of `group`, run inside it (shapes only)?"""
-        if op.name == "atomic.matmul":
+        if op.name == "atomic.matmul" or (group.kind == "matmul" and not self.matmul_epilogue):
             return False
         if (k := reduced_suffix(op)) is not None:
             if group.kind == "matmul" or op.operands[0].type.shape != group.space:
@@ -247,6 +248,8 @@ class _Fuser:
                     continue
                 merged = _compatible(home, g)
                 if merged is None or _feeds_matmul(home, g) or _feeds_matmul(g, home):
+                    continue
+                if merged.kind == "matmul" and not self.matmul_epilogue:
                     continue
                 if self.creates_cycle(home, g):
                     continue
@@ -409,6 +412,9 @@ class Fuse(Pass):
 
     name = "fuse"
     summary = "Fuse producer-consumer chains into kernel.fused regions"
+    # false: leave matmuls alone (a library runs them) so that their elementwise consumers fuse
+    # forward instead, e.g. attention's scale and mask into the softmax kernel.
+    matmul_epilogue: bool = True
 
     def run_on_module(self, module: ModuleOp, stats: PassStatistics) -> None:
         taken = existing_kernel_names(module)
@@ -419,7 +425,7 @@ class Fuse(Pass):
         self.fuse_function(func, stats, existing_kernel_names(func))
 
     def fuse_function(self, func: FuncOp, stats: PassStatistics, taken: set[str]) -> None:
-        fuser = _Fuser(func)
+        fuser = _Fuser(func, self.matmul_epilogue)
         fuser.number_ops()
         fuser.run()
         key = dict(fuser.index)

@@ -152,14 +152,20 @@ def place_on_device(func: FuncOp, library: bool = True) -> FuncOp:
     return func
 
 
-def prepare_module(module, func: FuncOp, library: bool = True) -> FuncOp:
-    """Lower what is left of hl, fuse, and place `func` on the device; verifies the module."""
+def prepare_module(module, func: FuncOp, library: bool = True,
+                   matmul_epilogue: bool | None = None) -> FuncOp:
+    """Lower what is left of hl, fuse, and place `func` on the device; verifies the module.
+
+    With a library (cuBLAS) for matmuls, fusion leaves matmuls alone by default, so that their
+    elementwise consumers fuse forward (attention's scale and mask into the softmax kernel);
+    without one, each matmul kernel takes its epilogue. Kernels fused before are kept."""
     from tgc.pass_manager import PASSES, PassManager
     from tgc.verifier import verify
 
     if any(op.name.startswith("hl.") for op in func.walk()) and "lower-hl" in PASSES:
         PassManager.from_text("lower-hl").run(module)
-    PassManager.from_text("fuse").run(module)
+    epilogue = (not library) if matmul_epilogue is None else matmul_epilogue
+    PassManager.from_text(f"fuse{{matmul-epilogue={str(epilogue).lower()}}}").run(module)
     place_on_device(func, library)
     verify(module)
     return func
