@@ -45,6 +45,7 @@ class Result:
     note: str = ""
     kernels: list[str] = field(default_factory=list)
     variants: list[tuple[str, float]] = field(default_factory=list)
+    profile: list[tuple[str, float]] = field(default_factory=list)
     best_variant: str = ""
 
 
@@ -133,6 +134,7 @@ def bench_one(res: Result, text: str, torch_fn, inputs, stream, pipeline="", nby
         if best is None or ms < best[0]:
             best = (ms, err, label, [s.kernel.name if hasattr(s, "kernel") else type(s).__name__
                                      for s in runner.plan.steps])
+            res.profile = runner.profile() if len(runner.plan.steps) > 1 else []
         del runner
     if best is not None:
         res.tgc_ms, res.error, res.best_variant, res.kernels = best
@@ -404,6 +406,9 @@ def write_report(results, device, bw, commit, out: Path, quick: bool) -> None:
     lines.append("")
     for r in results:
         lines.append(f"- {r.name}: tgc steps: {', '.join(r.kernels)}{'. ' + r.note.strip() if r.note.strip() else ''}")
+        if r.profile:
+            steps = "; ".join(f"{name}: {ms:.3f}" for name, ms in r.profile)
+            lines.append(f"  - time per step (ms, one run, events between steps): {steps}")
         if r.variants:
             tried = "; ".join(f"{label}: {ms:.4f} ms" for label, ms in r.variants)
             lines.append(f"  - template parameters tried (best: {r.best_variant}): {tried}")

@@ -201,6 +201,20 @@ class CudaPlanRunner:
             except cuda.Error as e:
                 raise TgcError(f"{_describe(step)} failed to run: {e}", _loc(step)) from None
 
+    def profile(self, reps: int = 5) -> list[tuple[str, float]]:
+        """Median milliseconds of each step (CUDA events between steps; inputs as uploaded)."""
+        times: list[list[float]] = [[] for _ in self.calls]
+        for _ in range(reps):
+            marks = [cuda.Event() for _ in range(len(self.calls) + 1)]
+            marks[0].record(self.stream)
+            for i, call in enumerate(self.calls):
+                call()
+                marks[i + 1].record(self.stream)
+            marks[-1].synchronize()
+            for i in range(len(self.calls)):
+                times[i].append(marks[i].time_till(marks[i + 1]))
+        return [(_describe(step), float(np.median(t))) for step, t in zip(self.plan.steps, times)]
+
     def download(self) -> list[np.ndarray]:
         outs = []
         for j, t in enumerate(self.plan.outputs):
