@@ -260,7 +260,7 @@ def replay(text: str, seed: int, pipeline: str) -> None:
         )
 
 
-PIPELINES = ["lower-hl", "optimize", "lower-hl,canonicalize,cse,dce"]
+PIPELINES = ["lower-hl", "optimize", "lower-hl,canonicalize,cse,dce", "lower-hl,algebraic"]
 EXAMPLES = 300  # per pipeline
 
 
