@@ -23,7 +23,6 @@ from tgc.builtin import FuncOp
 from tgc.ir import Block, Operation
 from tgc.opdef import COMMUTATIVE, ISOLATED, PURE
 from tgc.pass_manager import Pass, PassStatistics, register_pass
-from tgc.patterns import paused_gc
 from tgc.rewriter import Rewriter
 
 
@@ -50,8 +49,7 @@ class CSE(Pass):
     summary = "Eliminate common subexpressions"
 
     def run_on_func(self, func: FuncOp, stats: PassStatistics) -> None:
-        with paused_gc():
-            _cse_block(func.body, [{}], Rewriter(), stats)
+        _cse_block(func.body, [{}], Rewriter(), stats)
 
 
 def _cse_block(block: Block, scopes: list[dict], rewriter: Rewriter, stats: PassStatistics) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from tgc.builtin import FuncOp
 from tgc.ir import Block
 from tgc.pass_manager import Pass, PassStatistics, register_pass
-from tgc.patterns import is_trivially_dead, paused_gc
+from tgc.patterns import is_trivially_dead
 from tgc.rewriter import Rewriter
 
 
@@ -31,8 +31,7 @@ class DCE(Pass):
     summary = "Erase dead pure ops"
 
     def run_on_func(self, func: FuncOp, stats: PassStatistics) -> None:
-        with paused_gc():
-            _dce_block(func.body, Rewriter(), stats)
+        _dce_block(func.body, Rewriter(), stats)
 
 
 def _dce_block(block: Block, rewriter: Rewriter, stats: PassStatistics) -> None:

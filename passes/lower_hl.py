@@ -10,7 +10,6 @@ from tgc.dialects.hl import HLOp
 from tgc.ir import Operation
 from tgc.opdef import OPS
 from tgc.pass_manager import Pass, PassStatistics, PipelineError, register_pass
-from tgc.patterns import paused_gc
 from tgc.rewriter import RewriteListener, Rewriter
 
 
@@ -67,12 +66,6 @@ class LowerHL(Pass):
         resolve_op_names(self.ops)  # fail when the pipeline is parsed, not when it runs
 
     def run_on_func(self, func: FuncOp, stats: PassStatistics) -> None:
-        # The cyclic GC's full collections walk the whole IR; paused, the pass stays linear in
-        # the size of the function (bench/results/pass_scaling-2026-11-22.md).
-        with paused_gc():
-            self._lower(func, stats)
-
-    def _lower(self, func: FuncOp, stats: PassStatistics) -> None:
         selected = resolve_op_names(self.ops)
         listener = _Inserted()
         rewriter = Rewriter(listener)

@@ -65,9 +65,9 @@ def test_ops_need_a_dialect_prefix_and_a_docstring():
 
 
 def test_elementwise_atomic_ops_have_a_cuda_expression():
-    codegen = pytest.importorskip("tgc.codegen.ops", reason="codegen table not built yet")
+    codegen = pytest.importorskip("tgc.codegen.cuda_ops", reason="codegen table not built yet")
     table = getattr(codegen, "CODE_FOR_OP")
     missing = [cls.name for cls in OPS.values()
                if cls.name.startswith("atomic.") and "elementwise" in cls.traits
-               and cls.name not in table]
+               and not any(key == cls.name or key.startswith(cls.name + "[") for key in table)]
     assert not missing, f"no CODE_FOR_OP entry for {missing}"

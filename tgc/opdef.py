@@ -194,7 +194,9 @@ def create(
     loc: Location = UNKNOWN_LOC,
 ) -> Operation:
     """Make an op; result types come from `infer` unless given. Raises VerifyError."""
-    attributes = {k: v for k, v in (attributes or {}).items() if v is not None}
+    # Python lists are accepted for array attributes (`axes=[1]`); the IR holds tuples.
+    attributes = {k: tuple(v) if isinstance(v, list) else v
+                  for k, v in (attributes or {}).items() if v is not None}
     if result_types is None:
         probe = cls(operands, [], attributes, None, loc)
         probe.drop_operand_uses()

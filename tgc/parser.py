@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import difflib
-import gc
 import math
 import struct
 import re
@@ -24,7 +23,7 @@ from lark import Token, Transformer
 from tgc.attributes import DenseAttr, FunctionTypeAttr, SymbolRef
 from tgc.builtin import FuncOp, ModuleOp
 from tgc.diagnostics import SOURCES, Location, TgcError
-from tgc.ir import Block, Operation, Region, Value
+from tgc.ir import Block, Operation, Region, Value, paused_gc
 from tgc.opdef import ISOLATED, OPS
 from tgc.types import TensorType, TypeSyntaxError, parse_type
 
@@ -475,10 +474,8 @@ def parse_module(text: str, file: str = "<string>") -> ModuleOp:
     import tgc.dialects  # noqa: F401  (registers every dialect's ops)
 
     SOURCES.add(file, text)
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # the cyclic GC more than doubles parse time on large inputs
     parser = _lark()
-    try:
+    with paused_gc():
         try:
             items = parser.parse(text)
         except lark.exceptions.VisitError as e:
@@ -488,9 +485,6 @@ def parse_module(text: str, file: str = "<string>") -> ModuleOp:
         except lark.exceptions.LarkError as e:
             raise _syntax_error(e, file) from None
         return _IRBuilder(file).build_top(items)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
 
 
 def parse_file(path: str | Path) -> ModuleOp:

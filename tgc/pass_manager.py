@@ -26,6 +26,7 @@ from typing import ClassVar
 
 from tgc.builtin import FuncOp, ModuleOp
 from tgc.diagnostics import TgcError
+from tgc.ir import paused_gc
 from tgc.verifier import verify
 
 
@@ -269,6 +270,11 @@ class PassManager:
         return cls(parse_pipeline(text), Instrumentation(**kwargs))
 
     def run(self, module: ModuleOp) -> ModuleOp:
+        with paused_gc():  # see tgc.ir.paused_gc: keeps every pass linear in module size
+            self._run(module)
+        return module
+
+    def _run(self, module: ModuleOp) -> None:
         from tgc.printer import print_module
 
         for p in self.passes:
@@ -292,7 +298,6 @@ class PassManager:
             self.report_timing()
         if self.inst.pass_statistics:
             self.report_statistics()
-        return module
 
     def report_timing(self) -> None:
         out = self.inst.out()

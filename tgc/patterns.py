@@ -29,10 +29,8 @@ patterns that undo each other cannot hang the compiler.
 
 from __future__ import annotations
 
-import gc
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -137,23 +135,6 @@ def is_trivially_dead(op: Operation) -> bool:
     return bool(op.results) and PURE in op.traits and not any(r.uses for r in op.results)
 
 
-@contextmanager
-def paused_gc() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while rewriting.
-
-    The IR is a web of reference cycles (ops, their results, use lists), so during a pass that
-    allocates many objects the collector keeps rescanning the whole module: it made passes over
-    100k-op modules twice as slow and superlinear. Garbage made meanwhile is collected after.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 @dataclass
 class GreedyResult:
     converged: bool
@@ -213,8 +194,7 @@ def apply_patterns_greedily(
     Statistics: one counter per pattern name, `erased-dead-ops`, and a note when the iteration
     cap is hit.
     """
-    with paused_gc():
-        return _apply(root, patterns, max_iterations, stats, max_rewrites, pass_name)
+    return _apply(root, patterns, max_iterations, stats, max_rewrites, pass_name)
 
 
 def _apply(root, patterns, max_iterations, stats, max_rewrites, pass_name) -> GreedyResult:
