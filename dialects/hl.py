@@ -9,14 +9,14 @@ Every hl op also carries its decomposition, `decompose(b)`: it builds, with the 
 ops computing the same value (atomic ops, or other hl ops that decompose in turn) and returns the
 results. The decompositions are as stable as the numpy meaning: no intermediate overflows where
 the function is finite. A decomposition may never contain its own op: `register_hl` checks each
-op when it registers by decomposing its docstring example all the way down to atomic ops (ops
+op when it registers (tgc.dialects._decomposition_check) by decomposing its docstring example all the way
+down to atomic ops (ops
 defined in this module are checked together by `check_decompositions()` at the end of it).
 """
 
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from tgc.dialects._shapes import (
     same_element_type,
     same_encoding,
 )
+from tgc.dialects._decomposition_check import check_decomposition
 from tgc.dialects.atomic import _erf
 from tgc.ir import Operation, Value
 from tgc.opdef import (
@@ -94,66 +95,6 @@ def _check_or_unregister(cls: type[HLOp]) -> None:
         if OPS.get(cls.name) is cls:
             del OPS[cls.name]
         raise
-
-
-def check_decomposition(cls: type[HLOp]) -> None:
-    """Build `cls` from each syntax example in its docstring and decompose it all the way down:
-    raise TypeError when the expansion contains the op itself (directly or through other hl
-    ops), when the decomposition returns values of other types, or when it cannot be built."""
-    from tgc.parser import parse_module  # the Lark grammar is built once, then cached
-    from tgc.verifier import verify
-
-    examples = [m.group(1) for m in map(_EXAMPLE.search, cls.__doc__.splitlines()) if m]
-    examples = [text for text in examples if text.split(" = ", 1)[-1].startswith(cls.name + " ")]
-    if not examples:
-        raise TypeError(
-            f"{cls.name}: the docstring has no syntax example to check its decomposition"
-        )
-    for text in examples:
-        module = parse_module(_example_function(cls.name, text), f"<{cls.name} docstring>")
-        verify(module)
-        (func,) = module.funcs
-        for op in [op for op in func.body.ops if type(op) is cls]:
-            _expand(op, (cls.name,))
-
-
-_EXAMPLE = re.compile(r"`((?:%[\w.]+(?:, %[\w.]+)* = )?\w+\.\w+ [^`]*)`")
-
-
-def _example_function(name: str, text: str) -> str:
-    """A function around one docstring example: its operands become the arguments."""
-    ins, outs = re.search(r": \((.*?)\) -> \(?(.*?)\)?$", text).groups()
-    in_types = re.split(r",\s*(?=tensor<)", ins) if ins else []
-    operands = re.findall(r"%[\w.]+", text.split(name, 1)[1].split("{")[0].split(":")[0])
-    args = ", ".join(f"{v}: {t}" for v, t in zip(dict.fromkeys(operands), in_types))
-    results = [r.strip() for r in text.split(" = ", 1)[0].split(",")]
-    out_types = re.split(r",\s*(?=tensor<)", outs)
-    ret = f"func.return {', '.join(results)} : {', '.join(out_types)}"
-    return f"func.func @example({args}) -> ({', '.join(out_types)}) {{\n  {text}\n  {ret}\n}}\n"
-
-
-def _expand(op: HLOp, chain: tuple[str, ...]) -> None:
-    """Decompose `op` in place (before it) and recursively every hl op that emits."""
-    emitted: list[Operation] = []
-    b = Builder(op.block, op, op.loc, on_insert=emitted.append)
-    try:
-        results = op.decompose(b)
-    except NotImplementedError as e:
-        raise TypeError(f"{chain[0]}: {e}") from None
-    except VerifyError as e:
-        raise TypeError(
-            f"{chain[0]}: its decomposition builds an invalid op: {e.message}"
-        ) from None
-    got = [v.type for v in results]
-    want = [r.type for r in op.results]
-    if got != want:
-        raise TypeError(f"{chain[0]}: the decomposition of '{op.name}' returns {got}, not {want}")
-    for new in emitted:
-        if new.name in chain:
-            path = " -> ".join(chain + (new.name,))
-            raise TypeError(f"{chain[0]}: the decomposition contains the op itself ({path})")
-        if isinstance(new, HLOp):
-            _expand(new, chain + (new.name,))
 
 
 def _float_operand(t: TensorType, what: str = "operand") -> None:
