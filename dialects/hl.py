@@ -9,9 +9,9 @@ Every hl op also carries its decomposition, `decompose(b)`: it builds, with the 
 ops computing the same value (atomic ops, or other hl ops that decompose in turn) and returns the
 results. The decompositions are as stable as the numpy meaning: no intermediate overflows where
 the function is finite. A decomposition may never contain its own op: `register_hl` checks each
-op when it registers (tgc.dialects._decomposition_check) by decomposing its docstring example all the way
-down to atomic ops (ops
-defined in this module are checked together by `check_decompositions()` at the end of it).
+op when it registers by decomposing its docstring examples all the way down to atomic ops
+(tgc.dialects._decomposition_check); the ops defined in this module are checked together by
+`check_decompositions()` at the end of it.
 """
 
 from __future__ import annotations
