@@ -254,10 +254,10 @@ def gpt2_torch(b: int, s: int, d: int = 768, h: int = 12):
 
 # Template parameter sets tried for the memory-bound kernels (what a profiler would search);
 # the fastest correct one is reported, and every one is listed.
-ELEMENTWISE_VARIANTS = [None, {"block_size": 128}, {"block_size": 512}, {"max_blocks": 132 * 8},
-                        {"block_size": 512, "max_blocks": 132 * 4}]
-ROW_VARIANTS = [None, {"merge_passes": False}, {"block_size": 128}, {"block_size": 512}, {"block_size": 1024},
-                {"warp_per_row_max": 512, "block_size": 128}, {"warp_per_row_max": 512, "block_size": 256},
+ELEMENTWISE_VARIANTS = [None, {"block_size": 128}, {"block_size": 512}, {"streaming": True},
+                        {"streaming": True, "block_size": 512}]
+ROW_VARIANTS = [None, {"merge_passes": True}, {"streaming": True}, {"keep_in_registers": False},
+                {"block_size": 128}, {"block_size": 512}, {"warp_per_row_max": 512, "block_size": 128},
                 {"block_size": 256, "warp_per_row_max": 2048}]
 
 

@@ -185,6 +185,7 @@ def _elementwise(op: FusedOp, params: dict, extra: tuple[Value, ...] = (), suffi
         + [ELEMENT_BYTES[r.type.element_type] for r in op.results]
     )
     vec = int(params.setdefault("vector_width", max(1, 16 // widest)))
+    stream = "true" if params.setdefault("streaming", False) else "false"
     vec_inputs = [
         {"ctype": STORAGE_CTYPE[a.type.element_type], "reg": f"a{i}", "ptr": ptrs[a]}
         for i, a in enumerate(args)
@@ -210,6 +211,7 @@ def _elementwise(op: FusedOp, params: dict, extra: tuple[Value, ...] = (), suffi
         outputs=outputs,
         vec_body=vec_body,
         scalar_body=scalar_body,
+        stream=stream,
     )
     work = max(1, numel // vec if vec > 1 else numel)
     blocks = max(1, math.ceil(work / block_size))
@@ -297,7 +299,11 @@ def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
                 if c == canon(col_shape, col_coords) else None
             )
 
-    online, moments = ({}, {}) if params.setdefault("merge_passes", True) is False else _merged_pairs(op, reductions)
+    # Measured on an H100 (bench/results): two passes over register-cached rows beat the merged
+    # single pass (its per-element exp and branch, or Welford's division, cost more than the
+    # second block reduction saves), so merging is a template option, off by default.
+    merge = params.setdefault("merge_passes", False)
+    online, moments = _merged_pairs(op, reductions) if merge else ({}, {})
     partner = {**{s: m for m, s in online.items()}, **{s2: s1 for s1, (s2, _) in moments.items()}}
     # level of a value: how many passes over the row must finish before it is known (a merged
     # reduction is known after the same pass as its partner).
@@ -311,6 +317,8 @@ def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
                 level[r] = base
     smem, seen_smem = [], {}
     done: set[Value] = set()
+    kept: dict[Value, str] = {}
+    keep_operands = params.setdefault("keep_in_registers", True)
     keep_shape = tuple(1 if d in red_axes else full[d] for d in range(len(full)))
     scalar_shapes = (row_shape, keep_shape)
     finished = [0]  # passes completed so far
@@ -369,6 +377,13 @@ def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
                 hooks[second] = _centred_square_sum(em, n, mean, m2, centre, scalar_coords, ctype)
                 what.append("sum and centred sum of squares in one pass")
                 continue
+            operand = red.operands[0]
+            if keep_operands and cached_args and len(operand.users()) > 1 and operand not in kept \
+                    and operand not in em.hooks and operand not in ptrs:
+                # Other ops read this operand later (softmax's exp): keep it in registers.
+                reg = f"t{len(kept)}"
+                kept[operand] = reg
+                em.emit(f"{reg}[k * {vec} + l] = {val};")
             functor, identities = REDUCE_CODE[red.name]
             identity = identities.get(type_class(elem)) or _int_identity(red.name, elem)
             name = em.fresh("acc")
@@ -383,6 +398,9 @@ def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
             what.append(red.name.split(".")[1])
         body = em.take(8)
         em.pop()
+        for v, reg in kept.items():
+            if v not in em.hooks:
+                em.hooks[v] = lambda c, reg=reg: f"{reg}[k * {vec} + l]" if c == full_coords else None
         for v, h in hooks.items():
             em.hooks[v] = h if callable(h) else (lambda c, n=h: n)
         finished[0] += 1
@@ -418,6 +436,8 @@ def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
         name=name, params=decls, idx_t=_idx_type(op), nrows=nrows, ncols=ncols,
         warp_per_row=warp_per_row, block_size=block_size, tpr=tpr, chunks=chunks, vec=vec,
         unroll=unroll, cached=cached, smem=smem, before=before,
+        stream="true" if params.setdefault("streaming", False) else "false",
+        kept=[{"ctype": COMPUTE_CTYPE[v.type.element_type], "reg": r} for v, r in kept.items()],
         passes=passes, full_outputs=out_infos, output_body=output_body,
         row_outputs=bool(row_yields), row_output_body=row_output_body,
     )

@@ -101,3 +101,25 @@ def test_standalone_cu_compiles_with_nvcc(name, tmp_path):
         proc = subprocess.run([NVCC, "-arch=sm_90", "-c", *flags, str(src), "-o", str(tmp_path / "k.o")],
                               capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+@pytest.mark.parametrize("op,helper", [("softmax", "tgc_online_add"), ("log_softmax", "tgc_online_add"),
+                                       ("layernorm", "tgc_moments_add")])
+def test_merged_single_pass_variants(op, helper, tmp_path):
+    """The online-softmax and one-pass mean/variance forms (template option merge_passes)."""
+    x, p = "tensor<37x4096xf32>", "tensor<4096xf32>"
+    args, types = ("%x, %g, %b", f"({x}, {p}, {p})") if op == "layernorm" else ("%x", f"({x})")
+    sig = f"%x: {x}, %g: {p}, %b: {p}" if op == "layernorm" else f"%x: {x}"
+    text = f"func.func @f({sig}) -> {x} {{\n  %y = hl.{op} {args} : {types} -> {x}\n  func.return %y : {x}\n}}"
+    module = parse_module(text)
+    func = prepare_module(module, module.funcs[0])
+    kernel = build_plan(func, {"*": {"merge_passes": True}}).kernels[0]
+    assert helper in kernel.source and "// pass 2" not in kernel.source
+    if NVCC:
+        from tgc.codegen.kernels import prelude
+
+        src = tmp_path / "k.cu"
+        src.write_text(prelude() + kernel.source)
+        proc = subprocess.run([NVCC, "-arch=sm_90", "-c", str(src), "-o", str(tmp_path / "k.o")],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]

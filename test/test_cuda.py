@@ -307,3 +307,23 @@ def test_compile_error_names_the_kernel_and_the_op():
         CudaPlanRunner(plan)
     text = e.value.render()
     assert "f_exp" in text and "failed to compile" in text and "broken.tg:2:" in text
+
+
+@pytest.mark.parametrize("n", [1, 33, 1000, 4096, 5001])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "layernorm"])
+@pytest.mark.parametrize("params", [{"merge_passes": True}, {"streaming": True},
+                                    {"keep_in_registers": False}])
+def test_row_reduction_template_options(op, n, params):
+    x, p = t((19, n), "f32"), t((n,), "f32")
+    args, types = ("%x, %g, %b", f"({x}, {p}, {p})") if op == "layernorm" else ("%x", f"({x})")
+    sig = f"%x: {x}, %g: {p}, %b: {p}" if op == "layernorm" else f"%x: {x}"
+    text = f"func.func @f({sig}) -> {x} {{\n  %y = hl.{op} {args} : {types} -> {x}\n  func.return %y : {x}\n}}"
+    check(text, seed=n, params={"*": params})
+
+
+def test_elementwise_streaming_option():
+    text = """func.func @f(%x: tensor<100003xf32>) -> tensor<100003xf32> {
+  %y = hl.gelu %x {approximate = "tanh"} : (tensor<100003xf32>) -> tensor<100003xf32>
+  func.return %y : tensor<100003xf32>
+}"""
+    check(text, params={"*": {"streaming": True, "block_size": 128}})
