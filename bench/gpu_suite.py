@@ -20,13 +20,10 @@ import argparse
 import datetime
 import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -76,7 +73,6 @@ def copy_bandwidth(stream) -> float:
     b = torch.empty_like(a)
     with torch.cuda.stream(stream):
         ms = time_ms(lambda: b.copy_(a), stream, reps=20)
-    del a, b
     return 2 * n * 4 / (ms * 1e-3)
 
 
@@ -112,8 +108,19 @@ def rel_error(got, want) -> float:
     return float((got - want).abs().max() / max(want.abs().max().item(), 1e-30))
 
 
-def bench_one(res: Result, text: str, torch_fn, inputs, stream, pipeline="", nbytes=None,
-              bandwidth=None, do_compile=True, tol=2e-4, variants=None):
+def bench_one(
+    res: Result,
+    text: str,
+    torch_fn,
+    inputs,
+    stream,
+    pipeline="",
+    nbytes=None,
+    bandwidth=None,
+    do_compile=True,
+    tol=2e-4,
+    variants=None,
+):
     import torch
 
     best = None
@@ -132,8 +139,15 @@ def bench_one(res: Result, text: str, torch_fn, inputs, stream, pipeline="", nby
         res.variants.append((label, ms))
         print(f"  {res.name} [{label}]: {ms:.4f} ms", flush=True)
         if best is None or ms < best[0]:
-            best = (ms, err, label, [s.kernel.name if hasattr(s, "kernel") else type(s).__name__
-                                     for s in runner.plan.steps])
+            best = (
+                ms,
+                err,
+                label,
+                [
+                    s.kernel.name if hasattr(s, "kernel") else type(s).__name__
+                    for s in runner.plan.steps
+                ],
+            )
             res.profile = runner.profile() if len(runner.plan.steps) > 1 else []
         del runner
     if best is not None:
@@ -146,7 +160,7 @@ def bench_one(res: Result, text: str, torch_fn, inputs, stream, pipeline="", nby
                 compiled = torch.compile(torch_fn)
                 compiled(*inputs)
                 res.compile_ms = time_ms(lambda: compiled(*inputs), torch_stream)
-            except Exception as e:  # report, keep going
+            except Exception as e:  # noqa: BLE001  (report whatever torch.compile raises, go on)
                 res.note += f" torch.compile failed: {type(e).__name__}: {str(e)[:200]}"
     if nbytes is not None and bandwidth:
         res.floor_ms = nbytes / bandwidth * 1e3
@@ -192,8 +206,18 @@ def two_matmuls_text(n: int) -> str:
 
 def gpt2_text(b: int, s: int, d: int = 768, h: int = 12) -> str:
     hd, t = d // h, b * s
-    x, v, w3, v3 = f"tensor<{t}x{d}xf32>", f"tensor<{d}xf32>", f"tensor<{d}x{3 * d}xf32>", f"tensor<{3 * d}xf32>"
-    wo, w4, v4, w4t = f"tensor<{d}x{d}xf32>", f"tensor<{d}x{4 * d}xf32>", f"tensor<{4 * d}xf32>", f"tensor<{4 * d}x{d}xf32>"
+    x, v, w3, v3 = (
+        f"tensor<{t}x{d}xf32>",
+        f"tensor<{d}xf32>",
+        f"tensor<{d}x{3 * d}xf32>",
+        f"tensor<{3 * d}xf32>",
+    )
+    wo, w4, v4, w4t = (
+        f"tensor<{d}x{d}xf32>",
+        f"tensor<{d}x{4 * d}xf32>",
+        f"tensor<{4 * d}xf32>",
+        f"tensor<{4 * d}x{d}xf32>",
+    )
     heads = f"tensor<{b}x{h}x{s}x{hd}xf32>"
     split = f"tensor<{b}x{s}x{h}x{hd}xf32>"
     qkv = f"tensor<{t}x{3 * d}xf32>"
@@ -216,7 +240,7 @@ def gpt2_text(b: int, s: int, d: int = 768, h: int = 12) -> str:
         f"  %x1 = atomic.add %x, %o : ({x}, {x}) -> {x}",
         f"  %h2 = hl.layernorm %x1, %ln2_g, %ln2_b {{eps = 1.0e-05}} : ({x}, {v}, {v}) -> {x}",
         f"  %fc = hl.linear %h2, %w_fc, %b_fc : ({x}, {w4}, {v4}) -> tensor<{t}x{4 * d}xf32>",
-        f"  %act = hl.gelu %fc {{approximate = \"tanh\"}} : (tensor<{t}x{4 * d}xf32>) -> tensor<{t}x{4 * d}xf32>",
+        f'  %act = hl.gelu %fc {{approximate = "tanh"}} : (tensor<{t}x{4 * d}xf32>) -> tensor<{t}x{4 * d}xf32>',
         f"  %mlp = hl.linear %act, %w_proj, %b_proj : (tensor<{t}x{4 * d}xf32>, {w4t}, {v}) -> {x}",
         f"  %y = atomic.add %x1, %mlp : ({x}, {x}) -> {x}",
         f"  func.return %y : {x}",
@@ -246,19 +270,43 @@ def gpt2_torch(b: int, s: int, d: int = 768, h: int = 12):
     def rnd(*shape, scale=1.0):
         return torch.randn(*shape, device="cuda", generator=g) * scale
 
-    inputs = [rnd(t, d), 1 + 0.1 * rnd(d), 0.1 * rnd(d), rnd(d, 3 * d, scale=d**-0.5), 0.1 * rnd(3 * d),
-              rnd(d, d, scale=d**-0.5), 0.1 * rnd(d), 1 + 0.1 * rnd(d), 0.1 * rnd(d),
-              rnd(d, 4 * d, scale=d**-0.5), 0.1 * rnd(4 * d), rnd(4 * d, d, scale=(4 * d) ** -0.5), 0.1 * rnd(d)]
+    inputs = [
+        rnd(t, d),
+        1 + 0.1 * rnd(d),
+        0.1 * rnd(d),
+        rnd(d, 3 * d, scale=d**-0.5),
+        0.1 * rnd(3 * d),
+        rnd(d, d, scale=d**-0.5),
+        0.1 * rnd(d),
+        1 + 0.1 * rnd(d),
+        0.1 * rnd(d),
+        rnd(d, 4 * d, scale=d**-0.5),
+        0.1 * rnd(4 * d),
+        rnd(4 * d, d, scale=(4 * d) ** -0.5),
+        0.1 * rnd(d),
+    ]
     return block, inputs
 
 
 # Template parameter sets tried for the memory-bound kernels (what a profiler would search);
 # the fastest correct one is reported, and every one is listed.
-ELEMENTWISE_VARIANTS = [None, {"block_size": 128}, {"block_size": 512}, {"streaming": True},
-                        {"streaming": True, "block_size": 512}]
-ROW_VARIANTS = [None, {"merge_passes": True}, {"streaming": True}, {"keep_in_registers": False},
-                {"block_size": 128}, {"block_size": 512}, {"warp_per_row_max": 512, "block_size": 128},
-                {"block_size": 256, "warp_per_row_max": 2048}]
+ELEMENTWISE_VARIANTS = [
+    None,
+    {"block_size": 128},
+    {"block_size": 512},
+    {"streaming": True},
+    {"streaming": True, "block_size": 512},
+]
+ROW_VARIANTS = [
+    None,
+    {"merge_passes": True},
+    {"streaming": True},
+    {"keep_in_registers": False},
+    {"block_size": 128},
+    {"block_size": 512},
+    {"warp_per_row_max": 512, "block_size": 128},
+    {"block_size": 256, "warp_per_row_max": 2048},
+]
 
 
 def main(argv=None) -> int:
@@ -293,9 +341,17 @@ def main(argv=None) -> int:
             continue
         res = Result(f"gelu(tanh) x scale, {n >> 20}M", target)
         x = torch.randn(n, device="cuda")
-        bench_one(res, gelu_scale_text(n), lambda x: F.gelu(x, approximate="tanh") * scale, [x],
-                  stream, nbytes=8 * n, bandwidth=bw, do_compile=do_compile,
-                  variants=None if args.no_sweep else ELEMENTWISE_VARIANTS)
+        bench_one(
+            res,
+            gelu_scale_text(n),
+            lambda x: F.gelu(x, approximate="tanh") * scale,
+            [x],
+            stream,
+            nbytes=8 * n,
+            bandwidth=bw,
+            do_compile=do_compile,
+            variants=None if args.no_sweep else ELEMENTWISE_VARIANTS,
+        )
         results.append(res)
         print(res, flush=True)
         del x
@@ -306,18 +362,38 @@ def main(argv=None) -> int:
             continue
         res = Result(f"softmax {r}x{n}", "bw80_beat_both")
         x = torch.randn(r, n, device="cuda")
-        bench_one(res, softmax_text(r, n), lambda x: torch.softmax(x, -1), [x], stream,
-                  nbytes=8 * r * n, bandwidth=bw, do_compile=do_compile,
-                  variants=None if args.no_sweep else ROW_VARIANTS)
+        bench_one(
+            res,
+            softmax_text(r, n),
+            lambda x: torch.softmax(x, -1),
+            [x],
+            stream,
+            nbytes=8 * r * n,
+            bandwidth=bw,
+            do_compile=do_compile,
+            variants=None if args.no_sweep else ROW_VARIANTS,
+        )
         results.append(res)
         print(res, flush=True)
     if want("layernorm"):
         r, n = (8192, 4096) if not args.quick else (1024, 4096)
         res = Result(f"layernorm {r}x{n}", "bw90")
-        x, g, b = torch.randn(r, n, device="cuda"), torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
-        bench_one(res, layernorm_text(r, n), lambda x, g, b: F.layer_norm(x, (n,), g, b, 1e-5),
-                  [x, g, b], stream, nbytes=8 * r * n + 8 * n, bandwidth=bw, do_compile=do_compile,
-                  variants=None if args.no_sweep else ROW_VARIANTS)
+        x, g, b = (
+            torch.randn(r, n, device="cuda"),
+            torch.randn(n, device="cuda"),
+            torch.randn(n, device="cuda"),
+        )
+        bench_one(
+            res,
+            layernorm_text(r, n),
+            lambda x, g, b: F.layer_norm(x, (n,), g, b, 1e-5),
+            [x, g, b],
+            stream,
+            nbytes=8 * r * n + 8 * n,
+            bandwidth=bw,
+            do_compile=do_compile,
+            variants=None if args.no_sweep else ROW_VARIANTS,
+        )
         results.append(res)
         print(res, flush=True)
     if want("matmuls"):
@@ -327,8 +403,16 @@ def main(argv=None) -> int:
         from tgc.pass_manager import PASSES
 
         pipeline = "optimize" if "optimize" in PASSES else ""
-        bench_one(res, two_matmuls_text(n), lambda a, b, c: a @ b + a @ c, [a, b, c], stream,
-                  pipeline=pipeline, do_compile=do_compile, tol=1e-3)
+        bench_one(
+            res,
+            two_matmuls_text(n),
+            lambda a, b, c: a @ b + a @ c,
+            [a, b, c],
+            stream,
+            pipeline=pipeline,
+            do_compile=do_compile,
+            tol=1e-3,
+        )
         res.note += f" pipeline '{pipeline or 'none'}'"
         results.append(res)
         print(res, flush=True)
@@ -336,8 +420,16 @@ def main(argv=None) -> int:
         bsz, seq = (8, 1024) if not args.quick else (2, 256)
         res = Result(f"GPT-2 block, batch {bsz} x {seq} tokens", "beat_compile")
         fn, inputs = gpt2_torch(bsz, seq)
-        bench_one(res, gpt2_text(bsz, seq), fn, inputs, stream, do_compile=do_compile, tol=2e-3,
-                  variants=None if args.no_sweep else [None, {"matmul_epilogue": True}])
+        bench_one(
+            res,
+            gpt2_text(bsz, seq),
+            fn,
+            inputs,
+            stream,
+            do_compile=do_compile,
+            tol=2e-3,
+            variants=None if args.no_sweep else [None, {"matmul_epilogue": True}],
+        )
         results.append(res)
         print(res, flush=True)
 
@@ -390,8 +482,10 @@ def write_report(results, device, bw, commit, out: Path, quick: bool) -> None:
         "",
         f"- device: {device}; measured device-to-device copy bandwidth {bw / 1e12:.2f} TB/s (read + write)",
         f"- date: {today}; commit: {commit}",
-        "- method: medians of 30 repetitions timed with CUDA events after 3 warm-ups, a sleep kernel "
-        "queued first so the host runs ahead; fp32; every tgc result checked against PyTorch",
+        (
+            "- method: medians of 30 repetitions timed with CUDA events after 3 warm-ups, a sleep kernel "
+            "queued first so the host runs ahead; fp32; every tgc result checked against PyTorch"
+        ),
         "- percentages: the floor (bytes that must move / copy bandwidth) over the measured time",
         "",
         "| workload | tgc | PyTorch eager | torch.compile | floor | target | met | max rel. error vs PyTorch |",
@@ -400,12 +494,16 @@ def write_report(results, device, bw, commit, out: Path, quick: bool) -> None:
     for r in results:
         met = "met" if r.met else "missed"
         err = f"{r.error:.1e}" if r.error is not None else "-"
-        lines.append(f"| {r.name} | {fmt(r.tgc_ms, r.floor_ms)} | {fmt(r.eager_ms, r.floor_ms)} | "
-                     f"{fmt(r.compile_ms, r.floor_ms)} | {fmt(r.floor_ms)} | {TARGET_TEXT[r.target]} | "
-                     f"{met} | {err} |")
+        lines.append(
+            f"| {r.name} | {fmt(r.tgc_ms, r.floor_ms)} | {fmt(r.eager_ms, r.floor_ms)} | "
+            f"{fmt(r.compile_ms, r.floor_ms)} | {fmt(r.floor_ms)} | {TARGET_TEXT[r.target]} | "
+            f"{met} | {err} |"
+        )
     lines.append("")
     for r in results:
-        lines.append(f"- {r.name}: tgc steps: {', '.join(r.kernels)}{'. ' + r.note.strip() if r.note.strip() else ''}")
+        lines.append(
+            f"- {r.name}: tgc steps: {', '.join(r.kernels)}{'. ' + r.note.strip() if r.note.strip() else ''}"
+        )
         if r.profile:
             steps = "; ".join(f"{name}: {ms:.3f}" for name, ms in r.profile)
             lines.append(f"  - time per step (ms, one run, events between steps): {steps}")

@@ -93,8 +93,14 @@ CODE_FOR_OP: dict[str, dict[str, str]] = {
 # Reductions: (combine expression, identity per type class).
 REDUCE_CODE = {
     "atomic.reduce_sum": ("TgcSum", {"float": "0.0f", "double": "0.0", "int": "0"}),
-    "atomic.reduce_max": ("TgcMax", {"float": "-INFINITY", "double": "-INFINITY", "int": "TGC_INT_LOWEST"}),
-    "atomic.reduce_min": ("TgcMin", {"float": "INFINITY", "double": "INFINITY", "int": "TGC_INT_HIGHEST"}),
+    "atomic.reduce_max": (
+        "TgcMax",
+        {"float": "-INFINITY", "double": "-INFINITY", "int": "TGC_INT_LOWEST"},
+    ),
+    "atomic.reduce_min": (
+        "TgcMin",
+        {"float": "INFINITY", "double": "INFINITY", "int": "TGC_INT_HIGHEST"},
+    ),
 }
 
 

@@ -61,7 +61,7 @@ def delinearize(index: str, shape: tuple[int, ...]) -> Coords:
 
 def broadcast_coords(operand: tuple[int, ...], result: tuple[int, ...], coords: Coords) -> Coords:
     """Coordinates in `operand` that numpy broadcasting reads for `coords` in `result`."""
-    tail = coords[len(result) - len(operand):] if operand else ()
+    tail = coords[len(result) - len(operand) :] if operand else ()
     return canon(operand, tail)
 
 
@@ -169,7 +169,9 @@ class Emitter:
         if name == "atomic.gather":
             return self.gather(op, v, coords)
         if has_code(op):
-            operands = [self.value(x, broadcast_coords(x.type.shape, shape, coords)) for x in op.operands]
+            operands = [
+                self.value(x, broadcast_coords(x.type.shape, shape, coords)) for x in op.operands
+            ]
             return self.define(v, expression(op, operands, [x.type for x in op.operands]))
         raise TgcError(f"'{name}' cannot be generated inside this kernel", op.loc)
 

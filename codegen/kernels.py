@@ -76,7 +76,9 @@ class KernelSource:
     ir_name: str = ""
 
 
-def _params_decl(op: FusedOp, extra: tuple[Value, ...] = ()) -> tuple[list[str], dict[Value, str], list[str]]:
+def _params_decl(
+    op: FusedOp, extra: tuple[Value, ...] = ()
+) -> tuple[list[str], dict[Value, str], list[str]]:
     decls, ptrs, outs = [], {}, []
     for i, arg in enumerate(list(op.body.args) + list(extra)):
         decls.append(f"const {STORAGE_CTYPE[arg.type.element_type]}* __restrict__ in{i}")
@@ -142,14 +144,18 @@ def _yields(op: FusedOp) -> list[Value]:
 # -- elementwise ------------------------------------------------------------------------------------
 
 
-def _elementwise(op: FusedOp, params: dict, extra: tuple[Value, ...] = (), suffix: str = "") -> KernelSource:
+def _elementwise(
+    op: FusedOp, params: dict, extra: tuple[Value, ...] = (), suffix: str = ""
+) -> KernelSource:
     decls, ptrs, outs = _params_decl(op, extra)
     args = list(op.body.args) + list(extra)
     yields = _yields(op)
     space = op.results[0].type.shape
     for r in op.results:
         if r.type.shape != space:
-            raise TgcError(f"elementwise kernel '{op.attr('name')}' yields values of several shapes")
+            raise TgcError(
+                f"elementwise kernel '{op.attr('name')}' yields values of several shapes"
+            )
     numel = math.prod(space)
     block_size = int(params.setdefault("block_size", 256))
     coords = delinearize("i", space)
@@ -218,8 +224,18 @@ def _elementwise(op: FusedOp, params: dict, extra: tuple[Value, ...] = (), suffi
     max_blocks = int(params.setdefault("max_blocks", 0))
     if max_blocks:
         blocks = min(blocks, max_blocks)
-    return KernelSource(name, source, "elementwise", len(args), len(op.results),
-                        (blocks, 1, 1), (block_size, 1, 1), params, op.loc, op.attr("name"))
+    return KernelSource(
+        name,
+        source,
+        "elementwise",
+        len(args),
+        len(op.results),
+        (blocks, 1, 1),
+        (block_size, 1, 1),
+        params,
+        op.loc,
+        op.attr("name"),
+    )
 
 
 # -- row reduction ----------------------------------------------------------------------------------
@@ -259,11 +275,17 @@ def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
     row_yields = [j for j in range(len(yields)) if j not in full_yields]
     for j in row_yields:
         if math.prod(yields[j].type.shape) != nrows:
-            raise TgcError(f"kernel '{op.attr('name')}' yields a value that is neither a row "
-                           f"nor one value per row", op.loc)
+            raise TgcError(
+                f"kernel '{op.attr('name')}' yields a value that is neither a row "
+                f"nor one value per row",
+                op.loc,
+            )
 
-    widest = max([ELEMENT_BYTES[a.type.element_type] for a in full_args]
-                 + [ELEMENT_BYTES[yields[j].type.element_type] for j in full_yields] + [1])
+    widest = max(
+        [ELEMENT_BYTES[a.type.element_type] for a in full_args]
+        + [ELEMENT_BYTES[yields[j].type.element_type] for j in full_yields]
+        + [1]
+    )
     vec = max(1, 16 // widest) if suffix and ncols % max(1, 16 // widest) == 0 else 1
     vec = int(params.setdefault("vector_width", vec))
     warp_max = int(params.setdefault("warp_per_row_max", 1024))
@@ -296,7 +318,8 @@ def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
         if a.type.shape == col_shape and suffix and a not in em.hooks:
             em.hooks[a] = lambda c, a=a: (
                 em.define(a, load_expression(ptrs[a], "c", a.type.element_type))
-                if c == canon(col_shape, col_coords) else None
+                if c == canon(col_shape, col_coords)
+                else None
             )
 
     # Measured on an H100 (bench/results): two passes over register-cached rows beat the merged
@@ -329,8 +352,12 @@ def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
             if inner.name in REDUCE_CODE or inner is op.body.last:
                 continue
             for r in inner.results:
-                if r.type.shape in scalar_shapes and r.type.shape != full and r not in done \
-                        and level[r] <= finished[0]:
+                if (
+                    r.type.shape in scalar_shapes
+                    and r.type.shape != full
+                    and r not in done
+                    and level[r] <= finished[0]
+                ):
                     em.value(r, scalar_coords(r.type.shape))
                     done.add(r)
 
@@ -346,7 +373,9 @@ def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
     passes = []
     max_level = max(level[r.results[0]] for r in reductions)
     for lv in range(max_level):
-        group = [r for r in reductions if level[r.results[0]] == lv + 1 and r.results[0] not in partner]
+        group = [
+            r for r in reductions if level[r.results[0]] == lv + 1 and r.results[0] not in partner
+        ]
         pass_decls, combines, hooks, what = [], [], {}, []
         em.push()
         for red in group:
@@ -356,10 +385,16 @@ def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
             result = red.results[0]
             if result in online:
                 m, sm = em.fresh("max"), em.fresh("sum")
-                pass_decls += [f"{ctype} {m} = ({ctype}) -INFINITY;", f"{ctype} {sm} = ({ctype}) 0;"]
+                pass_decls += [
+                    f"{ctype} {m} = ({ctype}) -INFINITY;",
+                    f"{ctype} {sm} = ({ctype}) 0;",
+                ]
                 em.emit(f"tgc_online_add({m}, {sm}, {val});")
-                combines.append(f"tgc_warp_online({m}, {sm});" if warp_per_row else
-                                f"tgc_block_online<{tpr}>({m}, {sm}, {shared(ctype, 64, 'online')});")
+                combines.append(
+                    f"tgc_warp_online({m}, {sm});"
+                    if warp_per_row
+                    else f"tgc_block_online<{tpr}>({m}, {sm}, {shared(ctype, 64, 'online')});"
+                )
                 hooks[result] = m
                 hooks[online[result]] = sm
                 what.append("online max and sum of exp")
@@ -368,8 +403,11 @@ def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
                 n, mean, m2 = em.fresh("n"), em.fresh("mean"), em.fresh("m2")
                 pass_decls += [f"{ctype} {n} = 0, {mean} = 0, {m2} = 0;"]
                 em.emit(f"tgc_moments_add({n}, {mean}, {m2}, {val});")
-                combines.append(f"tgc_warp_moments({n}, {mean}, {m2});" if warp_per_row else
-                                f"tgc_block_moments<{tpr}>({n}, {mean}, {m2}, {shared(ctype, 96, 'moments')});")
+                combines.append(
+                    f"tgc_warp_moments({n}, {mean}, {m2});"
+                    if warp_per_row
+                    else f"tgc_block_moments<{tpr}>({n}, {mean}, {m2}, {shared(ctype, 96, 'moments')});"
+                )
                 total = em.fresh("sum")
                 combines.append(f"const {ctype} {total} = {mean} * {n};")
                 hooks[result] = total
@@ -378,8 +416,14 @@ def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
                 what.append("sum and centred sum of squares in one pass")
                 continue
             operand = red.operands[0]
-            if keep_operands and cached_args and len(operand.users()) > 1 and operand not in kept \
-                    and operand not in em.hooks and operand not in ptrs:
+            if (
+                keep_operands
+                and cached_args
+                and len(operand.users()) > 1
+                and operand not in kept
+                and operand not in em.hooks
+                and operand not in ptrs
+            ):
                 # Other ops read this operand later (softmax's exp): keep it in registers.
                 reg = f"t{len(kept)}"
                 kept[operand] = reg
@@ -392,21 +436,32 @@ def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
             if warp_per_row:
                 combines.append(f"{name} = tgc_warp_reduce({name}, {functor}());")
             else:
-                combines.append(f"{name} = tgc_block_reduce<{tpr}>({name}, {functor}(), ({ctype}) "
-                                f"{identity}, {shared(ctype, 32, 'reduce')});")
+                combines.append(
+                    f"{name} = tgc_block_reduce<{tpr}>({name}, {functor}(), ({ctype}) "
+                    f"{identity}, {shared(ctype, 32, 'reduce')});"
+                )
             hooks[result] = name
             what.append(red.name.split(".")[1])
         body = em.take(8)
         em.pop()
         for v, reg in kept.items():
             if v not in em.hooks:
-                em.hooks[v] = lambda c, reg=reg: f"{reg}[k * {vec} + l]" if c == full_coords else None
+                em.hooks[v] = lambda c, reg=reg: (
+                    f"{reg}[k * {vec} + l]" if c == full_coords else None
+                )
         for v, h in hooks.items():
             em.hooks[v] = h if callable(h) else (lambda c, n=h: n)
         finished[0] += 1
         emit_ready_scalars()
-        passes.append({"what": ", ".join(what), "decls": pass_decls, "combines": combines,
-                       "body": body, "after": em.take(2)})
+        passes.append(
+            {
+                "what": ", ".join(what),
+                "decls": pass_decls,
+                "combines": combines,
+                "body": body,
+                "after": em.take(2),
+            }
+        )
 
     em.push()
     out_infos = []
@@ -414,8 +469,13 @@ def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
         y = yields[j]
         val = store_value(em.value(y, full_coords), op.results[j].type.element_type)
         em.emit(f"o{j}.v[l] = {val};")
-        out_infos.append({"storage": STORAGE_CTYPE[op.results[j].type.element_type], "reg": f"o{j}",
-                          "ptr": outs[j]})
+        out_infos.append(
+            {
+                "storage": STORAGE_CTYPE[op.results[j].type.element_type],
+                "reg": f"o{j}",
+                "ptr": outs[j],
+            }
+        )
     output_body = em.take(8)
     em.pop()
     for j in row_yields:
@@ -424,35 +484,66 @@ def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
         em.emit(f"{outs[j]}[r] = {val};")
     row_output_body = em.take(4)
 
-    cached = [{"ctype": COMPUTE_CTYPE[a.type.element_type], "storage": STORAGE_CTYPE[a.type.element_type],
-               "reg": cache_regs[a], "ptr": ptrs[a],
-               "convert": "tgc_cvt(w.v[l])" if a.type.element_type in ("f16", "bf16") else "w.v[l]"}
-              for a in cached_args]
+    cached = [
+        {
+            "ctype": COMPUTE_CTYPE[a.type.element_type],
+            "storage": STORAGE_CTYPE[a.type.element_type],
+            "reg": cache_regs[a],
+            "ptr": ptrs[a],
+            "convert": "tgc_cvt(w.v[l])" if a.type.element_type in ("f16", "bf16") else "w.v[l]",
+        }
+        for a in cached_args
+    ]
     if not suffix and full_yields:
         raise TgcError(f"kernel '{op.attr('name')}' writes full rows of a non-suffix reduction")
     name = c_identifier(op.attr("name"))
     source = render(
         "row_reduction.cu.j2",
-        name=name, params=decls, idx_t=_idx_type(op), nrows=nrows, ncols=ncols,
-        warp_per_row=warp_per_row, block_size=block_size, tpr=tpr, chunks=chunks, vec=vec,
-        unroll=unroll, cached=cached, smem=smem, before=before,
+        name=name,
+        params=decls,
+        idx_t=_idx_type(op),
+        nrows=nrows,
+        ncols=ncols,
+        warp_per_row=warp_per_row,
+        block_size=block_size,
+        tpr=tpr,
+        chunks=chunks,
+        vec=vec,
+        unroll=unroll,
+        cached=cached,
+        smem=smem,
+        before=before,
         stream="true" if params.setdefault("streaming", False) else "false",
         kept=[{"ctype": COMPUTE_CTYPE[v.type.element_type], "reg": r} for v, r in kept.items()],
-        passes=passes, full_outputs=out_infos, output_body=output_body,
-        row_outputs=bool(row_yields), row_output_body=row_output_body,
+        passes=passes,
+        full_outputs=out_infos,
+        output_body=output_body,
+        row_outputs=bool(row_yields),
+        row_output_body=row_output_body,
     )
     rows_per_block = block_size // 32 if warp_per_row else 1
     params["rows_per_block"] = rows_per_block
     grid = (max(1, math.ceil(nrows / rows_per_block)), 1, 1)
-    return KernelSource(name, source, "row_reduction", len(op.operands), len(op.results), grid,
-                        (block_size, 1, 1), params, op.loc, op.attr("name"))
+    return KernelSource(
+        name,
+        source,
+        "row_reduction",
+        len(op.operands),
+        len(op.results),
+        grid,
+        (block_size, 1, 1),
+        params,
+        op.loc,
+        op.attr("name"),
+    )
 
 
 def _strip_unit_views(v: Value) -> Value:
     from tgc.passes.fuse import is_unit_reshape
 
-    while v.defining_op is not None and (v.defining_op.name == "atomic.broadcast"
-                                         or is_unit_reshape(v.defining_op)):
+    while v.defining_op is not None and (
+        v.defining_op.name == "atomic.broadcast" or is_unit_reshape(v.defining_op)
+    ):
         v = v.defining_op.operands[0]
     return v
 
@@ -471,18 +562,36 @@ def _merged_pairs(op: FusedOp, reductions) -> tuple[dict, dict]:
             sub = inner.operands[0].defining_op
             if sub is not None and sub.name == "atomic.sub":
                 mx = results.get(_strip_unit_views(sub.operands[1]))
-                if mx is not None and mx.name == "atomic.reduce_max" and mx.operands[0] is sub.operands[0] \
-                        and mx not in used and red not in used:
+                if (
+                    mx is not None
+                    and mx.name == "atomic.reduce_max"
+                    and mx.operands[0] is sub.operands[0]
+                    and mx not in used
+                    and red not in used
+                ):
                     online[mx.results[0]] = red.results[0]
                     used |= {mx, red}
             continue
-        if inner is not None and inner.name == "atomic.mul" and inner.operands[0] is inner.operands[1]:
+        if (
+            inner is not None
+            and inner.name == "atomic.mul"
+            and inner.operands[0] is inner.operands[1]
+        ):
             sub = inner.operands[0].defining_op
             if sub is None or sub.name != "atomic.sub":
                 continue
             x, centre = sub.operands[0], _strip_unit_views(sub.operands[1])
-            first = next((r for r in reductions if r.name == "atomic.reduce_sum" and r.operands[0] is x
-                          and r is not red and r not in used), None)
+            first = next(
+                (
+                    r
+                    for r in reductions
+                    if r.name == "atomic.reduce_sum"
+                    and r.operands[0] is x
+                    and r is not red
+                    and r not in used
+                ),
+                None,
+            )
             if first is None or red in used or not _depends_only_on(centre, first, op):
                 continue
             moments[first.results[0]] = (red.results[0], centre)
@@ -509,7 +618,9 @@ def _depends_only_on(v: Value, reduction, op: FusedOp) -> bool:
     return found
 
 
-def _centred_square_sum(em: Emitter, n: str, mean: str, m2: str, centre: Value, scalar_coords, ctype: str):
+def _centred_square_sum(
+    em: Emitter, n: str, mean: str, m2: str, centre: Value, scalar_coords, ctype: str
+):
     """sum((x - c)^2) = m2 + n (mean - c)^2, emitted when first needed (c is known by then)."""
 
     def hook(coords):
@@ -577,17 +688,41 @@ def _matmul(op: FusedOp, params: dict) -> KernelSource:
     name = c_identifier(op.attr("name"))
     source = render(
         "matmul.cu.j2",
-        name=name, params=decls, idx_t=_idx_type(op), acc_t=acc_t, m=m, n=n, k=k, batch=batch,
-        bm=bm, bn=bn, bk=bk, tm=tm, tn=tn, threads=threads,
-        a_batch_offset=a_off, b_batch_offset=b_off,
-        a_k_contiguous=not ta, b_n_contiguous=not tb,
+        name=name,
+        params=decls,
+        idx_t=_idx_type(op),
+        acc_t=acc_t,
+        m=m,
+        n=n,
+        k=k,
+        batch=batch,
+        bm=bm,
+        bn=bn,
+        bk=bk,
+        tm=tm,
+        tn=tn,
+        threads=threads,
+        a_batch_offset=a_off,
+        b_batch_offset=b_off,
+        a_k_contiguous=not ta,
+        b_n_contiguous=not tb,
         a_load=load(a, "m", sam, "kx", sak, "a_base"),
         b_load=load(b, "kx", sbk, "n", sbn, "b_base"),
         epilogue=epilogue,
     )
     grid = (math.ceil(n / bn), math.ceil(m / bm), batch)
-    return KernelSource(name, source, "matmul", len(op.operands), len(op.results), grid,
-                        (threads, 1, 1), params, op.loc, op.attr("name"))
+    return KernelSource(
+        name,
+        source,
+        "matmul",
+        len(op.operands),
+        len(op.results),
+        grid,
+        (threads, 1, 1),
+        params,
+        op.loc,
+        op.attr("name"),
+    )
 
 
-__all__ = ["KernelSource", "generate_kernel", "prelude", "c_identifier", "literal"]
+__all__ = ["KernelSource", "c_identifier", "generate_kernel", "literal", "prelude"]

@@ -108,8 +108,9 @@ def _align(n: int) -> int:
     return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
 
-def build_plan(func: FuncOp, kernel_params: dict[str, dict] | None = None,
-               library_matmul: bool = True) -> Plan:
+def build_plan(
+    func: FuncOp, kernel_params: dict[str, dict] | None = None, library_matmul: bool = True
+) -> Plan:
     """The plan of a function already placed on the device (see tgc.runtime.placement).
     `kernel_params` maps a kernel's IR name (or "*", every kernel) to template parameters.
 
@@ -148,7 +149,9 @@ def build_plan(func: FuncOp, kernel_params: dict[str, dict] | None = None,
             continue
         if op.name == "atomic.constant":
             t = op.results[0].type
-            data = np.ascontiguousarray(np.broadcast_to(op.attr("value").array, t.shape)).astype(t.dtype)
+            data = np.ascontiguousarray(np.broadcast_to(op.attr("value").array, t.shape)).astype(
+                t.dtype
+            )
             buf[op.results[0]] = new("const", t, data=data)
             continue
         ins = [buf[v] for v in op.operands]
@@ -157,8 +160,12 @@ def build_plan(func: FuncOp, kernel_params: dict[str, dict] | None = None,
             buf[r] = b
         for b in ins + outs:
             use(b, step)
-        if isinstance(op, FusedOp) and op.attr("template") == "matmul" and library_matmul \
-                and cublas_can_run(matmul_of(op)):
+        if (
+            isinstance(op, FusedOp)
+            and op.attr("template") == "matmul"
+            and library_matmul
+            and cublas_can_run(matmul_of(op))
+        ):
             mm = matmul_of(op)
             product = new("scratch", mm.results[0].type, name="matmul")
             use(product, step)
@@ -201,8 +208,22 @@ def _gemm(op: CallOp, ins: list[Buffer], out: Buffer) -> Gemm:
         batch *= d
     stride_a = m * k if any(d != 1 for d in a.type.shape[:-2]) else 0
     stride_b = k * n if any(d != 1 for d in b.type.shape[:-2]) else 0
-    return Gemm(op.attr("op"), op.results[0].type.element_type, m, n, k, batch, ta, tb,
-                stride_a, stride_b, ins[0], ins[1], out, op.loc)
+    return Gemm(
+        op.attr("op"),
+        op.results[0].type.element_type,
+        m,
+        n,
+        k,
+        batch,
+        ta,
+        tb,
+        stride_a,
+        stride_b,
+        ins[0],
+        ins[1],
+        out,
+        op.loc,
+    )
 
 
 def _assign_offsets(plan: Plan, first_use: dict, last_use: dict) -> None:

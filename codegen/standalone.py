@@ -29,8 +29,13 @@ def emit_standalone_cuda(module: ModuleOp, source_name: str = "<module>") -> str
         plan = build_plan(func, library_matmul=False)
         kernels += [k.source for k in plan.kernels]
         funcs.append(_function_data(func, plan, seed * 1000))
-    return render("standalone.cu.j2", source_name=source_name, prelude=prelude("standalone"),
-                  kernels=kernels, funcs=funcs)
+    return render(
+        "standalone.cu.j2",
+        source_name=source_name,
+        prelude=prelude("standalone"),
+        kernels=kernels,
+        funcs=funcs,
+    )
 
 
 def _function_data(func: FuncOp, plan: Plan, seed: int) -> dict:
@@ -40,16 +45,28 @@ def _function_data(func: FuncOp, plan: Plan, seed: int) -> dict:
     for i, b in enumerate(plan.constants):
         raw = np.ascontiguousarray(b.data).tobytes()
         b.offset = offset
-        constants.append({"symbol": f"{name}_const{i}", "nbytes": max(len(raw), 1), "offset": offset,
-                          "bytes": ", ".join(str(x) for x in raw) or "0"})
+        constants.append(
+            {
+                "symbol": f"{name}_const{i}",
+                "nbytes": max(len(raw), 1),
+                "offset": offset,
+                "bytes": ", ".join(str(x) for x in raw) or "0",
+            }
+        )
         offset += (len(raw) + 255) // 256 * 256
     steps = [_step_code(s) for s in plan.steps]
     signature = ", ".join(map(str, plan.inputs)) + " -> " + ", ".join(map(str, plan.outputs))
     args = func.body.args
     return {
-        "ir_name": func.sym_name, "name": name, "signature": signature,
-        "num_inputs": len(plan.inputs), "num_outputs": len(plan.outputs),
-        "scratch_bytes": offset, "constants": constants, "steps": steps, "seed": seed,
+        "ir_name": func.sym_name,
+        "name": name,
+        "signature": signature,
+        "num_inputs": len(plan.inputs),
+        "num_outputs": len(plan.outputs),
+        "scratch_bytes": offset,
+        "constants": constants,
+        "steps": steps,
+        "seed": seed,
         "uses_scratch": bool(constants) or any("(s + " in step for step in steps),
         "inputs": [_input_data(t, _index_bound(a)) for t, a in zip(plan.inputs, args)],
         "outputs": [_output_data(t) for t in plan.outputs],
@@ -73,10 +90,14 @@ def _step_code(step) -> str:
         block = ", ".join(map(str, k.block))
         return f"{k.name}<<<dim3({grid}), dim3({block}), 0, stream>>>({args});"
     if isinstance(step, DeviceCopy):
-        return (f"err = cudaMemcpyAsync({_pointer(step.dst)}, {_pointer(step.src)}, "
-                f"{step.dst.nbytes}, cudaMemcpyDeviceToDevice, stream); if (err != cudaSuccess) return err;")
+        return (
+            f"err = cudaMemcpyAsync({_pointer(step.dst)}, {_pointer(step.src)}, "
+            f"{step.dst.nbytes}, cudaMemcpyDeviceToDevice, stream); if (err != cudaSuccess) return err;"
+        )
     if isinstance(step, Gemm):
-        raise TgcError("the standalone file has no cuBLAS: matmuls must use the generated kernel", step.loc)
+        raise TgcError(
+            "the standalone file has no cuBLAS: matmuls must use the generated kernel", step.loc
+        )
     raise TypeError(step)
 
 
@@ -97,10 +118,17 @@ def _input_data(t: TensorType, bound: int | None) -> dict:
 
 def _output_data(t: TensorType) -> dict:
     e = t.element_type
-    to_float = {"bf16": "__bfloat162float(h[i])", "f16": "__half2float(h[i])",
-                "i1": "(h[i] ? 1.0 : 0.0)"}.get(e, "h[i]")
-    return {"ctype": STORAGE_CTYPE[e], "nbytes": t.nbytes, "numel": t.num_elements,
-            "to_float": to_float}
+    to_float = {
+        "bf16": "__bfloat162float(h[i])",
+        "f16": "__half2float(h[i])",
+        "i1": "(h[i] ? 1.0 : 0.0)",
+    }.get(e, "h[i]")
+    return {
+        "ctype": STORAGE_CTYPE[e],
+        "nbytes": t.nbytes,
+        "numel": t.num_elements,
+        "to_float": to_float,
+    }
 
 
 def _index_bound(arg) -> int | None:
@@ -128,7 +156,9 @@ def standalone_inputs(func: FuncOp, seed: int) -> list[np.ndarray]:
         i = np.arange(t.num_elements, dtype=np.uint64) & np.uint64(0xFFFFFFFF)
         h = _hash(i, seed + k)
         if t.is_float:
-            u = (h >> np.uint64(8)).astype(np.float32) * np.float32(2.0 / 16777216.0) - np.float32(1.0)
+            u = (h >> np.uint64(8)).astype(np.float32) * np.float32(2.0 / 16777216.0) - np.float32(
+                1.0
+            )
             out.append(u.astype(t.dtype).reshape(t.shape))
         elif t.element_type == "i1":
             out.append(((h & np.uint64(1)) != 0).reshape(t.shape))
@@ -147,4 +177,4 @@ def checksums(results: list[np.ndarray]) -> list[tuple[float, float]]:
     return out
 
 
-__all__ = ["emit_standalone_cuda", "standalone_inputs", "checksums"]
+__all__ = ["checksums", "emit_standalone_cuda", "standalone_inputs"]

@@ -135,7 +135,10 @@ def _feeds_matmul(group: Group, other: Group) -> bool:
     """True when `other` computes an operand of the matmul of `group` (no prologue fusion)."""
     members = set(other.ops)
     return any(
-        v.defining_op in members for op in group.ops if op.name == "atomic.matmul" for v in op.operands
+        v.defining_op in members
+        for op in group.ops
+        if op.name == "atomic.matmul"
+        for v in op.operands
     )
 
 
@@ -322,7 +325,9 @@ class _Materializer:
         op = v.defining_op
         if op is not None and (is_free(op) or (op.name in VIEW_OPS and self.source_chain(v))):
             operands = [self.resolve(x, block) for x in op.operands]
-            clone = type(op)(operands, [r.type for r in op.results], dict(op.attributes), None, op.loc)
+            clone = type(op)(
+                operands, [r.type for r in op.results], dict(op.attributes), None, op.loc
+            )
             block.append(clone)
             for old, new in zip(op.results, clone.results):
                 self.clones[old] = new
@@ -341,21 +346,28 @@ class _Materializer:
     def build(self, before: Operation | None = None) -> FusedOp:
         """Make the fused op, inserted before `before` (default: the function's terminator)."""
         ops = self.group.ops
-        outputs = [r for op in ops for r in op.results if any(u not in self.members for u in r.users())]
+        outputs = [
+            r for op in ops for r in op.results if any(u not in self.members for u in r.users())
+        ]
         block = Block()
         for op in ops:
             for i, v in enumerate(op.operands):
                 d = v.defining_op
                 if d is None or d not in self.members:
                     # A matmul reads whole matrices: its operands are inputs, never views.
-                    inner = self.input(v, block) if op.name == "atomic.matmul" else self.resolve(v, block)
+                    inner = (
+                        self.input(v, block)
+                        if op.name == "atomic.matmul"
+                        else self.resolve(v, block)
+                    )
                     op.set_operand(i, inner)
             op.detach()
             block.append(op)
         block.append(YieldOp(list(outputs), [], loc=ops[-1].loc))
         attrs = {"name": self.name, "template": self.group.kind}
-        fused = FusedOp(list(self.inputs), [v.type for v in outputs], attrs, [Region([block])],
-                        ops[-1].loc)
+        fused = FusedOp(
+            list(self.inputs), [v.type for v in outputs], attrs, [Region([block])], ops[-1].loc
+        )
         for old, new in zip(outputs, fused.results):
             new.name_hint = old.name_hint
             old.replace_uses_if(new, lambda user: user.block is not block)

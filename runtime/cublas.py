@@ -25,7 +25,11 @@ def _candidates() -> list[str]:
     found = []
     for root in sys.path + [os.path.dirname(os.path.dirname(os.__file__))]:
         found += sorted(glob.glob(os.path.join(root, "nvidia", "cublas", "lib", "libcublas.so*")))
-    for root in ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/lib/x86_64-linux-gnu"):
+    for root in (
+        "/usr/local/cuda/lib64",
+        "/usr/local/cuda/targets/x86_64-linux/lib",
+        "/usr/lib/x86_64-linux-gnu",
+    ):
         found += sorted(glob.glob(os.path.join(root, "libcublas.so*")))
     name = ctypes.util.find_library("cublas")
     if name:
@@ -39,7 +43,10 @@ class Cublas:
         self.lib = None
         for path in _candidates():
             try:
-                lt = os.path.join(os.path.dirname(path), os.path.basename(path).replace("libcublas", "libcublasLt"))
+                lt = os.path.join(
+                    os.path.dirname(path),
+                    os.path.basename(path).replace("libcublas", "libcublasLt"),
+                )
                 if os.path.exists(lt):
                     ctypes.CDLL(lt, mode=ctypes.RTLD_GLOBAL)
                 self.lib = ctypes.CDLL(path)
@@ -48,7 +55,9 @@ class Cublas:
             except OSError as e:
                 errors.append(f"{path}: {e}")
         if self.lib is None:
-            raise TgcError("cuBLAS was not found (" + ("; ".join(errors) or "no libcublas.so") + ")")
+            raise TgcError(
+                "cuBLAS was not found (" + ("; ".join(errors) or "no libcublas.so") + ")"
+            )
         self.handle = ctypes.c_void_p()
         self._check(self.lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate")
         gemm = self.lib.cublasGemmStridedBatchedEx
@@ -65,8 +74,10 @@ class Cublas:
 
     def set_stream(self, stream_handle: int) -> None:
         if stream_handle != self._stream:
-            self._check(self.lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(stream_handle)),
-                        "cublasSetStream")
+            self._check(
+                self.lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(stream_handle)),
+                "cublasSetStream",
+            )
             self._stream = stream_handle
 
     def gemm(self, g, a_ptr: int, b_ptr: int, c_ptr: int) -> int:
@@ -81,11 +92,29 @@ class Cublas:
         ldb = g.k if g.transpose_b else g.n
         lda = g.m if g.transpose_a else g.k
         return self._gemm(
-            self.handle, op_b, op_a, g.n, g.m, g.k, ctypes.byref(alpha),
-            ctypes.c_void_p(b_ptr), dtype, ldb, g.stride_b,
-            ctypes.c_void_p(a_ptr), dtype, lda, g.stride_a,
-            ctypes.byref(beta), ctypes.c_void_p(c_ptr), dtype, g.n, g.m * g.n,
-            g.batch, compute, GEMM_DEFAULT,
+            self.handle,
+            op_b,
+            op_a,
+            g.n,
+            g.m,
+            g.k,
+            ctypes.byref(alpha),
+            ctypes.c_void_p(b_ptr),
+            dtype,
+            ldb,
+            g.stride_b,
+            ctypes.c_void_p(a_ptr),
+            dtype,
+            lda,
+            g.stride_a,
+            ctypes.byref(beta),
+            ctypes.c_void_p(c_ptr),
+            dtype,
+            g.n,
+            g.m * g.n,
+            g.batch,
+            compute,
+            GEMM_DEFAULT,
         )
 
 

@@ -59,7 +59,7 @@ def _release() -> None:
     if _context is not None:
         try:
             _context.pop()
-        except Exception:
+        except cuda.Error:  # at exit the context may already be gone
             pass
         _context = None
 
@@ -86,7 +86,9 @@ def cache_dir() -> Path:
 
 def compile_cubin(source: str, arch: str, what: KernelSource | None = None) -> bytes:
     """nvcc source -> cubin, through the memory and disk caches."""
-    key = hashlib.sha256("\0".join([source, arch, _nvcc_version(), *NVCC_OPTIONS]).encode()).hexdigest()
+    key = hashlib.sha256(
+        "\0".join([source, arch, _nvcc_version(), *NVCC_OPTIONS]).encode()
+    ).hexdigest()
     if key in _cubins:
         return _cubins[key]
     cached = cache_dir() / f"{key}.cubin"
@@ -96,8 +98,12 @@ def compile_cubin(source: str, arch: str, what: KernelSource | None = None) -> b
     with tempfile.TemporaryDirectory(prefix="tgc-nvcc-") as tmp:
         src, out = os.path.join(tmp, "k.cu"), os.path.join(tmp, "k.cubin")
         Path(src).write_text(source)
-        proc = subprocess.run(["nvcc", "-cubin", f"-arch={arch}", *NVCC_OPTIONS, "-o", out, src],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            ["nvcc", "-cubin", f"-arch={arch}", *NVCC_OPTIONS, "-o", out, src],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if proc.returncode != 0:
             name = f"kernel '{what.ir_name}' ({what.name})" if what else "a kernel"
             detail = "\n".join(proc.stderr.strip().splitlines()[:12])

@@ -99,7 +99,9 @@ def _kernelize(func: FuncOp, library: bool, taken: set[str]) -> None:
         elif is_elementwise(op) or op.name in SINGLE_OP_KERNELS:
             _wrap(func, op, "elementwise", taken)
         else:
-            raise TgcError(f"no CUDA kernel can run '{op.name}' (lower it first, e.g. lower-hl)", op.loc)
+            raise TgcError(
+                f"no CUDA kernel can run '{op.name}' (lower it first, e.g. lower-hl)", op.loc
+            )
     _erase_dead(func)
 
 
@@ -108,7 +110,11 @@ def _erase_dead(func: FuncOp) -> None:
     while changed:
         changed = False
         for op in list(func.body.ops_reversed()):
-            if op is not func.body.last and not any(r.uses for r in op.results) and op.name != "kernel.copy":
+            if (
+                op is not func.body.last
+                and not any(r.uses for r in op.results)
+                and op.name != "kernel.copy"
+            ):
                 op.erase()
                 changed = True
 
@@ -129,15 +135,18 @@ def _to_device_types(func: FuncOp) -> None:
     for arg in body.args:
         if not arg.uses:
             continue
-        copy = create(OPS["kernel.copy"], [arg], result_types=[arg.type.with_encoding(DEVICE)],
-                      loc=func.loc)
+        copy = create(
+            OPS["kernel.copy"], [arg], result_types=[arg.type.with_encoding(DEVICE)], loc=func.loc
+        )
         copy.results[0].name_hint = arg.name_hint
-        arg.replace_uses_if(copy.results[0], lambda user: user is not copy)
+        arg.replace_uses_if(copy.results[0], lambda user, copy=copy: user is not copy)
         body.insert_before(copy, first)
     ret = body.last
     assert isinstance(ret, ReturnOp)
     for i, v in enumerate(list(ret.operands)):
-        copy = create(OPS["kernel.copy"], [v], result_types=[v.type.with_encoding(None)], loc=ret.loc)
+        copy = create(
+            OPS["kernel.copy"], [v], result_types=[v.type.with_encoding(None)], loc=ret.loc
+        )
         body.insert_before(copy, ret)
         ret.set_operand(i, copy.results[0])
 
@@ -152,8 +161,9 @@ def place_on_device(func: FuncOp, library: bool = True) -> FuncOp:
     return func
 
 
-def prepare_module(module, func: FuncOp, library: bool = True,
-                   matmul_epilogue: bool | None = None) -> FuncOp:
+def prepare_module(
+    module, func: FuncOp, library: bool = True, matmul_epilogue: bool | None = None
+) -> FuncOp:
     """Lower what is left of hl, fuse, and place `func` on the device; verifies the module.
 
     With a library (cuBLAS) for matmuls, fusion leaves matmuls alone by default, so that their
@@ -172,8 +182,10 @@ def prepare_module(module, func: FuncOp, library: bool = True,
 
 
 def is_placed(func: FuncOp) -> bool:
-    return all(op.name in KERNEL_OPS + ("atomic.reshape", "atomic.constant", "func.return")
-               for op in func.body.ops)
+    return all(
+        op.name in KERNEL_OPS + ("atomic.reshape", "atomic.constant", "func.return")
+        for op in func.body.ops
+    )
 
 
-__all__ = ["place_on_device", "prepare_module", "cublas_can_run", "is_placed", "CallOp", "FusedOp"]
+__all__ = ["CallOp", "FusedOp", "cublas_can_run", "is_placed", "place_on_device", "prepare_module"]

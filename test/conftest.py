@@ -17,7 +17,7 @@ def cuda_unavailable_reason() -> str | None:
         cuda.init()
         if cuda.Device.count() == 0:
             return "no CUDA device is visible"
-    except Exception as e:  # driver missing or broken
+    except Exception as e:  # noqa: BLE001  (driver missing or broken: skip, saying why)
         return f"the CUDA driver is not usable ({e})"
     return None
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tgc.codegen.cuda_ops import CODE_FOR_OP, has_code
+from tgc.codegen.cuda_ops import CODE_FOR_OP
 from tgc.codegen.kernels import generate_kernel
 from tgc.codegen.plan import build_plan
 from tgc.codegen.standalone import emit_standalone_cuda, standalone_inputs
@@ -98,13 +98,23 @@ def test_standalone_cu_compiles_with_nvcc(name, tmp_path):
     src = tmp_path / f"{name}.cu"
     src.write_text(emit_standalone_cuda(parse_module((ROOT / "examples" / name).read_text()), name))
     for flags in ([], ["-DTGC_STANDALONE_MAIN"]):
-        proc = subprocess.run([NVCC, "-arch=sm_90", "-c", *flags, str(src), "-o", str(tmp_path / "k.o")],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [NVCC, "-arch=sm_90", "-c", *flags, str(src), "-o", str(tmp_path / "k.o")],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert proc.returncode == 0, proc.stderr[-4000:]
 
 
-@pytest.mark.parametrize("op,helper", [("softmax", "tgc_online_add"), ("log_softmax", "tgc_online_add"),
-                                       ("layernorm", "tgc_moments_add")])
+@pytest.mark.parametrize(
+    "op,helper",
+    [
+        ("softmax", "tgc_online_add"),
+        ("log_softmax", "tgc_online_add"),
+        ("layernorm", "tgc_moments_add"),
+    ],
+)
 def test_merged_single_pass_variants(op, helper, tmp_path):
     """The online-softmax and one-pass mean/variance forms (template option merge_passes)."""
     x, p = "tensor<37x4096xf32>", "tensor<4096xf32>"
@@ -120,6 +130,50 @@ def test_merged_single_pass_variants(op, helper, tmp_path):
 
         src = tmp_path / "k.cu"
         src.write_text(prelude() + kernel.source)
-        proc = subprocess.run([NVCC, "-arch=sm_90", "-c", str(src), "-o", str(tmp_path / "k.o")],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [NVCC, "-arch=sm_90", "-c", str(src), "-o", str(tmp_path / "k.o")],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_verifier_rejects_a_library_kernel_on_host_memory():
+    from tgc.diagnostics import TgcError
+    from tgc.verifier import verify
+
+    text = """func.func @f(%a: tensor<4x8xf32>, %b: tensor<8x2xf32>) -> tensor<4x2xf32> {
+  %c = kernel.call %a, %b {callee = "cublas.gemm", op = "atomic.matmul"} : (tensor<4x8xf32>, tensor<8x2xf32>) -> tensor<4x2xf32>
+  func.return %c : tensor<4x2xf32>
+}"""
+    with pytest.raises(TgcError, match="reads and writes device memory only"):
+        verify(parse_module(text))
+
+
+def test_verifier_rejects_a_kernel_mixing_memory_spaces():
+    from tgc.diagnostics import TgcError
+    from tgc.verifier import verify
+
+    text = """func.func @f(%a: tensor<4xf32>) -> tensor<4xf32> {
+  %d = kernel.copy %a : (tensor<4xf32>) -> tensor<4xf32, "cuda">
+  %y = kernel.fused %a, %d {name = "k"} : (tensor<4xf32>, tensor<4xf32, "cuda">) -> tensor<4xf32> {
+  ^bb0(%p: tensor<4xf32>, %q: tensor<4xf32, "cuda">):
+    kernel.yield %p : tensor<4xf32>
+  }
+  func.return %y : tensor<4xf32>
+}"""
+    with pytest.raises(TgcError, match="different memory spaces"):
+        verify(parse_module(text))
+
+
+def test_placement_puts_every_intermediate_on_the_device():
+    from tgc.dialects.kernel import CallOp, CopyOp
+
+    module = parse_module((ROOT / "examples" / "mlp.tg").read_text())
+    func = prepare_module(module, module.funcs[0])
+    for op in func.body.ops:
+        if isinstance(op, CopyOp) or op is func.body.last:
+            continue
+        assert all(r.type.encoding == "cuda" for r in op.results), op.name
+    assert any(isinstance(op, CallOp) for op in func.body.ops)
