@@ -1,3 +1,4 @@
+# ruff: noqa: F821  (lit injects `config`)
 # lit configuration for tgc's FileCheck tests: one folder per pass or area.
 # Tools come from the Python environment running lit (the venv with tgc installed).
 import os
