@@ -74,6 +74,7 @@ class KernelSource:
     params: dict = field(default_factory=dict)
     loc: Location | None = None
     ir_name: str = ""
+    shared_bytes: int = 0  # dynamic shared memory per block (the attention template)
 
 
 def _params_decl(
@@ -104,6 +105,10 @@ def generate_kernel(op: FusedOp, params: dict | None = None) -> KernelSource:
             return _row_reduction(op, params)
         if template == "matmul":
             return _matmul(op, params)
+        if template == "attention":
+            from tgc.codegen.attention import generate_attention
+
+            return generate_attention(op, params, render, c_identifier, KernelSource)
         return _elementwise(op, params)
     except TgcError as e:
         if e.loc is None:

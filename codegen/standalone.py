@@ -88,7 +88,13 @@ def _step_code(step) -> str:
         args = ", ".join(_pointer(b) for b in step.args)
         grid = ", ".join(map(str, k.grid))
         block = ", ".join(map(str, k.block))
-        return f"{k.name}<<<dim3({grid}), dim3({block}), 0, stream>>>({args});"
+        launch = f"{k.name}<<<dim3({grid}), dim3({block}), {k.shared_bytes}, stream>>>({args});"
+        if k.shared_bytes > 48 * 1024:
+            return (
+                f"err = cudaFuncSetAttribute({k.name}, cudaFuncAttributeMaxDynamicSharedMemorySize, "
+                f"{k.shared_bytes}); if (err != cudaSuccess) return err;\n  {launch}"
+            )
+        return launch
     if isinstance(step, DeviceCopy):
         return (
             f"err = cudaMemcpyAsync({_pointer(step.dst)}, {_pointer(step.src)}, "

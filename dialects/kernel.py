@@ -2,7 +2,8 @@
 
 - `kernel.fused`: an isolated region of lower ops compiled into one generated kernel. Its block
   arguments are the kernel's inputs (one per operand, same types); `kernel.yield` gives the
-  outputs. `template` names the codegen skeleton ("elementwise", "row_reduction", "matmul");
+  outputs. `template` names the codegen skeleton ("elementwise", "row_reduction", "matmul",
+  "attention");
   `name` is the kernel's symbol (sanitised again before it reaches C++).
 - `kernel.call`: a library kernel (cuBLAS, a numpy function) named by `callee`; `op` names the
   op whose meaning it has (its numpy reference defines the call's result).
@@ -32,7 +33,7 @@ from tgc.opdef import (
     register,
 )
 
-TEMPLATES = ("elementwise", "row_reduction", "matmul", "generic")
+TEMPLATES = ("elementwise", "row_reduction", "matmul", "attention", "generic")
 
 
 def _one_memory_space(op: Operation) -> str | None:

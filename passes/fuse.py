@@ -318,6 +318,10 @@ class _Materializer:
             chain.append(op)
             v = op.operands[0]
 
+    def takes_whole(self, op: Operation, v: Value) -> bool:
+        """True when `op` reads `v` as a whole buffer (a kernel input, never a cloned view)."""
+        return op.name == "atomic.matmul"
+
     def resolve(self, v: Value, block: Block) -> Value:
         """The value inside the region that stands for the outside value `v`."""
         if v in self.clones:
@@ -357,7 +361,7 @@ class _Materializer:
                     # A matmul reads whole matrices: its operands are inputs, never views.
                     inner = (
                         self.input(v, block)
-                        if op.name == "atomic.matmul"
+                        if self.takes_whole(op, v)
                         else self.resolve(v, block)
                     )
                     op.set_operand(i, inner)

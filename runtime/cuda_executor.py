@@ -131,6 +131,17 @@ def load_kernels(kernels: list[KernelSource]) -> list:
         except cuda.Error as e:
             raise TgcError(f"kernel '{k.ir_name}' ({k.name}) failed to load: {e}", k.loc) from None
         fn.prepare("P" * (k.num_inputs + k.num_outputs))
+        if k.shared_bytes > 48 * 1024:
+            try:
+                fn.set_attribute(
+                    cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, k.shared_bytes
+                )
+            except cuda.Error as e:
+                raise TgcError(
+                    f"kernel '{k.ir_name}' ({k.name}) needs {k.shared_bytes} bytes of shared "
+                    f"memory: {e}",
+                    k.loc,
+                ) from None
         _functions[(s, arch)] = (module, fn)
     return [_functions[(s, arch)][1] for s in sources]
 
@@ -175,6 +186,10 @@ class CudaPlanRunner:
             fn = self.functions[id(step)]
             args = [self.ptr[id(b)] for b in step.args]
             k = step.kernel
+            if k.shared_bytes:
+                return lambda: fn.prepared_async_call(
+                    k.grid, k.block, self.stream, *args, shared_size=k.shared_bytes
+                )
             return lambda: fn.prepared_async_call(k.grid, k.block, self.stream, *args)
         if isinstance(step, Gemm):
             a, b, c = self.ptr[id(step.a)], self.ptr[id(step.b)], self.ptr[id(step.c)]

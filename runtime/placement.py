@@ -19,8 +19,11 @@ without a GPU.
 
 from __future__ import annotations
 
+import os
+
 from tgc.builder import Builder
 from tgc.builtin import FuncOp, ReturnOp
+from tgc.codegen.attention import attention_supported, strided_layout
 from tgc.codegen.plan import cublas_can_run
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import CallOp, CopyOp, FusedOp
@@ -33,6 +36,7 @@ from tgc.passes.fuse import (
     _Materializer,
     existing_kernel_names,
     is_elementwise,
+    is_free,
     sanitize,
 )
 
@@ -61,6 +65,21 @@ def _split_to_slices(func: FuncOp) -> None:
         op.erase()
 
 
+class _AttentionMaterializer(_Materializer):
+    """The region of one `hl.attention`: an operand that is a chain of views of a value computed
+    elsewhere (the head-splitting reshape + transpose of a slice of qkv) is cloned into the
+    region, where the kernel reads it through strides; anything else is a whole input."""
+
+    def takes_whole(self, op: Operation, v) -> bool:
+        if op.name != "hl.attention":
+            return super().takes_whole(op, v)
+        found = strided_layout(v)
+        if found is None:
+            return True
+        root = found[0].defining_op
+        return root is not None and is_free(root)
+
+
 def _wrap(func: FuncOp, op: Operation, kind: str, taken: set[str]) -> None:
     base = sanitize(f"{func.sym_name}_{op.name.split('.', 1)[1]}")
     name, n = base, 0
@@ -70,7 +89,8 @@ def _wrap(func: FuncOp, op: Operation, kind: str, taken: set[str]) -> None:
     taken.add(name)
     space = op.results[0].type.shape
     anchor = op.next
-    _Materializer(func, Group(kind, space, 0, [op]), name).build(anchor)
+    cls = _AttentionMaterializer if kind == "attention" else _Materializer
+    cls(func, Group(kind, space, 0, [op]), name).build(anchor)
 
 
 def _kernelize(func: FuncOp, library: bool, taken: set[str]) -> None:
@@ -94,7 +114,9 @@ def _kernelize(func: FuncOp, library: bool, taken: set[str]) -> None:
             else:
                 _wrap(func, op, "matmul", taken)
             continue
-        if op.name in REDUCE_OPS:
+        if op.name == "hl.attention" and attention_supported(op):
+            _wrap(func, op, "attention", taken)
+        elif op.name in REDUCE_OPS:
             _wrap(func, op, "row_reduction", taken)
         elif is_elementwise(op) or op.name in SINGLE_OP_KERNELS:
             _wrap(func, op, "elementwise", taken)
@@ -161,19 +183,65 @@ def place_on_device(func: FuncOp, library: bool = True) -> FuncOp:
     return func
 
 
+def attention_kernel_default() -> bool:
+    """The fused attention kernel is on unless TGC_ATTENTION_KERNEL=0."""
+    return os.environ.get("TGC_ATTENTION_KERNEL", "1") != "0"
+
+
+def default_cuda_pipeline(attention_kernel: bool | None = None) -> str:
+    """tgc-translate --emit=cuda's default pipeline: `optimize,fuse`, where optimize's lower-hl
+    keeps `hl.attention` for the fused attention kernel (unless TGC_ATTENTION_KERNEL=0)."""
+    if attention_kernel is None:
+        attention_kernel = attention_kernel_default()
+    if not attention_kernel:
+        return "optimize,fuse"
+    from tgc.passes.lower_hl import hl_op_names
+
+    ops = ",".join(n for n in hl_op_names() if n != "hl.attention")
+    return f"lower-hl{{ops={ops}}},canonicalize,cse,algebraic,canonicalize,cse,dce,fuse"
+
+
+def lower_for_device(module, attention_kernel: bool) -> None:
+    """`lower-hl`, except that with `attention_kernel` every `hl.attention` the fused kernel can
+    run stays (placement gives it the `attention` template); the others are lowered."""
+    from tgc.pass_manager import PASSES, PassManager
+    from tgc.passes.lower_hl import LowerHL, hl_op_names
+    from tgc.rewriter import Rewriter
+
+    if "lower-hl" not in PASSES:
+        return
+    if not attention_kernel:
+        PassManager.from_text("lower-hl").run(module)
+        return
+    rewriter = Rewriter()
+    for op in list(module.walk()):
+        if op.name == "hl.attention" and not attention_supported(op):
+            rewriter.replace_op(op, op.decompose(rewriter.builder_before(op)))
+    others = tuple(n for n in hl_op_names() if n != "hl.attention")
+    PassManager([LowerHL(ops=others)]).run(module)
+
+
 def prepare_module(
-    module, func: FuncOp, library: bool = True, matmul_epilogue: bool | None = None
+    module,
+    func: FuncOp,
+    library: bool = True,
+    matmul_epilogue: bool | None = None,
+    attention_kernel: bool | None = None,
 ) -> FuncOp:
     """Lower what is left of hl, fuse, and place `func` on the device; verifies the module.
 
     With a library (cuBLAS) for matmuls, fusion leaves matmuls alone by default, so that their
-    elementwise consumers fuse forward (attention's scale and mask into the softmax kernel);
-    without one, each matmul kernel takes its epilogue. Kernels fused before are kept."""
-    from tgc.pass_manager import PASSES, PassManager
+    elementwise consumers fuse forward (an elementwise consumer into the next row kernel);
+    without one, each matmul kernel takes its epilogue. With `attention_kernel` (default: on,
+    unless TGC_ATTENTION_KERNEL=0) `hl.attention` runs as one fused flash-attention kernel
+    instead of matmul, softmax, matmul. Kernels fused before are kept."""
+    from tgc.pass_manager import PassManager
     from tgc.verifier import verify
 
-    if any(op.name.startswith("hl.") for op in func.walk()) and "lower-hl" in PASSES:
-        PassManager.from_text("lower-hl").run(module)
+    if attention_kernel is None:
+        attention_kernel = attention_kernel_default()
+    if any(op.name.startswith("hl.") for op in func.walk()):
+        lower_for_device(module, attention_kernel)
     epilogue = (not library) if matmul_epilogue is None else matmul_epilogue
     PassManager.from_text(f"fuse{{matmul-epilogue={str(epilogue).lower()}}}").run(module)
     place_on_device(func, library)

@@ -17,7 +17,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--emit", choices=EMITTERS, required=True, help="output language")
     ap.add_argument("-o", dest="output", default="-", help="output file (default stdout)")
     ap.add_argument("-p", "--passes", default=None,
-                    help="pipeline to run first (for cuda the default is 'optimize,fuse')")
+                    help="pipeline to run first (for cuda the default is 'optimize,fuse', keeping hl.attention for the fused attention kernel)")
     ap.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
     return ap
 
@@ -38,7 +38,10 @@ def run(args) -> int:
         return EXIT_OK
     from tgc.codegen.standalone import emit_standalone_cuda
 
-    PassManager(parse_pipeline(args.passes if args.passes is not None else "optimize,fuse")).run(module)
+    from tgc.runtime.placement import default_cuda_pipeline
+
+    pipeline = args.passes if args.passes is not None else default_cuda_pipeline()
+    PassManager(parse_pipeline(pipeline)).run(module)
     write_output(args.output, emit_standalone_cuda(module))
     return EXIT_OK
 
