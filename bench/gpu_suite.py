@@ -88,7 +88,10 @@ def tgc_runner(text: str, pipeline: str = "", params: dict | None = None):
         PassManager.from_text(pipeline).run(module)
     params = dict(params or {})
     epilogue = params.pop("matmul_epilogue", None)
-    func = prepare_module(module, module.funcs[0], matmul_epilogue=epilogue)
+    attention = params.pop("attention_kernel", None)
+    func = prepare_module(
+        module, module.funcs[0], matmul_epilogue=epilogue, attention_kernel=attention
+    )
     return CudaPlanRunner(build_plan(func, {"*": params} if params else None))
 
 
@@ -428,7 +431,9 @@ def main(argv=None) -> int:
             stream,
             do_compile=do_compile,
             tol=2e-3,
-            variants=None if args.no_sweep else [None, {"matmul_epilogue": True}],
+            variants=None
+            if args.no_sweep
+            else [None, {"attention_kernel": False}, {"matmul_epilogue": True}],
         )
         results.append(res)
         print(res, flush=True)

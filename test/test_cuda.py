@@ -346,3 +346,110 @@ def test_elementwise_streaming_option():
   func.return %y : tensor<100003xf32>
 }"""
     check(text, params={"*": {"streaming": True, "block_size": 128}})
+
+
+# -- fused attention ----------------------------------------------------------------------------
+
+
+def attention_text(q, k, v, mask=None, causal=False, dtype="f32", scale=None) -> str:
+    out = tuple(np.broadcast_shapes(q[:-2], k[:-2], v[:-2])) + (q[-2], v[-1])
+    args = [f"%q: {t(q, dtype)}", f"%k: {t(k, dtype)}", f"%v: {t(v, dtype)}"]
+    operands, types = "%q, %k, %v", [t(q, dtype), t(k, dtype), t(v, dtype)]
+    if mask is not None:
+        args.append(f"%m: {t(mask, dtype)}")
+        operands += ", %m"
+        types.append(t(mask, dtype))
+    attrs = []
+    if causal:
+        attrs.append("causal = true")
+    if scale is not None:
+        attrs.append(f"scale = {scale}")
+    attr_text = f" {{{', '.join(attrs)}}}" if attrs else ""
+    return (
+        f"func.func @att({', '.join(args)}) -> {t(out, dtype)} {{\n"
+        f"  %y = hl.attention {operands}{attr_text} : ({', '.join(types)}) -> {t(out, dtype)}\n"
+        f"  func.return %y : {t(out, dtype)}\n}}"
+    )
+
+
+ATTENTION_CASES = [
+    # q, k, v, mask, causal
+    ((2, 3, 100, 64), (2, 3, 100, 64), (2, 3, 100, 64), None, True),  # odd seq, 2 tiles
+    ((1, 70, 64), (1, 130, 64), (1, 130, 64), None, True),  # seq_q < seq_k, diagonal at the end
+    ((3, 65, 32), (3, 65, 32), (3, 65, 48), (65, 65), False),  # mask, d != d_v
+    ((5, 33, 17), (1, 129, 17), (5, 129, 80), (5, 1, 129), False),  # broadcast batch, odd d
+    ((7, 64), (9, 64), (9, 128), (7, 9), True),  # rank 2, d_v 128
+    ((2, 1, 128), (2, 200, 128), (2, 200, 128), (200,), True),  # one query, head dim 128
+    ((1, 1, 1), (1, 1, 1), (1, 1, 1), None, False),
+    ((2, 2, 129, 64), (2, 2, 129, 64), (2, 2, 129, 64), (2, 1, 129, 129), True),
+]
+
+
+@pytest.mark.parametrize("q,k,v,mask,causal", ATTENTION_CASES)
+def test_fused_attention(q, k, v, mask, causal):
+    text = attention_text(q, k, v, mask, causal)
+    runner = check(text, seed=len(q) + q[-2])
+    templates = [kern.template for kern in runner.plan.kernels]
+    assert templates == ["attention"], templates
+
+
+def test_fused_attention_bf16_and_scale():
+    check(attention_text((2, 100, 64), (2, 100, 64), (2, 100, 64), (100, 100), True, "bf16"))
+    check(attention_text((3, 50, 24), (3, 77, 24), (3, 77, 40), None, False, scale=0.3))
+
+
+def test_fused_attention_with_minus_inf_mask_rows():
+    """An additive -inf mask over a whole first key tile: the running max stays -inf there."""
+    from tgc.codegen.plan import build_plan
+    from tgc.runtime.cuda_executor import CudaPlanRunner
+    from tgc.runtime.placement import prepare_module
+
+    text = attention_text((2, 80, 64), (2, 150, 64), (2, 150, 64), (80, 150), True)
+    ref = parse_module(text)
+    module = parse_module(text)
+    inputs = random_inputs(ref.funcs[0], 3)
+    inputs[3][:, :70] = -np.inf  # keys 0..69 masked for every query
+    inputs[3][5, :] = -np.inf  # query 5 sees no key: NaN, as in numpy
+    prepare_module(module, module.funcs[0])
+    runner = CudaPlanRunner(build_plan(module.funcs[0]))
+    runner.poison()
+    (got,) = runner.run(inputs)
+    (want,) = run_function(ref.funcs[0], inputs, "f64")
+    assert np.isnan(got[:, 5]).all() and np.isnan(want[:, 5]).all()
+    keep = np.ones(80, bool)
+    keep[5] = False
+    np.testing.assert_allclose(got[:, keep], want[:, keep], rtol=1e-4, atol=1e-4)
+
+
+def test_fused_attention_reads_head_views_without_copies():
+    """GPT-2's head split (slice of qkv, reshape, transpose) is read through strides: the plan
+    has no transpose kernel before the attention kernel."""
+    s, h, d = 100, 3, 64
+    w = h * d
+    text = "\n".join(
+        [
+            f"func.func @heads(%qkv: {t((2, s, 3 * w), 'f32')}) -> {t((2, h, s, d), 'f32')} {{",
+            f"  %q, %k, %v = atomic.split %qkv {{axis = 2, sizes = [{w}, {w}, {w}]}} : ({t((2, s, 3 * w), 'f32')}) -> ({t((2, s, w), 'f32')}, {t((2, s, w), 'f32')}, {t((2, s, w), 'f32')})",
+        ]
+        + [
+            line
+            for n in "qkv"
+            for line in (
+                f"  %{n}4 = atomic.reshape %{n} : ({t((2, s, w), 'f32')}) -> {t((2, s, h, d), 'f32')}",
+                f"  %{n}h = atomic.transpose %{n}4 {{perm = [0, 2, 1, 3]}} : ({t((2, s, h, d), 'f32')}) -> {t((2, h, s, d), 'f32')}",
+            )
+        ]
+        + [
+            f"  %y = hl.attention %qh, %kh, %vh {{causal = true}} : ({t((2, h, s, d), 'f32')}, {t((2, h, s, d), 'f32')}, {t((2, h, s, d), 'f32')}) -> {t((2, h, s, d), 'f32')}",
+            f"  func.return %y : {t((2, h, s, d), 'f32')}",
+            "}",
+        ]
+    )
+    runner = check(text)
+    assert [kern.template for kern in runner.plan.kernels] == ["attention"]
+
+
+def test_attention_fallback_for_large_head_dim():
+    """Head dims over 128 are lowered (matmul, softmax, matmul) and still correct."""
+    runner = check(attention_text((2, 40, 160), (2, 40, 160), (2, 40, 160), None, True))
+    assert "attention" not in [kern.template for kern in runner.plan.kernels]
