@@ -25,7 +25,13 @@ MAX_HEAD_DIM = 128
 BLOCK_M = 64  # queries per block: 8 rows of threads x 8 rows each
 BLOCK_N = 64  # keys per tile: 16 columns of threads x 4 keys each
 THREADS = 128
-VIEW_NAMES = ("atomic.reshape", "atomic.transpose", "atomic.slice", "atomic.broadcast", "atomic.split")
+VIEW_NAMES = (
+    "atomic.reshape",
+    "atomic.transpose",
+    "atomic.slice",
+    "atomic.broadcast",
+    "atomic.split",
+)
 
 
 def attention_supported(op) -> bool:
@@ -152,7 +158,6 @@ def generate_attention(fused, params: dict, render, c_identifier, kernel_source)
     if not attention_supported(att):
         raise TgcError("this hl.attention cannot run as a fused kernel (lower it first)", att.loc)
     args = list(fused.body.args)
-    block = fused.body
 
     def layout(x: Value, what: str):
         found = strided_layout(x)
@@ -161,7 +166,6 @@ def generate_attention(fused, params: dict, render, c_identifier, kernel_source)
         root, offset, strides = found
         return args.index(root), offset, strides
 
-    del block
     q, k, v, *mask = att.operands
     qt, kt, vt = q.type, k.type, v.type
     out = att.results[0].type
@@ -241,7 +245,9 @@ def generate_attention(fused, params: dict, render, c_identifier, kernel_source)
         + [f"{STORAGE_CTYPE[elem]}* __restrict__ out0"],
         T=STORAGE_CTYPE[elem],
         idx_t=idx_t,
-        store=("" if elem == "f32" else {"bf16": "__float2bfloat16_rn", "f16": "__float2half_rn"}[elem]),
+        store=(
+            "" if elem == "f32" else {"bf16": "__float2bfloat16_rn", "f16": "__float2half_rn"}[elem]
+        ),
         seq_q=seq_q,
         seq_k=seq_k,
         offset_k=seq_k - seq_q,
@@ -269,7 +275,8 @@ def generate_attention(fused, params: dict, render, c_identifier, kernel_source)
         v_base=base(ops["v"]),
         mask_base=base(ops["mask"]) if has_mask else "0",
         out_vec=(elem == "f32" and cw == 4 and dv == 64),
-        shape=f"q {qt.shape} k {kt.shape} v {vt.shape}" + (f" mask {mask[0].type.shape}" if has_mask else ""),
+        shape=f"q {qt.shape} k {kt.shape} v {vt.shape}"
+        + (f" mask {mask[0].type.shape}" if has_mask else ""),
     )
     params = dict(params)
     params.setdefault("block_m", BLOCK_M)
