@@ -281,6 +281,17 @@ def sanitize(name: str) -> str:
     return text[:80]
 
 
+def unique_kernel_name(base: str, taken: set[str]) -> str:
+    """`sanitize(base)`, suffixed `_1`, `_2`, ... until it is not in `taken` (then taken)."""
+    base = sanitize(base)
+    name, n = base, 0
+    while name in taken:
+        n += 1
+        name = f"{base}_{n}"
+    taken.add(name)
+    return name
+
+
 def _summary(group: Group) -> str:
     names: list[str] = []
     for op in group.ops:
@@ -448,12 +459,7 @@ class Fuse(Pass):
         for group in sorted(fuser.groups, key=lambda g: fuser.index[g.ops[0]]):
             if not _worth_a_kernel(group):
                 continue
-            base = sanitize(f"{func.sym_name}_{_summary(group)}")
-            name, n = base, 0
-            while name in taken:
-                n += 1
-                name = f"{base}_{n}"
-            taken.add(name)
+            name = unique_kernel_name(f"{func.sym_name}_{_summary(group)}", taken)
             fused = _Materializer(func, group, name).build()
             key[fused] = max(fuser.index[op] for op in group.ops)
             stats.bump(f"kernels ({group.kind})")

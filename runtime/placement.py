@@ -37,7 +37,7 @@ from tgc.passes.fuse import (
     existing_kernel_names,
     is_elementwise,
     is_free,
-    sanitize,
+    unique_kernel_name,
 )
 
 DEVICE = "cuda"
@@ -81,12 +81,7 @@ class _AttentionMaterializer(_Materializer):
 
 
 def _wrap(func: FuncOp, op: Operation, kind: str, taken: set[str]) -> None:
-    base = sanitize(f"{func.sym_name}_{op.name.split('.', 1)[1]}")
-    name, n = base, 0
-    while name in taken:
-        n += 1
-        name = f"{base}_{n}"
-    taken.add(name)
+    name = unique_kernel_name(f"{func.sym_name}_{op.name.split('.', 1)[1]}", taken)
     space = op.results[0].type.shape
     anchor = op.next
     cls = _AttentionMaterializer if kind == "attention" else _Materializer
