@@ -13,9 +13,9 @@
 
 from __future__ import annotations
 
+import cProfile
 import itertools
-import math
-import time
+import pstats
 
 import numpy as np
 import pytest
@@ -548,21 +548,17 @@ def test_gpt2_like_block_keeps_results():
     assert_same(expected, run_function(func, inputs, "f64"))
 
 
-def test_speed_is_about_linear():
-    """48 GPT-2-like blocks take about four times as long as 12 (best of three runs each)."""
+def test_work_is_about_linear():
+    """48 GPT-2-like blocks take about four times the work of 12: Python function calls are
+    counted (not seconds, which a loaded CI machine would make flaky)."""
 
-    def seconds(blocks):
-        best = math.inf
-        for _ in range(3):
-            module = gpt2_like(blocks)
-            start = time.perf_counter()
-            pm = PassManager.from_text("algebraic")
-            pm.run(module)
-            best = min(best, time.perf_counter() - start)
-            assert pm.statistics[0][1].counters["merge-shared-matmuls"] == blocks
-        return best
+    def calls(blocks):
+        module = gpt2_like(blocks)
+        pm = PassManager.from_text("algebraic")
+        profiler = cProfile.Profile()
+        profiler.runcall(pm.run, module)
+        assert pm.statistics[0][1].counters["merge-shared-matmuls"] == blocks
+        return pstats.Stats(profiler).total_calls
 
-    seconds(1)  # warm up imports and caches
-    small, large = seconds(12), seconds(48)
-    assert large < 10, f"48 blocks took {large:.1f} s"
-    assert large / max(small, 0.01) < 10, f"12 blocks {small:.3f} s, 48 blocks {large:.3f} s"
+    small, large = calls(12), calls(48)
+    assert large / small < 5, f"12 blocks: {small} calls, 48 blocks: {large} calls"

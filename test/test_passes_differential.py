@@ -21,7 +21,8 @@ hypothesis prints the reproduction blob.
 
 from __future__ import annotations
 
-import time
+import cProfile
+import pstats
 
 import numpy as np
 import pytest
@@ -359,6 +360,13 @@ def test_every_pass_is_registered_under_its_name():
 # -- speed: linear time ----------------------------------------------------------------------------
 
 
+def count_calls(work) -> int:
+    """The number of Python function calls `work()` makes: a deterministic measure of work."""
+    profiler = cProfile.Profile()
+    profiler.runcall(work)
+    return pstats.Stats(profiler).total_calls
+
+
 def long_chain(n_ops: int):
     """A function of about `n_ops` ops: a residual chain with redundancies every few ops."""
     fb = FunctionBuilder("big", [tensor("8x16xf32"), tensor("16xf32")], ["x", "b"])
@@ -374,13 +382,13 @@ def long_chain(n_ops: int):
     return fb.ret(h)
 
 
-@pytest.mark.parametrize("n_ops", [2_000, 8_000])
+@pytest.mark.parametrize("n_ops", [1_000, 4_000])
 def test_passes_run_in_linear_time(n_ops):
-    """Time per op must not grow with the module (quadratic behaviour would show 4x)."""
+    """Work per op must not grow with the module: Python function calls are counted (not
+    seconds, which a loaded CI machine would make flaky); quadratic behaviour would show 4x."""
     per_op = []
     for n in (n_ops, 4 * n_ops):
         module = long_chain(n)
-        start = time.process_time()
-        PassManager(parse_pipeline("canonicalize,cse,dce")).run(module)
-        per_op.append((time.process_time() - start) / n)
-    assert per_op[1] < 2.5 * per_op[0], per_op
+        pm = PassManager(parse_pipeline("canonicalize,cse,dce"))
+        per_op.append(count_calls(lambda: pm.run(module)) / n)
+    assert per_op[1] < 1.5 * per_op[0], per_op
