@@ -16,6 +16,7 @@ from tgc.codegen.cuda_ops import STORAGE_CTYPE
 from tgc.codegen.kernels import c_identifier, prelude, render
 from tgc.codegen.plan import Buffer, DeviceCopy, Gemm, Launch, Plan, build_plan
 from tgc.diagnostics import TgcError
+from tgc.runtime.interpreter import index_bound
 from tgc.types import TensorType
 
 
@@ -68,7 +69,7 @@ def _function_data(func: FuncOp, plan: Plan, seed: int) -> dict:
         "steps": steps,
         "seed": seed,
         "uses_scratch": bool(constants) or any("(s + " in step for step in steps),
-        "inputs": [_input_data(t, _index_bound(a)) for t, a in zip(plan.inputs, args)],
+        "inputs": [_input_data(t, index_bound(a)) for t, a in zip(plan.inputs, args)],
         "outputs": [_output_data(t) for t in plan.outputs],
     }
 
@@ -137,12 +138,6 @@ def _output_data(t: TensorType) -> dict:
     }
 
 
-def _index_bound(arg) -> int | None:
-    from tgc.runtime.interpreter import _index_bound as bound
-
-    return bound(arg)
-
-
 def _hash(i: np.ndarray, seed: int) -> np.ndarray:
     m = np.uint64(0xFFFFFFFF)
     h = (i * np.uint64(2654435761) + np.uint64(((seed + 1) * 2246822519) & 0xFFFFFFFF)) & m
@@ -169,7 +164,7 @@ def standalone_inputs(func: FuncOp, seed: int) -> list[np.ndarray]:
         elif t.element_type == "i1":
             out.append(((h & np.uint64(1)) != 0).reshape(t.shape))
         else:
-            bound = _index_bound(arg) or 4
+            bound = index_bound(arg) or 4
             out.append((h % np.uint64(bound)).astype(t.dtype).reshape(t.shape))
     return out
 

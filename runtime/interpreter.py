@@ -111,12 +111,13 @@ def random_inputs(func: FuncOp, seed: int) -> list[np.ndarray]:
         elif t.element_type == "i1":
             out.append(rng.random(t.shape) < 0.5)
         else:
-            high = _index_bound(arg) or 4
+            high = index_bound(arg) or 4
             out.append(rng.integers(0, high, size=t.shape).astype(t.dtype))
     return out
 
 
-def _index_bound(arg: Value) -> int | None:
+def index_bound(arg: Value) -> int | None:
+    """The smallest table axis an integer argument indexes through atomic.gather, if any."""
     bounds = []
     for op, index in arg.uses:
         if op.name == "atomic.gather" and index == 1:

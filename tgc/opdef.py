@@ -151,7 +151,7 @@ def dialect_ops(dialect: str) -> list[type[Operation]]:
 # -- operand groups --------------------------------------------------------------------------------
 
 
-def operand_group_bounds(cls: type[Operation], count: int) -> tuple[int, int] | None:
+def operand_group_bounds(cls: type[Operation]) -> tuple[int, int | None]:
     """(min, max) operand counts accepted by `cls`; max None means unbounded."""
     fixed = sum(d.kind == "single" for d in cls.operand_defs)
     kinds = {d.kind for d in cls.operand_defs}
@@ -160,26 +160,6 @@ def operand_group_bounds(cls: type[Operation], count: int) -> tuple[int, int] | 
     if "optional" in kinds:
         return fixed, fixed + 1
     return fixed, fixed
-
-
-def named_operands(op: Operation) -> dict[str, Value | list[Value] | None]:
-    """Operands by declared name; optional -> Value | None, variadic -> list."""
-    defs = op.operand_defs
-    fixed = sum(d.kind == "single" for d in defs)
-    extra = len(op.operands) - fixed
-    out: dict[str, Value | list[Value] | None] = {}
-    i = 0
-    for d in defs:
-        if d.kind == "single":
-            out[d.name] = op.operands[i]
-            i += 1
-        elif d.kind == "optional":
-            out[d.name] = op.operands[i] if extra > 0 else None
-            i += 1 if extra > 0 else 0
-        else:
-            out[d.name] = op.operands[i : i + extra]
-            i += extra
-    return out
 
 
 # -- creation and verification ---------------------------------------------------------------------
@@ -210,7 +190,7 @@ def create(
 
 def check_signature(op: Operation) -> None:
     """Operand count and attribute checks shared by every op."""
-    lo, hi = operand_group_bounds(type(op), len(op.operands))
+    lo, hi = operand_group_bounds(type(op))
     n = len(op.operands)
     if n < lo or (hi is not None and n > hi):
         if lo == hi:

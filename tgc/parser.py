@@ -11,8 +11,8 @@ from __future__ import annotations
 import ast
 import difflib
 import math
-import struct
 import re
+import struct
 from functools import cache
 from pathlib import Path
 
@@ -405,7 +405,7 @@ class _IRBuilder:
             if t == "HEX_F64":
                 return struct.unpack("<d", struct.pack("<Q", int(v.split(":")[0], 16)))[0]
             if t == "STRING":
-                return _unquote(v)
+                return ast.literal_eval(v)
             if t == "SYMBOL":
                 return SymbolRef(v[1:])
             if t == "TYPE":
@@ -454,10 +454,6 @@ _SIGNATURE_CACHE: dict[str, tuple[list[TensorType], list[TensorType]]] = {}
 _TYPE_IN_SIGNATURE = re.compile(r"tensor<[^>]*>")
 
 _KEYWORD_VALUES = {"TRUE": True, "FALSE": False, "INF": math.inf, "NEG_INF": -math.inf, "NAN": math.nan}
-
-
-def _unquote(tok: str) -> str:
-    return ast.literal_eval(tok)
 
 
 def _unknown_op_message(name: str) -> str:
