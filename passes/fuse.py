@@ -37,6 +37,7 @@ order of the function's ops is a topological order of the new graph.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -131,15 +132,123 @@ def _compatible(a: Group, b: Group) -> Group | None:
     return a if a.space == b.space else None
 
 
-def _feeds_matmul(group: Group, other: Group) -> bool:
+def _feeds_matmul(group: Group, other: Group, group_of: dict[Operation, Group]) -> bool:
     """True when `other` computes an operand of the matmul of `group` (no prologue fusion)."""
-    members = set(other.ops)
-    return any(
-        v.defining_op in members
-        for op in group.ops
-        if op.name == "atomic.matmul"
-        for v in op.operands
-    )
+    # Only a matmul group holds a matmul (no merge or join turns it into another kind), and it
+    # is its first op: this stays O(1) for the large elementwise and row groups.
+    if group.kind != "matmul":
+        return False
+    matmul = next(op for op in group.ops if op.name == "atomic.matmul")
+    return any(group_of.get(v.defining_op) is other for v in matmul.operands)
+
+
+class UnitNode:
+    """A vertex of the graph of units (one group, or one op in no group): its edges and its
+    position in a topological order of that graph."""
+
+    __slots__ = ("order", "pred", "succ")
+
+    def __init__(self, order: int) -> None:
+        self.order = order
+        self.succ: set[UnitNode] = set()
+        self.pred: set[UnitNode] = set()
+
+
+class UnitGraph:
+    """The DAG of units, kept up to date as units are contracted, with a topological order.
+
+    The cycle check asks whether a path joins two units through a third. In a topological order
+    such a path from `lo` to `hi` only visits nodes ordered between them, so the search stays in
+    that window (for chains of ops, a few nodes) instead of the whole graph. Contracting two
+    units keeps the order valid by renumbering only the nodes of that window that lie on paths
+    from `lo` or to `hi` (the Pearce-Kelly dynamic topological order). Nothing is rebuilt per
+    query: fusing n ops costs about n window searches.
+    """
+
+    def add_ops(self, ops: Iterable[Operation]) -> dict[Operation, UnitNode]:
+        """One node per op, ordered by position (a block's order is topological), with an edge
+        from each operand's defining op in `ops` to its user."""
+        node_of: dict[Operation, UnitNode] = {}
+        for i, op in enumerate(ops):
+            node = node_of[op] = UnitNode(i)
+            for v in op.operands:
+                producer = node_of.get(v.defining_op)
+                if producer is not None:
+                    producer.succ.add(node)
+                    node.pred.add(producer)
+        return node_of
+
+    def path_through_third(self, a: UnitNode, b: UnitNode) -> bool:
+        """Is there a path between `a` and `b` other than a direct edge?"""
+        lo, hi = (a, b) if a.order < b.order else (b, a)
+        return self._descendants_before(lo, hi) is None
+
+    def contract(self, a: UnitNode, b: UnitNode) -> UnitNode:
+        """Merge `a` and `b` (joined by no path through a third) into one node, returned."""
+        lo, hi = (a, b) if a.order < b.order else (b, a)
+        after = self._descendants_before(lo, hi)
+        if after is None:
+            raise ValueError("contracting these units would close a cycle")
+        before = self._ancestors_after(hi, lo)
+        # Nodes between lo and hi that reach hi must precede the merged node, those reached from
+        # lo must follow it: hand their positions out again in that order (one is left free).
+        slots = sorted([lo.order, hi.order, *(n.order for n in before), *(n.order for n in after)])
+        keep, gone = (a, b) if len(a.succ) + len(a.pred) >= len(b.succ) + len(b.pred) else (b, a)
+        self._absorb(keep, gone)
+        for node, slot in zip(sorted(before, key=_by_order), slots):
+            node.order = slot
+        keep.order = slots[len(before)]
+        for node, slot in zip(sorted(after, key=_by_order), slots[len(slots) - len(after) :]):
+            node.order = slot
+        return keep
+
+    @staticmethod
+    def _descendants_before(lo: UnitNode, hi: UnitNode) -> set[UnitNode] | None:
+        """The nodes that `lo` reaches and that precede `hi`, not counting the edge lo -> hi;
+        None when one of them reaches `hi` (a path through a third node)."""
+        stack = [nxt for nxt in lo.succ if nxt is not hi and nxt.order < hi.order]
+        seen = set(stack)
+        while stack:
+            for nxt in stack.pop().succ:
+                if nxt is hi:
+                    return None
+                if nxt.order < hi.order and nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+        return seen
+
+    @staticmethod
+    def _ancestors_after(hi: UnitNode, lo: UnitNode) -> set[UnitNode]:
+        """The nodes that reach `hi` and follow `lo` (`lo` itself excluded)."""
+        seen: set[UnitNode] = set()
+        stack = [hi]
+        while stack:
+            for prev in stack.pop().pred:
+                if prev is not lo and prev.order > lo.order and prev not in seen:
+                    seen.add(prev)
+                    stack.append(prev)
+        return seen
+
+    @staticmethod
+    def _absorb(keep: UnitNode, gone: UnitNode) -> None:
+        """Move the edges of `gone` to `keep` (the node of higher degree, so that the work done
+        over all contractions stays about linear in the edges)."""
+        for nxt in gone.succ:
+            nxt.pred.discard(gone)
+            if nxt is not keep:
+                nxt.pred.add(keep)
+                keep.succ.add(nxt)
+        for prev in gone.pred:
+            prev.succ.discard(gone)
+            if prev is not keep:
+                prev.succ.add(keep)
+                keep.pred.add(prev)
+        gone.succ.clear()
+        gone.pred.clear()
+
+
+def _by_order(node: UnitNode) -> int:
+    return node.order
 
 
 class _Fuser:
@@ -147,31 +256,19 @@ class _Fuser:
         self.func = func
         self.matmul_epilogue = matmul_epilogue
         self.group_of: dict[Operation, Group] = {}
-        self.groups: list[Group] = []
+        # Insertion-ordered set: membership and removal in O(1).
+        self.groups: dict[Group, None] = {}
+        self.units = UnitGraph()
+        self.node_of: dict[Group | Operation, UnitNode] = self.units.add_ops(func.body.ops)
 
     # -- the graph of units (groups and loose ops), for the cycle check ------------------------
 
-    def unit(self, op: Operation):
+    def unit(self, op: Operation) -> Group | Operation:
         return self.group_of.get(op, op)
 
-    def graph(self) -> nx.DiGraph:
-        g = nx.DiGraph()
-        for op in self.func.body.ops:
-            u = self.unit(op)
-            g.add_node(u)
-            for v in op.operands:
-                p = v.defining_op
-                if p is not None and self.unit(p) is not u:
-                    g.add_edge(self.unit(p), u)
-        return g
-
-    def creates_cycle(self, a, b) -> bool:
+    def creates_cycle(self, a: Group | Operation, b: Group | Operation) -> bool:
         """True when contracting units `a` and `b` would close a cycle (a path through a third)."""
-        g = self.graph()
-        for x, y in ((a, b), (b, a)):
-            if g.has_edge(x, y):
-                g.remove_edge(x, y)
-        return nx.has_path(g, a, b) or nx.has_path(g, b, a)
+        return self.units.path_through_third(self.node_of[a], self.node_of[b])
 
     # -- building groups ----------------------------------------------------------------------
 
@@ -186,7 +283,8 @@ class _Fuser:
             return None
         group.ops.append(op)
         self.group_of[op] = group
-        self.groups.append(group)
+        self.groups[group] = None
+        self.node_of[group] = self.node_of.pop(op)
         return group
 
     def can_join(self, group: Group, op: Operation) -> bool:
@@ -214,12 +312,14 @@ class _Fuser:
             group.kind, group.ncols = "row_reduction", k
         group.ops.append(op)
         self.group_of[op] = group
+        self.node_of[group] = self.units.contract(self.node_of[group], self.node_of.pop(op))
 
     def merge(self, keep: Group, other: Group) -> None:
         for op in other.ops:
             self.group_of[op] = keep
         keep.ops += other.ops
-        self.groups.remove(other)
+        del self.groups[other]
+        self.node_of[keep] = self.units.contract(self.node_of[keep], self.node_of.pop(other))
 
     def producer_groups(self, op: Operation) -> list[Group]:
         found: list[Group] = []
@@ -250,7 +350,11 @@ class _Fuser:
                 if g is home or g not in self.groups:
                     continue
                 merged = _compatible(home, g)
-                if merged is None or _feeds_matmul(home, g) or _feeds_matmul(g, home):
+                if (
+                    merged is None
+                    or _feeds_matmul(home, g, self.group_of)
+                    or _feeds_matmul(g, home, self.group_of)
+                ):
                     continue
                 if merged.kind == "matmul" and not self.matmul_epilogue:
                     continue
@@ -371,9 +475,7 @@ class _Materializer:
                 if d is None or d not in self.members:
                     # A matmul reads whole matrices: its operands are inputs, never views.
                     inner = (
-                        self.input(v, block)
-                        if self.takes_whole(op, v)
-                        else self.resolve(v, block)
+                        self.input(v, block) if self.takes_whole(op, v) else self.resolve(v, block)
                     )
                     op.set_operand(i, inner)
             op.detach()
