@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from tgc.codegen.cuda_ops import STORAGE_CTYPE
+from tgc.codegen.names import display_name
 from tgc.diagnostics import TgcError
 from tgc.ir import Value
 
@@ -148,12 +149,13 @@ def _batch_strides(shape, strides, batch_shape, tail: int) -> list[int]:
     return out
 
 
-def generate_attention(fused, params: dict, render, c_identifier, kernel_source):
+def generate_attention(fused, params: dict, render, symbol: str, kernel_source):
     """The KernelSource of an `attention` region (one hl.attention, its operands block arguments
-    or views of them, its result the region's only yield)."""
+    or views of them, its result the region's only yield), its C symbol `symbol`."""
     inner = [o for o in fused.body.ops if o.name == "hl.attention"]
     if len(inner) != 1 or len(fused.results) != 1:
-        raise TgcError(f"attention kernel '{fused.attr('name')}' needs exactly one hl.attention")
+        label = display_name(str(fused.attr("name")))
+        raise TgcError(f"attention kernel '{label}' needs exactly one hl.attention")
     att = inner[0]
     if not attention_supported(att):
         raise TgcError("this hl.attention cannot run as a fused kernel (lower it first)", att.loc)
@@ -234,10 +236,9 @@ def generate_attention(fused, params: dict, render, c_identifier, kernel_source)
     causal = bool(att.attr("causal"))
     qstr, vstr, pstr = dp + 4, 16 * cw, BLOCK_N + 4
     shared_floats = BLOCK_M * qstr + BLOCK_N * qstr + BLOCK_N * vstr + BLOCK_M * pstr
-    name = c_identifier(fused.attr("name"))
     source = render(
         "attention.cu.j2",
-        name=name,
+        name=symbol,
         params=[
             f"const {STORAGE_CTYPE[a.type.element_type]}* __restrict__ in{i}"
             for i, a in enumerate(args)
@@ -282,7 +283,7 @@ def generate_attention(fused, params: dict, render, c_identifier, kernel_source)
     params.setdefault("block_m", BLOCK_M)
     params.setdefault("block_n", BLOCK_N)
     ks = kernel_source(
-        name,
+        symbol,
         source,
         "attention",
         len(fused.operands),

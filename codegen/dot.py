@@ -1,13 +1,12 @@
-"""Graphviz DOT for a module: one node per op, edges for values, regions as clusters."""
+"""Graphviz DOT for a module: one node per op, edges for values, regions as clusters. Node ids
+are tgc's own (`n12`); every IR string (names, types, op names) is a label made by
+`codegen/names.dot_string`, which shows control characters as escapes."""
 
 from __future__ import annotations
 
 from tgc.builtin import FuncOp, ModuleOp
+from tgc.codegen.names import dot_string as _quote
 from tgc.ir import Operation
-
-
-def _quote(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def emit_dot(module: ModuleOp) -> str:
@@ -38,7 +37,9 @@ def emit_dot(module: ModuleOp) -> str:
         lines.append(f"  subgraph cluster_{node_id(func)} {{")
         lines.append(f"    label={_quote('@' + func.sym_name)};")
         for arg in func.body.args:
-            lines.append(f"    {node_id(arg)} [label={_quote('%' + (arg.name_hint or '') + ' : ' + str(arg.type))}, shape=ellipse];")
+            lines.append(
+                f"    {node_id(arg)} [label={_quote('%' + (arg.name_hint or '') + ' : ' + str(arg.type))}, shape=ellipse];"
+            )
         for op in func.body.ops:
             emit_op(op, "    ")
         lines.append("  }")

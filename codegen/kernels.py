@@ -10,7 +10,6 @@ size, vector width, rows per block, tile sizes, so a profiler can search them).
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -27,6 +26,7 @@ from tgc.codegen.cuda_ops import (
     type_class,
 )
 from tgc.codegen.emitter import Emitter, broadcast_coords, canon, delinearize, linear_offset
+from tgc.codegen.names import NameAllocator, c_identifier, display_name, identifiers_in
 from tgc.diagnostics import Location, TgcError
 from tgc.dialects.kernel import FusedOp
 from tgc.ir import Value
@@ -56,10 +56,25 @@ def prelude(origin: str = "tgc") -> str:
     return render("prelude.cu.j2", origin=origin)
 
 
-def c_identifier(name: str, prefix: str = "tgc_") -> str:
-    """Sanitise any IR name into a C identifier: [A-Za-z0-9_], prefixed, never a keyword."""
-    text = re.sub(r"[^A-Za-z0-9_]", "_", name)
-    return (prefix + text)[:120]
+@lru_cache(maxsize=1)
+def _template_identifiers() -> frozenset[str]:
+    """The names the fixed text of the prelude and the standalone file declare (tgc_max,
+    TgcVec, tgc_hash, ...), with some harmless extras (Jinja keywords)."""
+    found: set[str] = set()
+    for template in ("prelude.cu.j2", "standalone.cu.j2"):
+        found |= identifiers_in((TEMPLATE_DIR / template).read_text())
+    return frozenset(found)
+
+
+def module_names() -> NameAllocator:
+    """A fresh allocator for the symbols of one translation unit: nothing it gives out can be a
+    name the prelude or the standalone file's own code already uses."""
+    return NameAllocator(_template_identifiers())
+
+
+def kernel_label(op: FusedOp) -> str:
+    """The IR name of a kernel as diagnostics show it (one line, printable)."""
+    return display_name(str(op.attr("name")))
 
 
 @dataclass
@@ -97,19 +112,24 @@ def _idx_type(op: FusedOp) -> str:
     return "long long" if max(sizes, default=0) > INT32_LIMIT else "int"
 
 
-def generate_kernel(op: FusedOp, params: dict | None = None) -> KernelSource:
+def generate_kernel(
+    op: FusedOp, params: dict | None = None, name: str | None = None
+) -> KernelSource:
+    """The kernel of `op`, its C symbol `name` (by default the sanitised IR name: pass one from
+    a `NameAllocator` where several kernels share a translation unit)."""
     template = op.attr("template")
     params = dict(params or {})
+    symbol = name or c_identifier(str(op.attr("name")))
     try:
         if template == "row_reduction" or (template == "generic" and _reductions(op)):
-            return _row_reduction(op, params)
+            return _row_reduction(op, params, symbol)
         if template == "matmul":
-            return _matmul(op, params)
+            return _matmul(op, params, symbol)
         if template == "attention":
             from tgc.codegen.attention import generate_attention
 
-            return generate_attention(op, params, render, c_identifier, KernelSource)
-        return _elementwise(op, params)
+            return generate_attention(op, params, render, symbol, KernelSource)
+        return _elementwise(op, params, symbol)
     except TgcError as e:
         if e.loc is None:
             e.loc = op.loc
@@ -120,18 +140,22 @@ def matmul_of(op: FusedOp):
     """The atomic.matmul of a matmul kernel."""
     found = [inner for inner in op.body.ops if inner.name == "atomic.matmul"]
     if len(found) != 1:
-        raise TgcError(f"matmul kernel '{op.attr('name')}' needs exactly one atomic.matmul", op.loc)
+        raise TgcError(
+            f"matmul kernel '{kernel_label(op)}' needs exactly one atomic.matmul", op.loc
+        )
     return found[0]
 
 
-def generate_epilogue_kernel(op: FusedOp, params: dict | None = None) -> KernelSource:
+def generate_epilogue_kernel(
+    op: FusedOp, params: dict | None = None, name: str | None = None
+) -> KernelSource:
     """The epilogue of a matmul kernel alone, as an elementwise kernel that reads the matmul's
     result as one more input (after the region's inputs): for a library matmul (cuBLAS) followed
-    by the generated epilogue."""
+    by the generated epilogue. `name` is its C symbol, as for `generate_kernel`."""
     params = dict(params or {})
+    symbol = name or c_identifier(f"{op.attr('name')}_epilogue")
     try:
-        kernel = _elementwise(op, params, extra=(matmul_of(op).results[0],), suffix="_epilogue")
-        return kernel
+        return _elementwise(op, params, symbol, extra=(matmul_of(op).results[0],))
     except TgcError as e:
         if e.loc is None:
             e.loc = op.loc
@@ -150,7 +174,7 @@ def _yields(op: FusedOp) -> list[Value]:
 
 
 def _elementwise(
-    op: FusedOp, params: dict, extra: tuple[Value, ...] = (), suffix: str = ""
+    op: FusedOp, params: dict, symbol: str, extra: tuple[Value, ...] = ()
 ) -> KernelSource:
     decls, ptrs, outs = _params_decl(op, extra)
     args = list(op.body.args) + list(extra)
@@ -159,7 +183,7 @@ def _elementwise(
     for r in op.results:
         if r.type.shape != space:
             raise TgcError(
-                f"elementwise kernel '{op.attr('name')}' yields values of several shapes"
+                f"elementwise kernel '{kernel_label(op)}' yields values of several shapes"
             )
     numel = math.prod(space)
     block_size = int(params.setdefault("block_size", 256))
@@ -207,10 +231,9 @@ def _elementwise(
         {"ctype": STORAGE_CTYPE[r.type.element_type], "reg": f"o{j}", "ptr": outs[j]}
         for j, r in enumerate(op.results)
     ]
-    name = c_identifier(op.attr("name")) + suffix
     source = render(
         "elementwise.cu.j2",
-        name=name,
+        name=symbol,
         params=decls,
         idx_t=_idx_type(op),
         numel=numel,
@@ -230,7 +253,7 @@ def _elementwise(
     if max_blocks:
         blocks = min(blocks, max_blocks)
     return KernelSource(
-        name,
+        symbol,
         source,
         "elementwise",
         len(args),
@@ -246,7 +269,7 @@ def _elementwise(
 # -- row reduction ----------------------------------------------------------------------------------
 
 
-def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
+def _row_reduction(op: FusedOp, params: dict, symbol: str) -> KernelSource:
     decls, ptrs, outs = _params_decl(op)
     reductions = _reductions(op)
     first = reductions[0]
@@ -255,7 +278,7 @@ def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
     row_axes = [d for d in range(len(full)) if d not in red_axes]
     for r in reductions:
         if r.operands[0].type.shape != full or sorted(r.axes()) != red_axes:
-            raise TgcError(f"kernel '{op.attr('name')}' reduces over different rows", r.loc)
+            raise TgcError(f"kernel '{kernel_label(op)}' reduces over different rows", r.loc)
     suffix = red_axes == list(range(len(full) - len(red_axes), len(full)))
     row_shape = tuple(full[d] for d in row_axes)
     col_shape = tuple(full[d] for d in red_axes)
@@ -281,7 +304,7 @@ def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
     for j in row_yields:
         if math.prod(yields[j].type.shape) != nrows:
             raise TgcError(
-                f"kernel '{op.attr('name')}' yields a value that is neither a row "
+                f"kernel '{kernel_label(op)}' yields a value that is neither a row "
                 f"nor one value per row",
                 op.loc,
             )
@@ -500,11 +523,10 @@ def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
         for a in cached_args
     ]
     if not suffix and full_yields:
-        raise TgcError(f"kernel '{op.attr('name')}' writes full rows of a non-suffix reduction")
-    name = c_identifier(op.attr("name"))
+        raise TgcError(f"kernel '{kernel_label(op)}' writes full rows of a non-suffix reduction")
     source = render(
         "row_reduction.cu.j2",
-        name=name,
+        name=symbol,
         params=decls,
         idx_t=_idx_type(op),
         nrows=nrows,
@@ -530,7 +552,7 @@ def _row_reduction(op: FusedOp, params: dict) -> KernelSource:
     params["rows_per_block"] = rows_per_block
     grid = (max(1, math.ceil(nrows / rows_per_block)), 1, 1)
     return KernelSource(
-        name,
+        symbol,
         source,
         "row_reduction",
         len(op.operands),
@@ -648,7 +670,7 @@ def _int_identity(name: str, elem: str) -> str:
 # -- matmul with epilogue ---------------------------------------------------------------------------
 
 
-def _matmul(op: FusedOp, params: dict) -> KernelSource:
+def _matmul(op: FusedOp, params: dict, symbol: str) -> KernelSource:
     decls, ptrs, outs = _params_decl(op)
     mm = matmul_of(op)
     a, b = mm.operands
@@ -685,15 +707,14 @@ def _matmul(op: FusedOp, params: dict) -> KernelSource:
     coords = bcoords + ("m", "n")
     for j, (y, r) in enumerate(zip(_yields(op), op.results)):
         if r.type.shape != out:
-            raise TgcError(f"matmul kernel '{op.attr('name')}' yields a value of another shape")
+            raise TgcError(f"matmul kernel '{kernel_label(op)}' yields a value of another shape")
         val = store_value(em.value(y, coords), r.type.element_type)
         em.emit(f"{outs[j]}[{linear_offset(out, coords)}] = {val};")
     epilogue = em.take(8)
     acc_t = COMPUTE_CTYPE[mm.results[0].type.element_type]
-    name = c_identifier(op.attr("name"))
     source = render(
         "matmul.cu.j2",
-        name=name,
+        name=symbol,
         params=decls,
         idx_t=_idx_type(op),
         acc_t=acc_t,
@@ -717,7 +738,7 @@ def _matmul(op: FusedOp, params: dict) -> KernelSource:
     )
     grid = (math.ceil(n / bn), math.ceil(m / bm), batch)
     return KernelSource(
-        name,
+        symbol,
         source,
         "matmul",
         len(op.operands),
@@ -730,4 +751,12 @@ def _matmul(op: FusedOp, params: dict) -> KernelSource:
     )
 
 
-__all__ = ["KernelSource", "c_identifier", "generate_kernel", "literal", "prelude"]
+__all__ = [
+    "KernelSource",
+    "c_identifier",
+    "generate_epilogue_kernel",
+    "generate_kernel",
+    "literal",
+    "module_names",
+    "prelude",
+]

@@ -14,10 +14,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tgc.builtin import FuncOp
-from tgc.codegen.kernels import KernelSource, generate_epilogue_kernel, generate_kernel, matmul_of
+from tgc.codegen.kernels import (
+    KernelSource,
+    generate_epilogue_kernel,
+    generate_kernel,
+    matmul_of,
+    module_names,
+)
+from tgc.codegen.names import NameAllocator
 from tgc.diagnostics import Location, TgcError
 from tgc.dialects.kernel import CallOp, CopyOp, FusedOp
-from tgc.ir import Value
+from tgc.ir import Operation, Value
 from tgc.types import TensorType
 
 ALIGNMENT = 256
@@ -108,16 +115,58 @@ def _align(n: int) -> int:
     return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
 
+def _empty_tensor(op: Operation) -> TensorType | None:
+    for v in list(op.operands) + list(op.results):
+        if isinstance(v.type, TensorType) and v.type.num_elements == 0:
+            return v.type
+    return None
+
+
+def _zero_size_user(op: Operation) -> tuple[Operation, TensorType] | None:
+    """The first op, in program order, that reads or writes a tensor without elements: an op
+    inside a region before the region's op (its location is the source op's), kernel.copy
+    skipped (placement gives it the function's location)."""
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.ops:
+                found = _zero_size_user(inner)
+                if found is not None:
+                    return found
+    empty = _empty_tensor(op) if op.name != "kernel.copy" else None
+    return (op, empty) if empty is not None else None
+
+
+def refuse_zero_size(func: FuncOp) -> None:
+    """The CUDA backend does not run tensors without elements (a kernel over an empty row would
+    declare zero-sized arrays): a diagnostic at the first op that touches one."""
+    for op in func.body.ops:
+        found = _zero_size_user(op)
+        if found is not None:
+            user, empty = found
+            raise TgcError(
+                "zero-size tensors are not supported on the cuda backend "
+                f"({empty.with_encoding(None)})",
+                user.loc if user.loc is not None else func.loc,
+            )
+
+
 def build_plan(
-    func: FuncOp, kernel_params: dict[str, dict] | None = None, library_matmul: bool = True
+    func: FuncOp,
+    kernel_params: dict[str, dict] | None = None,
+    library_matmul: bool = True,
+    names: NameAllocator | None = None,
 ) -> Plan:
     """The plan of a function already placed on the device (see tgc.runtime.placement).
     `kernel_params` maps a kernel's IR name (or "*", every kernel) to template parameters.
+    Kernel symbols come from `names` (one allocator per translation unit; by default a fresh
+    one), so kernels whose IR names sanitise alike still get distinct symbols.
 
     With `library_matmul`, a matmul kernel whose matmul cuBLAS can run becomes a cuBLAS GEMM
     into scratch memory followed by its epilogue as a generated elementwise kernel; otherwise
     (and in the standalone file) the generated matmul template runs it whole."""
+    refuse_zero_size(func)
     kernel_params = kernel_params or {}
+    names = names if names is not None else module_names()
     body = func.body
     ret = body.last
     plan = Plan(func.sym_name, list(func.function_type.inputs), list(func.function_type.results))
@@ -172,12 +221,15 @@ def build_plan(
             args = {a: b for a, b in zip(op.body.args, ins)}
             plan.steps.append(_gemm(mm, [args[x] for x in mm.operands], product))
             params = kernel_params.get(op.attr("name"), kernel_params.get("*"))
-            plan.steps.append(Launch(generate_epilogue_kernel(op, params), ins + [product] + outs))
+            symbol = names.allocate(f"{op.attr('name')}_epilogue")
+            kernel = generate_epilogue_kernel(op, params, symbol)
+            plan.steps.append(Launch(kernel, ins + [product] + outs))
             for b in ins + [product] + outs:
                 use(b, step + 1)
         elif isinstance(op, FusedOp):
             params = kernel_params.get(op.attr("name"), kernel_params.get("*"))
-            plan.steps.append(Launch(generate_kernel(op, params), ins + outs))
+            kernel = generate_kernel(op, params, names.allocate(str(op.attr("name"))))
+            plan.steps.append(Launch(kernel, ins + outs))
         elif isinstance(op, CallOp) and op.attr("callee") == "cublas.gemm":
             plan.steps.append(_gemm(op, ins, outs[0]))
         else:

@@ -3,6 +3,10 @@ runs it on device pointers (scratch memory and stream included), and a `main()` 
 `#ifdef TGC_STANDALONE_MAIN` that runs each function on seeded random inputs and prints
 checksums. Only the CUDA runtime is needed: matmuls use the generated template (no cuBLAS).
 
+Every C symbol comes from one `NameAllocator` for the file (kernels, host functions, constants,
+the main() helpers), and IR text reaches the file only through `codegen/names.py` (comments and
+the name printf shows), so any function or kernel name gives a file that compiles.
+
 `standalone_inputs(func, seed)` gives, in numpy, the exact inputs that main() generates, so a
 run through the PyCUDA executor can be compared with the standalone program's checksums.
 """
@@ -13,8 +17,9 @@ import numpy as np
 
 from tgc.builtin import FuncOp, ModuleOp
 from tgc.codegen.cuda_ops import STORAGE_CTYPE
-from tgc.codegen.kernels import c_identifier, prelude, render
-from tgc.codegen.plan import Buffer, DeviceCopy, Gemm, Launch, Plan, build_plan
+from tgc.codegen.kernels import module_names, prelude, render
+from tgc.codegen.names import NameAllocator, c_string_literal, comment_text
+from tgc.codegen.plan import Buffer, DeviceCopy, Gemm, Launch, Plan, build_plan, refuse_zero_size
 from tgc.diagnostics import TgcError
 from tgc.runtime.interpreter import index_bound
 from tgc.types import TensorType
@@ -23,24 +28,27 @@ from tgc.types import TensorType
 def emit_standalone_cuda(module: ModuleOp, source_name: str = "<module>") -> str:
     from tgc.runtime.placement import prepare_module
 
+    names = module_names()
     kernels: list[str] = []
     funcs = []
     for seed, func in enumerate(module.funcs):
+        refuse_zero_size(func)  # before placement, at the op the user wrote
         prepare_module(module, func, library=False)
-        plan = build_plan(func, library_matmul=False)
+        plan = build_plan(func, library_matmul=False, names=names)
         kernels += [k.source for k in plan.kernels]
-        funcs.append(_function_data(func, plan, seed * 1000))
+        funcs.append(_function_data(func, plan, seed * 1000, names))
     return render(
         "standalone.cu.j2",
-        source_name=source_name,
+        source_name=comment_text(source_name),
         prelude=prelude("standalone"),
         kernels=kernels,
         funcs=funcs,
     )
 
 
-def _function_data(func: FuncOp, plan: Plan, seed: int) -> dict:
-    name = c_identifier(func.sym_name, "tgc_run_")
+def _function_data(func: FuncOp, plan: Plan, seed: int, names: NameAllocator) -> dict:
+    consts = [f"{{}}_const{i}" for i in range(len(plan.constants))]
+    name = names.allocate(func.sym_name, "tgc_run_", ["{}_scratch_bytes", "tgc_main_{}", *consts])
     const_base = plan.scratch_bytes
     constants, offset = [], const_base
     for i, b in enumerate(plan.constants):
@@ -48,7 +56,7 @@ def _function_data(func: FuncOp, plan: Plan, seed: int) -> dict:
         b.offset = offset
         constants.append(
             {
-                "symbol": f"{name}_const{i}",
+                "symbol": consts[i].format(name),
                 "nbytes": max(len(raw), 1),
                 "offset": offset,
                 "bytes": ", ".join(str(x) for x in raw) or "0",
@@ -59,9 +67,11 @@ def _function_data(func: FuncOp, plan: Plan, seed: int) -> dict:
     signature = ", ".join(map(str, plan.inputs)) + " -> " + ", ".join(map(str, plan.outputs))
     args = func.body.args
     return {
-        "ir_name": func.sym_name,
+        "comment_name": comment_text(func.sym_name),
+        "printed_name": c_string_literal("@" + comment_text(func.sym_name)),
         "name": name,
-        "signature": signature,
+        "main": f"tgc_main_{name}",
+        "signature": comment_text(signature, limit=4000),
         "num_inputs": len(plan.inputs),
         "num_outputs": len(plan.outputs),
         "scratch_bytes": offset,
