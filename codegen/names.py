@@ -68,8 +68,16 @@ class NameAllocator:
     def allocate(self, name: str, prefix: str = "tgc_", forms: Iterable[str] = ()) -> str:
         """A fresh identifier for the IR name `name`. `forms` are format strings of the other
         symbols derived from it (`"{}_scratch_bytes"`): they must be free too, and are taken."""
+        return self._take(c_identifier(name, prefix), forms)
+
+    def derive(self, symbol: str, suffix: str) -> str:
+        """A fresh identifier `symbol + suffix` for tgc's own text (`tgc_run_f` + `_const0`),
+        suffixed like `allocate` if something already has it."""
+        assert _IDENTIFIER.fullmatch(symbol + suffix), symbol + suffix
+        return self._take(symbol + suffix, ())
+
+    def _take(self, base: str, forms: Iterable[str]) -> str:
         forms = ("{}",) + tuple(forms)
-        base = c_identifier(name, prefix)
         candidate, n = base, 0
         while any(f.format(candidate) in self.taken for f in forms):
             n += 1

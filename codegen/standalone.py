@@ -28,15 +28,21 @@ from tgc.types import TensorType
 def emit_standalone_cuda(module: ModuleOp, source_name: str = "<module>") -> str:
     from tgc.runtime.placement import prepare_module
 
+    for func in module.funcs:
+        refuse_zero_size(func)  # before placement, at the op the user wrote
     names = module_names()
+    # Host functions first: `tgc_run_<f>` is the file's interface, so a kernel moves aside.
+    entries = [
+        names.allocate(f.sym_name, "tgc_run_", ["{}_scratch_bytes", "tgc_main_{}"])
+        for f in module.funcs
+    ]
     kernels: list[str] = []
     funcs = []
-    for seed, func in enumerate(module.funcs):
-        refuse_zero_size(func)  # before placement, at the op the user wrote
+    for seed, (func, entry) in enumerate(zip(module.funcs, entries)):
         prepare_module(module, func, library=False)
         plan = build_plan(func, library_matmul=False, names=names)
         kernels += [k.source for k in plan.kernels]
-        funcs.append(_function_data(func, plan, seed * 1000, names))
+        funcs.append(_function_data(func, plan, seed * 1000, entry, names))
     return render(
         "standalone.cu.j2",
         source_name=comment_text(source_name),
@@ -46,9 +52,7 @@ def emit_standalone_cuda(module: ModuleOp, source_name: str = "<module>") -> str
     )
 
 
-def _function_data(func: FuncOp, plan: Plan, seed: int, names: NameAllocator) -> dict:
-    consts = [f"{{}}_const{i}" for i in range(len(plan.constants))]
-    name = names.allocate(func.sym_name, "tgc_run_", ["{}_scratch_bytes", "tgc_main_{}", *consts])
+def _function_data(func: FuncOp, plan: Plan, seed: int, name: str, names: NameAllocator) -> dict:
     const_base = plan.scratch_bytes
     constants, offset = [], const_base
     for i, b in enumerate(plan.constants):
@@ -56,7 +60,7 @@ def _function_data(func: FuncOp, plan: Plan, seed: int, names: NameAllocator) ->
         b.offset = offset
         constants.append(
             {
-                "symbol": consts[i].format(name),
+                "symbol": names.derive(name, f"_const{i}"),
                 "nbytes": max(len(raw), 1),
                 "offset": offset,
                 "bytes": ", ".join(str(x) for x in raw) or "0",
