@@ -17,6 +17,7 @@ from tgc.opdef import (
     Attr,
     VariadicOperand,
     attrs,
+    check_memory_space,
     register,
 )
 from tgc.types import TensorType
@@ -110,6 +111,10 @@ class FuncOp(Operation):
             raise VerifyError("expects a body of one block")
         block = region.block
         ftype = self.function_type
+        for i, t in enumerate(ftype.inputs):
+            check_memory_space(t, f"argument #{i} type")
+        for i, t in enumerate(ftype.results):
+            check_memory_space(t, f"result #{i} type")
         arg_types = tuple(a.type for a in block.args)
         if arg_types != ftype.inputs:
             raise VerifyError("entry block arguments do not match the function type")

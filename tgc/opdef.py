@@ -48,6 +48,23 @@ TERMINATOR = "terminator"
 ISOLATED = "isolated_from_above"  # regions may not use values defined outside
 
 
+# -- memory spaces ---------------------------------------------------------------------------------
+
+# The encodings a tensor type may carry: none (host memory, where numpy runs) or "cuda" (device
+# memory). Anything else would pass parsing and fail far away, so the verifier rejects it at the op
+# or function that declares it.
+MEMORY_SPACES = (None, "cuda")
+
+
+def check_memory_space(t: TensorType, what: str) -> None:
+    """Raise VerifyError when `t`'s encoding names no known memory space; `what` names `t`."""
+    if t.encoding not in MEMORY_SPACES:
+        raise VerifyError(
+            f'{what} {t} is in unknown memory space "{t.encoding}" (known: host, written without '
+            f'an encoding, and "cuda")'
+        )
+
+
 # -- operand and attribute declarations -----------------------------------------------------------
 
 
@@ -230,6 +247,12 @@ def verify_op(op: Operation) -> None:
         raise VerifyError(
             f"'{op.name}' op expected {op.num_results} result(s), but got {len(op.results)}", op.loc
         )
+    for i, r in enumerate(op.results):
+        try:
+            what = "result type" if len(op.results) == 1 else f"result #{i} type"
+            check_memory_space(r.type, what)
+        except VerifyError as e:
+            raise _located(op, e) from None
     try:
         inferred = op.infer()
     except VerifyError as e:
