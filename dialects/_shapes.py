@@ -59,6 +59,18 @@ def normalize_axes(axes: Sequence[int], rank: int) -> tuple[int, ...]:
     return out
 
 
+def require_elements(t: TensorType, axes: Sequence[int], what: str) -> None:
+    """A reduction without an identity (max, min, mean, softmax, ...) has no value over no
+    elements: reject reducing an axis of size 0. `what` names the value ("the maximum")."""
+    empty = sorted(a for a in axes if t.shape[a] == 0)
+    if empty:
+        listed = ", ".join(map(str, empty))
+        plural = "es" if len(empty) > 1 else "is"
+        raise VerifyError(
+            f"reduces ax{plural} {listed} of {t}, of size 0: {what} of no elements is undefined"
+        )
+
+
 def reduced_shape(shape: Sequence[int], axes: Sequence[int], keepdims: bool) -> tuple[int, ...]:
     if keepdims:
         return tuple(1 if i in axes else d for i, d in enumerate(shape))

@@ -10,17 +10,18 @@ import math
 
 import numpy as np
 
+from tgc.attributes import DenseAttr
+from tgc.diagnostics import TgcError, VerifyError
 from tgc.dialects._shapes import (
     broadcast_shapes,
     matmul_shape,
     normalize_axes,
     normalize_axis,
     reduced_shape,
+    require_elements,
     same_element_type,
     same_encoding,
 )
-from tgc.attributes import DenseAttr
-from tgc.diagnostics import VerifyError
 from tgc.ir import Operation
 from tgc.opdef import (
     ASSOCIATIVE,
@@ -237,7 +238,9 @@ class PowOp(BinaryOp):
 
     def verify_(self):
         if not self.operands[0].type.is_float:
-            raise VerifyError(f"operands must have a float element type, got {self.operands[0].type}")
+            raise VerifyError(
+                f"operands must have a float element type, got {self.operands[0].type}"
+            )
 
 
 @register
@@ -330,11 +333,17 @@ class CastOp(Operation):
 
 
 class ReduceOp(Operation):
-    """Base of reductions over `axes` (negative axes count from the end)."""
+    """Base of reductions over `axes` (negative axes count from the end).
+
+    A reduction without an identity (max, min) has no value over no elements: its verifier
+    rejects an axis of size 0. A sum over no elements is 0.
+    """
 
     operand_defs = (Operand("x"),)
     attr_defs = attrs(Attr("axes", INTS), Attr("keepdims", BOOL, default=False))
     traits = frozenset({PURE})
+    # What the reduction is called in messages when it has no identity; None: it has one.
+    needs_elements: str | None = None
 
     @staticmethod
     def fn(x: np.ndarray, axis, keepdims: bool) -> np.ndarray:
@@ -349,6 +358,10 @@ class ReduceOp(Operation):
         if not axes:
             raise VerifyError("needs at least one axis")
         return [x.with_shape(reduced_shape(x.shape, axes, self.attr("keepdims")))]
+
+    def verify_(self):
+        if self.needs_elements is not None:
+            require_elements(self.operands[0].type, self.axes(), self.needs_elements)
 
     def reference(self, x):
         return self.fn(x, axis=self.axes(), keepdims=self.attr("keepdims"))
@@ -368,6 +381,7 @@ class ReduceMaxOp(ReduceOp):
 
     name = "atomic.reduce_max"
     fn = staticmethod(np.max)
+    needs_elements = "the maximum"
 
 
 @register
@@ -376,6 +390,7 @@ class ReduceMinOp(ReduceOp):
 
     name = "atomic.reduce_min"
     fn = staticmethod(np.min)
+    needs_elements = "the minimum"
 
 
 # -- linear algebra and data movement --------------------------------------------------------------
@@ -388,7 +403,9 @@ class MatmulOp(Operation):
 
     name = "atomic.matmul"
     operand_defs = (Operand("a"), Operand("b"))
-    attr_defs = attrs(Attr("transpose_a", BOOL, default=False), Attr("transpose_b", BOOL, default=False))
+    attr_defs = attrs(
+        Attr("transpose_a", BOOL, default=False), Attr("transpose_b", BOOL, default=False)
+    )
     traits = frozenset({PURE})
 
     def infer(self):
@@ -501,7 +518,9 @@ class ConcatOp(Operation):
         for t in types[1:]:
             if any(d != e for i, (d, e) in enumerate(zip(base, t.shape)) if i != axis):
                 raise VerifyError(f"shapes {base} and {t.shape} differ outside axis {axis}")
-        shape = tuple(sum(t.shape[axis] for t in types) if i == axis else d for i, d in enumerate(base))
+        shape = tuple(
+            sum(t.shape[axis] for t in types) if i == axis else d for i, d in enumerate(base)
+        )
         return [TensorType.get(shape, elem, enc)]
 
     def reference(self, *xs):
@@ -588,7 +607,36 @@ class GatherOp(Operation):
         shape = table.shape[:axis] + indices.shape + table.shape[axis + 1 :]
         return [table.with_shape(shape)]
 
+    def verify_(self):
+        """Constant indices are checked here; others when the program runs (`reference`)."""
+        table, indices = self.operands
+        source = indices.defining_op
+        if isinstance(source, ConstantOp):
+            self.check_indices(source.attr("value").array, table.type)
+        elif indices.type.num_elements and not self.axis_size(table.type):
+            axis = self.attr("axis")
+            raise VerifyError(f"axis {axis} of {table.type} has size 0: no index is in range")
+
+    def axis_size(self, table: TensorType) -> int:
+        return table.shape[self.attr("axis") % table.rank]
+
+    def check_indices(self, indices: np.ndarray, table: TensorType) -> None:
+        """Indices lie in [0, size of the axis): negative ones do not count from the end (the
+        generated kernels read table[index] as it is)."""
+        size = self.axis_size(table)
+        bad = np.flatnonzero((indices < 0) | (indices >= size))
+        if bad.size:
+            at = tuple(int(k) for k in np.unravel_index(bad[0], indices.shape))
+            raise VerifyError(
+                f"index {int(indices[at])} (at {list(at)} of the indices) is out of range "
+                f"[0, {size}) of axis {self.attr('axis')} of {table}"
+            )
+
     def reference(self, table, indices):
+        try:
+            self.check_indices(indices, self.operands[0].type)
+        except VerifyError as e:  # a value only known when the program runs
+            raise TgcError(f"'{self.name}' op {e.message}", self.loc) from None
         return np.take(table, indices, axis=self.attr("axis"))
 
 

@@ -23,15 +23,16 @@ import numpy as np
 from tgc.attributes import DenseAttr
 from tgc.builder import Builder
 from tgc.diagnostics import VerifyError
+from tgc.dialects._decomposition_check import check_decomposition
 from tgc.dialects._shapes import (
     broadcast_shapes,
     normalize_axes,
     normalize_axis,
     reduced_shape,
+    require_elements,
     same_element_type,
     same_encoding,
 )
-from tgc.dialects._decomposition_check import check_decomposition
 from tgc.dialects.atomic import _erf
 from tgc.ir import Operation, Value
 from tgc.opdef import (
@@ -255,8 +256,10 @@ class GeluOp(HLUnaryOp):
 
 
 class AxisOp(HLOp):
-    """Base of float ops along one `axis` whose result has the operand's type."""
+    """Base of float ops along one `axis` whose result has the operand's type; they reduce
+    along it, so it may not have size 0."""
 
+    what = ""  # the value computed, for messages
     operand_defs = (Operand("x"),)
     attr_defs = attrs(Attr("axis", INT, default=-1))
 
@@ -266,7 +269,8 @@ class AxisOp(HLOp):
         return [x]
 
     def verify_(self):
-        normalize_axis(self.attr("axis"), self.operands[0].type.rank)
+        x = self.operands[0].type
+        require_elements(x, [normalize_axis(self.attr("axis"), x.rank)], f"the {self.what}")
 
 
 @register_hl
@@ -275,6 +279,7 @@ class SoftmaxOp(AxisOp):
     `%y = hl.softmax %x {axis = -1} : (tensor<4x16xf32>) -> tensor<4x16xf32>`"""
 
     name = "hl.softmax"
+    what = "softmax"
 
     def reference(self, x):
         return _softmax(x, self.attr("axis"))
@@ -294,6 +299,7 @@ class LogSoftmaxOp(AxisOp):
     `%y = hl.log_softmax %x {axis = -1} : (tensor<4x16xf32>) -> tensor<4x16xf32>`"""
 
     name = "hl.log_softmax"
+    what = "log-softmax"
 
     def reference(self, x):
         axis = self.attr("axis")
@@ -329,6 +335,9 @@ class MeanOp(HLOp):
             raise VerifyError("needs at least one axis")
         return [x.with_shape(reduced_shape(x.shape, axes, self.attr("keepdims")))]
 
+    def verify_(self):
+        require_elements(self.operands[0].type, self.axes(), "the mean")
+
     def reference(self, x):
         return np.mean(x, axis=self.axes(), keepdims=self.attr("keepdims"))
 
@@ -358,6 +367,7 @@ class NormOp(HLOp):
     def verify_(self):
         x, *params = self.operands
         axis = normalize_axis(self.attr("axis"), x.type.rank)
+        require_elements(x.type, range(axis, x.type.rank), "the mean")
         if self.attr("eps") < 0:
             raise VerifyError(f"eps {self.attr('eps')} must be non-negative")
         for d, p in zip(self.operand_defs[1:], params):
@@ -518,6 +528,14 @@ class AttentionOp(HLOp):
         if len(self.operands) == 4:
             _check_broadcasts_into(self.operands[3].type, scores, "mask")
         seq_q, seq_k = scores[-2:]
+        if seq_k == 0:
+            raise VerifyError(
+                "k and v have no keys (sequence length 0): the softmax over them is undefined"
+            )
+        if self.operands[0].type.shape[-1] == 0 and self.attr("scale") is None:
+            raise VerifyError(
+                "q and k have head dim 0: the default scale 1/sqrt(0) is undefined (give scale)"
+            )
         if self.attr("causal") and seq_q > seq_k:
             raise VerifyError(f"causal attention needs seq_q <= seq_k, got {seq_q} > {seq_k}")
 
