@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tgc.builtin import FuncOp, ModuleOp
 from tgc.codegen.names import dot_string as _quote
-from tgc.ir import Operation
+from tgc.ir import Block, Operation
 
 
 def emit_dot(module: ModuleOp) -> str:
@@ -18,12 +18,20 @@ def emit_dot(module: ModuleOp) -> str:
             ids[key] = f"n{len(ids)}"
         return ids[key]
 
+    def emit_args(block: Block, indent: str) -> None:
+        """Block arguments are nodes of their own (edges from them would otherwise name nodes
+        that Graphviz makes up, labelled with their ids)."""
+        for arg in block.args:
+            label = _quote("%" + (arg.name_hint or "") + " : " + str(arg.type))
+            lines.append(f"{indent}{node_id(arg)} [label={label}, shape=ellipse];")
+
     def emit_op(op: Operation, indent: str) -> None:
         if op.regions:
             lines.append(f"{indent}subgraph cluster_{node_id(op)} {{")
             lines.append(f"{indent}  label={_quote(op.name + ' ' + str(op.attr('name') or ''))};")
             for region in op.regions:
                 for block in region.blocks:
+                    emit_args(block, indent + "  ")
                     for inner in block.ops:
                         emit_op(inner, indent + "  ")
             lines.append(f"{indent}}}")
@@ -36,10 +44,7 @@ def emit_dot(module: ModuleOp) -> str:
         assert isinstance(func, FuncOp)
         lines.append(f"  subgraph cluster_{node_id(func)} {{")
         lines.append(f"    label={_quote('@' + func.sym_name)};")
-        for arg in func.body.args:
-            lines.append(
-                f"    {node_id(arg)} [label={_quote('%' + (arg.name_hint or '') + ' : ' + str(arg.type))}, shape=ellipse];"
-            )
+        emit_args(func.body, "    ")
         for op in func.body.ops:
             emit_op(op, "    ")
         lines.append("  }")

@@ -19,7 +19,9 @@ reach generated code goes through one of these:
   `/* */`, and what the standalone main() prints as a function's name.
 - `c_string_literal(text)`: a quoted C string literal whose bytes are exactly the UTF-8 of
   `text` (octal escapes, so no escape can swallow the next character).
-- `dot_string(text)`: a quoted Graphviz string showing `display_name(text)`.
+- `dot_string(text)`: a quoted Graphviz string: `"` escaped, `\\` and characters that are not
+  printable shown as `\\xNN` / `\\uNNNN` (Graphviz reads UTF-8, so other text stays as is), at
+  most LABEL_LIMIT characters of the text.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from collections.abc import Iterable
 MAX_IDENTIFIER = 96  # characters of a sanitised identifier before derived suffixes
 HASH_CHARS = 8
 COMMENT_LIMIT = 160  # characters of a name shown in a comment
+LABEL_LIMIT = 200  # characters of a DOT label (Graphviz cannot lay out a node 10k characters wide)
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SHOWN_AS_IS = frozenset(chr(c) for c in range(0x20, 0x7F)) - set('\\"%?*')
 
@@ -126,10 +129,14 @@ def c_string_literal(text: str) -> str:
     return "".join(out)
 
 
-def dot_string(text: str) -> str:
-    """A quoted Graphviz string whose label shows `display_name(text)`. In a DOT label a
-    backslash starts an escape (`\\n`, `\\N`, ...), so each one is doubled."""
-    return '"' + display_name(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
+def dot_string(text: str, limit: int = LABEL_LIMIT) -> str:
+    """A quoted Graphviz string showing `text` (at most `limit` of its characters) on one line.
+    In a DOT label a backslash starts an escape (`\\n`, `\\N`, ...), so every backslash is
+    doubled, those of the escapes included."""
+    shown = "".join(c if c.isprintable() and c != "\\" else _escape_char(c) for c in text[:limit])
+    if len(text) > limit:
+        shown += f"... ({len(text)} characters)"
+    return '"' + shown.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 __all__ = [

@@ -15,6 +15,7 @@ from tgc.codegen.dot import emit_dot
 from tgc.codegen.kernels import module_names
 from tgc.codegen.names import (
     COMMENT_LIMIT,
+    LABEL_LIMIT,
     MAX_IDENTIFIER,
     NameAllocator,
     c_identifier,
@@ -33,6 +34,7 @@ from tgc.verifier import verify
 
 NVCC = shutil.which("nvcc") or shutil.which("nvcc", path="/usr/local/cuda/bin")
 CC = shutil.which("cc") or shutil.which("gcc")
+DOT = shutil.which("dot")
 
 HOSTILE = {
     "injection": 'f\n#define X\nstatic int x = system("echo owned");\n//',
@@ -169,8 +171,8 @@ def test_c_string_literal_holds_exactly_the_utf8_bytes(tmp_path):
 
 
 def test_dot_string_escapes_what_a_dot_label_interprets():
-    assert dot_string('a"b') == '"a\\\\x22b"'
-    assert dot_string("l\\N\n") == '"l\\\\x5cN\\\\x0a"'
+    assert dot_string('a"b%') == '"a\\"b%"'
+    assert dot_string("l\\N\n名") == '"l\\\\x5cN\\\\x0a名"'
 
 
 # -- the name allocator ---------------------------------------------------------------------------
@@ -244,20 +246,31 @@ def test_hostile_names_compile_and_link_with_nvcc(tmp_path):
     assert not re.search(r"=\s*system\s*\(", code)
 
 
+@pytest.mark.skipif(DOT is None, reason="Graphviz is not installed")
+def test_hostile_names_give_dot_that_graphviz_lays_out():
+    text = emit_dot(named_module(list(HOSTILE.values())))
+    proc = subprocess.run([DOT, "-Tplain"], input=text, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr[-2000:]
+    nodes = re.findall(r"^\s*n\d+ \[label=", text, re.MULTILINE)
+    assert len(nodes) > len(HOSTILE) and proc.stdout.count("\nnode ") == len(nodes)
+
+
 def test_hostile_names_give_well_formed_dot():
     """Outside its quoted strings the DOT text is tgc's own tokens only; no string holds a raw
-    control character or an unescaped quote."""
+    control character or an unescaped quote, and no label is longer than LABEL_LIMIT plus the
+    note that says how long the text was."""
     text = emit_dot(named_module(list(HOSTILE.values())))
+    assert "y" * (LABEL_LIMIT + 1) not in text
     string = r'"(?:[^"\\\n]|\\.)*"'
-    assert all(re.fullmatch(r'"[ -~]*"', s) for s in re.findall(string, text))
+    assert all(s.isprintable() for s in re.findall(string, text))
     rest = re.sub(string, " STRING ", text)
     assert re.fullmatch(r"[A-Za-z0-9_\s{}\[\];,=>-]*", rest), "stray characters outside strings"
     words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", rest))
     ours = {"digraph", "subgraph", "tgc", "node", "label", "shape", "fontname", "box"}
     ours |= {"monospace", "ellipse", "STRING"}
     assert {w for w in words if not re.fullmatch(r"(cluster_)?n\d+", w)} <= ours
-    for name in UNSAFE:
-        if display_name(name) != name:
+    for name in HOSTILE.values():
+        if any(not c.isprintable() or c in '"\\' for c in name):
             assert name not in text
 
 
