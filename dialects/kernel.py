@@ -5,10 +5,13 @@
   outputs. `template` names the codegen skeleton ("elementwise", "row_reduction", "matmul",
   "attention");
   `name` is the kernel's symbol (sanitised again before it reaches C++).
-- `kernel.call`: a library kernel (cuBLAS, a numpy function) named by `callee`; `op` names the
-  op whose meaning it has (its numpy reference defines the call's result).
+- `kernel.call`: a library kernel (cuBLAS, a numpy function) named by `callee`. Its meaning is
+  either the op named by `op` (its numpy reference defines the call's result) or, for a kernel
+  that computes a whole subgraph, an isolated region holding that subgraph (like
+  `kernel.fused`'s, ending in `kernel.yield`): exactly one of the two. Planner annotations are
+  discardable attributes (`plan.backend`, `plan.seconds`, `plan.source`), not op attributes.
 - `kernel.copy`: moves a value between memory spaces (the encoding of the result type).
-- `kernel.yield`: the terminator of a `kernel.fused` region.
+- `kernel.yield`: the terminator of a `kernel.fused` or `kernel.call` region.
 
 A value in device memory has the encoding "cuda"; the verifier rejects a kernel whose operands
 live in different memory spaces from each other, a cuBLAS call (`callee = "cublas.*"`) on
@@ -44,6 +47,22 @@ def _one_memory_space(op: Operation) -> str | None:
     return spaces.pop() if spaces else None
 
 
+def _verify_body(op: Operation) -> None:
+    """A kernel region: one block whose arguments are typed like the operands, ending in a
+    `kernel.yield` of the result types."""
+    region = op.regions[0]
+    if len(region.blocks) != 1:
+        raise VerifyError("expects a region of one block")
+    block = region.block
+    if [a.type for a in block.args] != [v.type for v in op.operands]:
+        raise VerifyError("block arguments must match the operand types")
+    term = block.last
+    if not isinstance(term, YieldOp):
+        raise VerifyError("region must end with 'kernel.yield'")
+    if [v.type for v in term.operands] != [r.type for r in op.results]:
+        raise VerifyError("'kernel.yield' operand types must match the result types", term.loc)
+
+
 @register
 class FusedOp(Operation):
     """A region of lower ops that runs as one generated kernel.
@@ -68,17 +87,7 @@ class FusedOp(Operation):
 
     def verify_(self):
         _one_memory_space(self)
-        region = self.regions[0]
-        if len(region.blocks) != 1:
-            raise VerifyError("expects a region of one block")
-        block = region.block
-        if [a.type for a in block.args] != [v.type for v in self.operands]:
-            raise VerifyError("block arguments must match the operand types")
-        term = block.last
-        if not isinstance(term, YieldOp):
-            raise VerifyError("region must end with 'kernel.yield'")
-        if [v.type for v in term.operands] != [r.type for r in self.results]:
-            raise VerifyError("'kernel.yield' operand types must match the result types", term.loc)
+        _verify_body(self)
 
     def reference(self, *inputs, precision: str = "native"):
         from tgc.runtime.interpreter import run_block
@@ -89,7 +98,8 @@ class FusedOp(Operation):
 
 @register
 class YieldOp(Operation):
-    """Ends a `kernel.fused` region with its outputs. `kernel.yield %s : tensor<4xf32>`"""
+    """Ends a `kernel.fused` (or `kernel.call`) region with its outputs.
+    `kernel.yield %s : tensor<4xf32>`"""
 
     name = "kernel.yield"
     operand_defs = (VariadicOperand("values"),)
@@ -97,24 +107,36 @@ class YieldOp(Operation):
     num_results = 0
 
     def verify_(self):
-        if not isinstance(self.parent_op, FusedOp):
-            raise VerifyError("must be inside 'kernel.fused'")
+        if not isinstance(self.parent_op, (FusedOp, CallOp)):
+            raise VerifyError("must be inside 'kernel.fused' or 'kernel.call'")
 
 
 @register
 class CallOp(Operation):
-    """A library kernel with the meaning of the op named `op`.
+    """A library kernel: the meaning of the op named `op`, or of the subgraph in its region.
 
     %c = kernel.call %a, %b {callee = "cublas.gemm", op = "atomic.matmul"} : (tensor<4x8xf32, "cuda">, tensor<8x2xf32, "cuda">) -> tensor<4x2xf32, "cuda">
-    Other attributes of the call are the attributes of `op`.
+    With `op`, the call's other attributes are the attributes of `op`. Without it, one isolated
+    region holds the subgraph the kernel computes (block arguments = the operands, ending in
+    `kernel.yield`), and the call takes no other attributes. Keys with a dialect prefix
+    (`plan.backend`, `plan.seconds`, `plan.source`) are annotations, never op attributes.
     """
 
     name = "kernel.call"
     operand_defs = (VariadicOperand("inputs"),)
-    attr_defs = attrs(Attr("callee", STR), Attr("op", STR))
-    traits = frozenset({PURE})
+    attr_defs = attrs(Attr("callee", STR), Attr("op", STR, default=None))
+    traits = frozenset({PURE, ISOLATED})
     num_results = None
     accepts_extra_attributes = True
+
+    @property
+    def num_regions(self) -> int:
+        """0 with `op`, 1 without it (so a second region is reported by the generic check)."""
+        return min(len(self.regions), 1)
+
+    @property
+    def body(self):
+        return self.regions[0].block
 
     def target(self) -> type[Operation]:
         cls = lookup(self.attr("op"))
@@ -123,11 +145,24 @@ class CallOp(Operation):
         return cls
 
     def op_attributes(self) -> dict:
-        return {k: v for k, v in self.attributes.items() if k not in ("callee", "op")}
+        """The attributes forwarded to `op`: all but `callee`, `op` and `dialect.name` keys."""
+        return {
+            k: v for k, v in self.attributes.items() if k not in ("callee", "op") and "." not in k
+        }
 
     def verify_(self):
         space = _one_memory_space(self)
-        self.target()
+        if self.regions and self.attr("op") is not None:
+            raise VerifyError("takes either an 'op' attribute or a region, not both")
+        if self.regions:
+            _verify_body(self)
+            if self.op_attributes():
+                extra = ", ".join(sorted(self.op_attributes()))
+                raise VerifyError(f"with a region takes no op attributes (got {extra})")
+        elif self.attr("op") is None:
+            raise VerifyError("needs an 'op' attribute or a region holding its subgraph")
+        else:
+            self.target()
         if self.attr("callee").startswith("cublas.") and space != "cuda":
             raise VerifyError(
                 f"library kernel '{self.attr('callee')}' reads and writes device memory only; "
@@ -135,6 +170,8 @@ class CallOp(Operation):
             )
 
     def reference(self, *inputs):
+        if self.regions:  # the interpreter runs the region (tgc.runtime.interpreter)
+            raise NotImplementedError("a 'kernel.call' with a region means its region")
         cls = self.target()
         proxy = cls(list(self.operands), [r.type for r in self.results], self.op_attributes())
         proxy.drop_operand_uses()
