@@ -1,6 +1,8 @@
-"""Optimiser speed: time of `-p optimize` on generated GPT-2 models of N transformer blocks.
+"""Compiler speed on generated models: `-p optimize`, `-p fuse`, `tgc-translate --emit=cuda`.
 
     python bench/pass_scaling.py [N ...] [--repeat K] [--no-gc] [--profile N]   (default: 1 12 48)
+    python bench/pass_scaling.py --cuda [N ...] [--repeat K] [--profile N]   (default: 1 12 24 48)
+    python bench/pass_scaling.py --chain [N ...] [--repeat K] [--profile N]  (default: 200 400 10000)
 
 Each model is one function chaining N GPT-2 blocks (pre-norm, 768 wide, 12 causal heads of 64,
 MLP 3072 wide, sequence 64: examples/gpt2_block.tg with every name suffixed by the block
@@ -11,6 +13,13 @@ ops per second of optimize) and the growth of the time relative to the previous 
 the growth in blocks (1.0 = linear). `--no-gc` turns Python's cyclic garbage collector off
 while the passes run (as tgc.parser does while parsing) to separate its cost from the passes'
 own. `--profile N` prints cProfile's top functions for size N.
+
+`--cuda`: the whole route of `tgc-translate --emit=cuda` on the same models, in process (parse and
+verify, the passes of its default pipeline with `fuse` apart, then placement and code generation
+in `emit_standalone_cuda`) and as the command itself (wall time of a fresh process: Python start
+and imports included). `--chain`: `-p fuse` on one function chaining N `atomic.exp` (one kernel),
+in process and as `tgc-opt -p fuse`. Both report best of K and the time growth relative to the
+previous size divided by the size growth (1.0 = linear).
 """
 
 from __future__ import annotations
@@ -22,6 +31,10 @@ import os
 import platform
 import pstats
 import re
+import subprocess
+import sys
+import tempfile
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -130,18 +143,154 @@ def profile(blocks: int) -> None:
     pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
 
 
+def exp_chain(n: int) -> str:
+    """One function of `n` chained `atomic.exp` on a 4x8 tensor (fuse makes it one kernel)."""
+    lines = ["func.func @chain(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {"]
+    previous = "%x"
+    for i in range(n):
+        lines.append(f"  %v{i} = atomic.exp {previous} : (tensor<4x8xf32>) -> tensor<4x8xf32>")
+        previous = f"%v{i}"
+    return "\n".join([*lines, f"  func.return {previous} : tensor<4x8xf32>", "}"]) + "\n"
+
+
+def command_seconds(argv: list[str], text: str, repeat: int) -> float:
+    """Best wall time of a tool of this environment (bin/ beside the interpreter) on `text`."""
+    tool = str(Path(sys.executable).with_name(argv[0]))
+    with tempfile.NamedTemporaryFile("w", suffix=".tg") as f:
+        f.write(text)
+        f.flush()
+        best = float("inf")
+        for _ in range(repeat):
+            start = time.perf_counter()
+            subprocess.run([tool, *argv[1:], f.name], check=True, stdout=subprocess.DEVNULL)
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
+def cuda_route_once(text: str) -> dict:
+    """Seconds of each stage of `tgc-translate --emit=cuda`, in process."""
+    from tgc.codegen.standalone import emit_standalone_cuda
+    from tgc.runtime.placement import default_cuda_pipeline
+
+    start = time.perf_counter()
+    module = parse_module(text, "bench.tg")
+    verify(module)
+    parsed = time.perf_counter()
+    pm = PassManager(parse_pipeline(default_cuda_pipeline()))
+    pm.run(module)
+    passed = time.perf_counter()
+    source = emit_standalone_cuda(module)
+    done = time.perf_counter()
+    fuse = sum(seconds for name, seconds in pm.timings if name.startswith("fuse"))
+    return {
+        "parse": parsed - start,
+        "optimize": passed - parsed - fuse,
+        "fuse": fuse,
+        "emit": done - passed,
+        "total": done - start,
+        "ops": count_ops(module),
+        "kernels": source.count("__global__"),
+    }
+
+
+def measure_cuda(blocks: int, repeat: int) -> dict:
+    text = generate(blocks)
+    best = min((cuda_route_once(text) for _ in range(repeat)), key=lambda r: r["total"])
+    cli = command_seconds(["tgc-translate", "--emit=cuda", "-o", os.devnull], text, repeat)
+    return {"size": blocks, **best, "cli": cli}
+
+
+def fuse_chain_once(text: str) -> float:
+    module = parse_module(text, "chain.tg")
+    pm = PassManager(parse_pipeline("fuse"))
+    start = time.perf_counter()
+    pm.run(module)
+    return time.perf_counter() - start
+
+
+def measure_chain(n: int, repeat: int) -> dict:
+    text = exp_chain(n)
+    fuse = min(fuse_chain_once(text) for _ in range(repeat))
+    cli = command_seconds(["tgc-opt", "-p", "fuse", "-o", os.devnull], text, repeat)
+    return {"size": n, "fuse": fuse, "cli": cli}
+
+
+def growth(row: dict, previous: dict | None, key: str) -> str:
+    """Time growth over size growth against the previous row (1.0 = linear)."""
+    if previous is None:
+        return ""
+    times, sizes = row[key] / previous[key], row["size"] / previous["size"]
+    return f"{times / sizes:.2f} ({times:.1f}x for {sizes:.0f}x)"
+
+
+def machine_line(what: str, repeat: int) -> str:
+    load = ", load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
+    return (
+        f"# {what}, best of {repeat}, {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs{load}, Python {platform.python_version()}"
+    )
+
+
+def print_cuda_table(sizes: list[int], repeat: int) -> None:
+    cuda_route_once(generate(1))  # imports and templates outside the timings
+    rows = [measure_cuda(n, repeat) for n in sizes]
+    print(machine_line("tgc-translate --emit=cuda", repeat))
+    print(
+        "| blocks | ops after fuse | kernels | parse s | optimize s | fuse s | place + generate s "
+        "| in process s | growth / block growth | command s | growth / block growth |"
+    )
+    print("|" + "---:|" * 11)
+    previous = None
+    for r in rows:
+        print(
+            f"| {r['size']} | {r['ops']} | {r['kernels']} | {r['parse']:.3f} | {r['optimize']:.3f}"
+            f" | {r['fuse']:.3f} | {r['emit']:.3f} | {r['total']:.3f} | "
+            f"{growth(r, previous, 'total')} | {r['cli']:.2f} | {growth(r, previous, 'cli')} |"
+        )
+        previous = r
+
+
+def print_chain_table(sizes: list[int], repeat: int) -> None:
+    fuse_chain_once(exp_chain(10))  # imports outside the timings
+    rows = [measure_chain(n, repeat) for n in sizes]
+    print(machine_line("-p fuse on a chain of atomic.exp", repeat))
+    print(
+        "| ops in chain | fuse s | growth / size growth | tgc-opt -p fuse s | growth / size growth |"
+    )
+    print("|" + "---:|" * 5)
+    previous = None
+    for r in rows:
+        print(
+            f"| {r['size']} | {r['fuse']:.3f} | {growth(r, previous, 'fuse')} | "
+            f"{r['cli']:.2f} | {growth(r, previous, 'cli')} |"
+        )
+        previous = r
+
+
+def profile_work(work) -> None:
+    profiler = cProfile.Profile()
+    profiler.runcall(work)
+    pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("blocks", nargs="*", type=int, default=[1, 12, 48])
+    ap.add_argument("blocks", nargs="*", type=int, help="sizes (default: per mode, see above)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-gc", action="store_true", help="no cyclic GC while the passes run")
     ap.add_argument("--profile", type=int, default=None, metavar="N")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--cuda", action="store_true", help="tgc-translate --emit=cuda route")
+    mode.add_argument("--chain", action="store_true", help="-p fuse on chains of atomic.exp")
     args = ap.parse_args(argv)
+    if args.cuda or args.chain:
+        run_route(args)
+        return
     if args.profile is not None:
         profile(args.profile)
         return
     parse_module(generate(1), "warmup.tg")  # build the Lark parser outside the timings
-    rows = [measure(n, args.repeat, not args.no_gc) for n in args.blocks]
+    rows = [measure(n, args.repeat, not args.no_gc) for n in args.blocks or [1, 12, 48]]
     print(
         f"# -p optimize, best of {args.repeat}, cyclic GC {'off' if args.no_gc else 'on'}, "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
@@ -168,6 +317,23 @@ def main(argv: list[str] | None = None) -> None:
             f"{row['total']:.3f} | {row['lowered'] / row['total']:,.0f} | {growth} |"
         )
         previous = row
+
+
+def run_route(args: argparse.Namespace) -> None:
+    """--cuda and --chain: a table, or a profile of one size (`--profile N`)."""
+    if args.cuda:
+        sizes = args.blocks or [1, 12, 24, 48]
+        work = lambda n: cuda_route_once(generate(n))
+        table = print_cuda_table
+    else:
+        sizes = args.blocks or [200, 400, 10000]
+        work = lambda n: fuse_chain_once(exp_chain(n))
+        table = print_chain_table
+    if args.profile is not None:
+        work(1)  # imports and templates outside the profile
+        profile_work(lambda: work(args.profile))
+    else:
+        table(sizes, args.repeat)
 
 
 if __name__ == "__main__":
