@@ -6,14 +6,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def tool(name: str, *args: str, stdin: str | None = None):
-    return subprocess.run([sys.executable, "-m", f"tgc.tools.{name}", *args], input=stdin,
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", f"tgc.tools.{name}", *args],
+        check=False,
+        input=stdin,
+        capture_output=True,
+        text=True,
+    )
 
 
 BAD_INPUTS = {
@@ -22,8 +28,8 @@ BAD_INPUTS = {
     "garbage": "\x00\x01\x02 ÿþ }}}} ((((",
     "unterminated": 'func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {\n  %y = hl.gelu %x {approximate = "tanh',
     "verifier": "func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {\n"
-                "  %y = hl.softmax %x {axis = 3} : (tensor<4xf32>) -> tensor<4xf32>\n"
-                "  func.return %y : tensor<4xf32>\n}\n",
+    "  %y = hl.softmax %x {axis = 3} : (tensor<4xf32>) -> tensor<4xf32>\n"
+    "  func.return %y : tensor<4xf32>\n}\n",
     "two_modules": "module {\n}\nmodule {\n}\n",
     "missing_return": "func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {\n}\n",
 }
@@ -86,3 +92,143 @@ def test_translate_dot():
     proc = tool("translate", str(EXAMPLES / "mlp.tg"), "--emit=dot")
     assert proc.returncode == 0 and proc.stdout.startswith("digraph tgc {")
     assert '"hl.gelu"' in proc.stdout
+
+
+# -- tgc-run: --check with NaN and inf, usage errors, random inputs -------------------------------
+
+
+def test_check_rule_accepts_nan_and_inf_where_the_reference_has_them():
+    from tgc.tools.run import check_result
+
+    want = np.array([np.nan, np.inf, -np.inf, 1.0, 2.0])
+    got = (want + np.array([0, 0, 0, 1e-5, -1e-5])).astype(np.float32)
+    line = check_result(0, got, want, "f32")
+    assert line.startswith("check: result 0 ok"), line
+    assert "1 NaN and 2 inf, as in the reference" in line
+
+
+@pytest.mark.parametrize(
+    "got_value, want_value, expected",
+    [
+        (np.nan, 1.5, "is nan at index (1, 0) where the float64 reference is 1.5"),
+        (1.5, np.nan, "is 1.5 at index (1, 0) where the float64 reference is nan"),
+        (np.inf, -np.inf, "is inf at index (1, 0) where the float64 reference is -inf"),
+        (np.inf, 3.0e38, "is inf at index (1, 0) where the float64 reference is 3e+38"),
+    ],
+)
+def test_check_rule_names_an_unmatched_special_value(got_value, want_value, expected):
+    from tgc.diagnostics import TgcError
+    from tgc.tools.run import check_result
+
+    want = np.arange(6.0).reshape(3, 2)
+    got = want.astype(np.float32)
+    want[1, 0], got[1, 0] = want_value, got_value
+    with pytest.raises(TgcError) as info:
+        check_result(2, got, want, "f32")
+    assert info.value.message.startswith("check failed: result 2 ")
+    assert expected in info.value.message
+
+
+def test_check_rule_tolerance_is_relative_to_the_largest_finite_reference():
+    from tgc.diagnostics import TgcError
+    from tgc.tools.run import CHECK_TOLERANCE, check_result
+
+    want = np.array([np.inf, 1000.0, 3.0])
+    tolerance = CHECK_TOLERANCE["f32"] * 1000.0  # NaN/inf do not count towards the scale
+    ok = want + np.array([0.0, 0.0, 0.9 * tolerance])
+    assert "ok" in check_result(0, ok.astype(np.float32), want, "f32")
+    bad = want + np.array([0.0, 0.0, 1.5 * tolerance])
+    with pytest.raises(TgcError) as info:
+        check_result(0, bad, want, "f32")
+    assert "differs from the float64 reference by 0.3 at index (2,)" in info.value.message
+    assert "tolerance 0.2" in info.value.message
+    with pytest.raises(TgcError):  # integers compare exactly
+        check_result(0, np.array([1, 2], np.int32), np.array([1, 3]), "i32")
+
+
+def test_check_rule_is_in_the_help():
+    proc = tool("run", "--help")
+    help_text = " ".join(proc.stdout.split())
+    assert "NaN exactly where the float64 reference does" in help_text
+    assert "f32 2e-4" in help_text and "N(0, 1/fan_in)" in help_text
+
+
+@pytest.mark.parametrize("seed", ["-1", "x", "1.5"])
+def test_bad_seed_is_a_usage_error(seed):
+    proc = tool("run", str(EXAMPLES / "softmax.tg"), "--random-inputs", seed)
+    assert proc.returncode == 2
+    assert f"SEED must be a non-negative integer, got '{seed}'" in proc.stderr
+
+
+BAD_RUNS = {
+    "out-dir-in-proc": ["-o", "/proc/nope"],
+    "out-dir-under-a-file": ["-o", __file__ + "/sub"],
+    "missing-input-file": ["--input", "x=/no/such.npy"],
+    "unknown-argument": ["--input", "nope=/no/such.npy"],
+    "unknown-function": ["--func", "nope"],
+    "bad-pipeline": ["-p", "canonicalize{max-iterations=-1}"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_RUNS))
+def test_run_errors_are_never_internal(case):
+    proc = tool("run", str(EXAMPLES / "softmax.tg"), *BAD_RUNS[case])
+    assert proc.returncode in (1, 2), proc.stderr
+    assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "error:" in proc.stderr
+
+
+def test_random_weights_are_scaled_by_fan_in():
+    from tgc.parser import parse_file
+    from tgc.runtime.interpreter import random_inputs
+
+    func = parse_file(str(EXAMPLES / "gpt2_block.tg")).funcs[0]
+    first = dict(zip((a.name_hint for a in func.args), random_inputs(func, 11)))
+    again = random_inputs(func, 11)
+    assert all(np.array_equal(a, b) for a, b in zip(first.values(), again))  # same seed, same
+    assert not np.array_equal(first["x"], random_inputs(func, 12)[0])
+    # weights (right-hand operands of hl.linear): std 1/sqrt(fan_in); everything else: std 1.
+    for name, fan_in in [("w_qkv", 768), ("w_o", 768), ("w_fc", 768), ("w_proj", 3072)]:
+        assert abs(first[name].std() * np.sqrt(fan_in) - 1) < 0.02, name
+    for name in ["x", "ln1_g", "b_qkv", "b_proj"]:
+        assert abs(first[name].std() - 1) < 0.1, name
+
+
+def test_main_command_prints_order_one_results():
+    # The README's main command: unit-scale inputs and fan-in-scaled weights keep the block's
+    # output of order 1 (unscaled weights gave a standard deviation near 2000).
+    proc = tool(
+        "run", str(EXAMPLES / "gpt2_block.tg"), "-p", "optimize", "--random-inputs", "0", "--check"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    summary = proc.stdout.splitlines()[-1]
+    std = float(summary.split(" std=")[1].split()[0])
+    assert 0.5 < std < 10, summary
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["-p", "canonicalize{max-iterations=-1}"], "needs max-iterations >= 1, got -1"),
+        (["-p", "cse", "--print-ir-after=csee"], "'csee' does not refer to a registered pass"),
+    ],
+)
+def test_bad_pass_options_are_usage_errors(args, message):
+    proc = tool("opt", str(EXAMPLES / "mlp.tg"), *args)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("tgc-opt: error: ") and message in proc.stderr
+
+
+def test_out_of_memory_outside_the_interpreter_is_one_line(capsys):
+    from tgc.tools._common import EXIT_INPUT, guarded
+
+    def body() -> int:
+        raise MemoryError("Unable to allocate 3.00 GiB for an array")
+
+    assert guarded("tgc-run", body, debug=False) == EXIT_INPUT
+    err = capsys.readouterr().err
+    assert err == "tgc-run: error: out of memory: Unable to allocate 3.00 GiB for an array\n"
+    with pytest.raises(MemoryError):
+        guarded("tgc-run", body, debug=True)

@@ -47,6 +47,12 @@ def guarded(tool: str, body: Callable[[], int], debug: bool) -> int:
         return 130
     except BrokenPipeError:
         return EXIT_OK
+    except MemoryError as e:  # the interpreter names the op and the bytes; this is the rest
+        if debug:
+            raise
+        detail = f": {e}" if str(e) else ""
+        print(f"{tool}: error: out of memory{detail}", file=sys.stderr)
+        return EXIT_INPUT
     except Exception as e:  # a bug in tgc, not in the input: still no traceback by default
         if debug:
             raise

@@ -5,27 +5,79 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 
 from tgc.diagnostics import TgcError
 from tgc.tools._common import EXIT_OK, guarded, read_input
 
+# Tolerances of --check, by element type: relative to the largest finite magnitude of the
+# reference (at least 1). Integers and i1 compare exactly.
+CHECK_TOLERANCE = {"f64": 1e-9, "f32": 2e-4, "f16": 2e-2, "bf16": 3e-2}
+
+CHECK_RULE = (
+    "A result passes when it holds NaN exactly where the float64 reference does, the same "
+    "infinity where the reference has one, and elsewhere finite values within tol * max(1, "
+    "largest finite |reference|) of it, tol by element type: f64 1e-9, f32 2e-4, f16 2e-2, bf16 "
+    "3e-2; integers and i1 must be equal."
+)
+
+RANDOM_RULE = (
+    "Random inputs depend on the seed and the function only (not on -p): floats from N(0, 1), "
+    "except weights (the right-hand operand of hl.linear or atomic.matmul), drawn from N(0, "
+    "1/fan_in) with fan_in the contracted dimension, as models initialise them, so values stay "
+    "of order 1 through the layers; gather indices in range; other integers in [0, 4)."
+)
+
+
+def seed(text: str) -> int:
+    """argparse type of --random-inputs: a non-negative integer (numpy's seeds are)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"SEED must be a non-negative integer, got '{text}'")
+    return value
+
 
 def build_arg_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="tgc-run", description="Run a function of a .tg module.")
+    ap = argparse.ArgumentParser(
+        prog="tgc-run",
+        description="Run a function of a .tg module.",
+        epilog=f"{RANDOM_RULE} --check: {CHECK_RULE}",
+    )
     ap.add_argument("input", help="input .tg file ('-' for stdin)")
     ap.add_argument("--func", default=None, help="function to run (default: the only one)")
-    ap.add_argument("--input", dest="inputs", action="append", default=[], metavar="NAME=FILE.npy",
-                    help="bind argument NAME (its name without '%%', or its index) to a .npy file")
-    ap.add_argument("--random-inputs", type=int, default=None, metavar="SEED",
-                    help="seeded random values for arguments not bound by --input (default 0)")
+    ap.add_argument(
+        "--input",
+        dest="inputs",
+        action="append",
+        default=[],
+        metavar="NAME=FILE.npy",
+        help="bind argument NAME (its name without '%%', or its index) to a .npy file",
+    )
+    ap.add_argument(
+        "--random-inputs",
+        type=seed,
+        default=None,
+        metavar="SEED",
+        help="seeded random values for arguments not bound by --input (default 0; see below)",
+    )
     ap.add_argument("--backend", choices=["numpy", "cuda"], default="numpy")
-    ap.add_argument("--precision", choices=["native", "f64"], default="native",
-                    help="f64: compute every float in float64 (reference runs)")
+    ap.add_argument(
+        "--precision",
+        choices=["native", "f64"],
+        default="native",
+        help="f64: compute every float in float64 (reference runs)",
+    )
     ap.add_argument("-p", "--passes", default="", help="pipeline to run before executing")
-    ap.add_argument("--check", action="store_true",
-                    help="compare the results with the float64 numpy reference")
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="compare the results with a float64 numpy run of the unoptimised module (rule below)",
+    )
     ap.add_argument("-o", dest="output_dir", default=None, help="write DIR/result_<i>.npy")
     ap.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
     return ap
@@ -36,6 +88,8 @@ def load_npy(path: str) -> np.ndarray:
         return np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise TgcError(f"could not open input file '{path}': no such file or directory") from None
+    except MemoryError:
+        raise TgcError(f"could not load '{path}': out of memory") from None
     except (ValueError, OSError, EOFError) as e:
         raise TgcError(f"'{path}' is not a readable .npy file: {e}") from None
 
@@ -61,19 +115,31 @@ def bind_inputs(func, specs: list[str], seed: int | None) -> list[np.ndarray]:
     if missing and seed is None and specs:
         names = ", ".join(f"%{args[i].name_hint or i}" for i in missing)
         raise TgcError(f"no value for argument(s) {names}: give --input or --random-inputs")
-    randoms = random_inputs(func, seed or 0)
-    return [bound.get(i, randoms[i]) for i in range(len(args))]
+    randoms = random_inputs(func, seed or 0) if missing else []
+    return [bound[i] if i in bound else randoms[i] for i in range(len(args))]
 
 
 def summarize(i: int, a: np.ndarray) -> str:
+    """One line per result: statistics of its finite values, and how many are not finite."""
     head = f"result {i}: shape {tuple(a.shape)} dtype {a.dtype}"
     if a.size == 0:
         return head + " (empty)"
     if a.dtype == np.bool_:
         return head + f" true={int(a.sum())}/{a.size}"
     f = a.astype(np.float64)
-    return (head + f" mean={f.mean():.6g} std={f.std():.6g} min={f.min():.6g} max={f.max():.6g}"
-            + f" first={f.reshape(-1)[:4].round(6).tolist()}")
+    first = f" first={f.reshape(-1)[:4].round(6).tolist()}"
+    finite = np.isfinite(f)
+    if finite.all():
+        return head + _stats(f) + first
+    counts = {"nan": np.isnan(f).sum(), "+inf": (f == np.inf).sum(), "-inf": (f == -np.inf).sum()}
+    special = " ".join(f"{k}={n}" for k, n in counts.items() if n)
+    n_finite = int(finite.sum())
+    stats = _stats(f[finite]) + f" (of the {n_finite} finite values)" if n_finite else ""
+    return head + f" {special}" + stats + first
+
+
+def _stats(f: np.ndarray) -> str:
+    return f" mean={f.mean():.6g} std={f.std():.6g} min={f.min():.6g} max={f.max():.6g}"
 
 
 def execute(module, func, inputs, backend: str, precision: str) -> list[np.ndarray]:
@@ -88,58 +154,119 @@ def execute(module, func, inputs, backend: str, precision: str) -> list[np.ndarr
     return run_function(func, inputs, precision)
 
 
+def make_output_dir(path: str) -> None:
+    """Create -o's directory before running, so a bad path fails before the work, not after."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except FileExistsError:
+        raise TgcError(
+            f"could not create output directory '{path}': a file is in the way"
+        ) from None
+    except OSError as e:
+        raise TgcError(f"could not create output directory '{path}': {e.strerror}") from None
+
+
+def write_results(directory: str, results: list[np.ndarray]) -> None:
+    for i, r in enumerate(results):
+        path = os.path.join(directory, f"result_{i}.npy")
+        try:
+            np.save(path, r, allow_pickle=False)
+        except OSError as e:
+            raise TgcError(f"could not write output file '{path}': {e.strerror}") from None
+
+
 def run(args) -> int:
-    from tgc.runtime.interpreter import run_function, select_function
     from tgc.parser import parse_module
     from tgc.pass_manager import PassManager, parse_pipeline
+    from tgc.runtime.interpreter import run_function, select_function
     from tgc.verifier import verify
 
     pipeline = parse_pipeline(args.passes)
+    if args.output_dir is not None:
+        make_output_dir(args.output_dir)
     text, name = read_input(args.input)
     module = parse_module(text, name)
     verify(module)
-    reference_module = None
-    if args.check:
-        reference_module = parse_module(text, name)
+    # Inputs come from the program as written, so a seed gives the same values under every -p.
+    inputs = bind_inputs(select_function(module, args.func), args.inputs, args.random_inputs)
+    reference_module = parse_module(text, name) if args.check else None
     PassManager(pipeline).run(module)
     func = select_function(module, args.func)
-    inputs = bind_inputs(func, args.inputs, args.random_inputs)
     results = execute(module, func, inputs, args.backend, args.precision)
     if args.check:
-        ref_func = select_function(reference_module, args.func)
-        expected = run_function(ref_func, inputs, "f64")
-        report_check(results, expected, func)
+        expected = run_function(select_function(reference_module, args.func), inputs, "f64")
+        for i, (got, want, t) in enumerate(zip(results, expected, func.function_type.results)):
+            print(check_result(i, np.asarray(got), want, t.element_type))
     if args.output_dir is not None:
-        os.makedirs(args.output_dir, exist_ok=True)
-        for i, r in enumerate(results):
-            np.save(os.path.join(args.output_dir, f"result_{i}.npy"), r, allow_pickle=False)
+        write_results(args.output_dir, results)
     else:
         for i, r in enumerate(results):
-            print(summarize(i, r))
+            print(summarize(i, np.asarray(r)))
     return EXIT_OK
 
 
-# Tolerances for --check: relative to the largest magnitude of the reference, by element type.
-CHECK_TOLERANCE = {"f64": 1e-9, "f32": 2e-4, "f16": 2e-2, "bf16": 3e-2}
+# -- --check ---------------------------------------------------------------------------------------
 
 
-def report_check(results, expected, func) -> None:
-    types = func.function_type.results
-    for i, (got, want, t) in enumerate(zip(results, expected, types)):
-        tol = CHECK_TOLERANCE.get(t.element_type, 0)
-        scale = max(float(np.max(np.abs(want))) if want.size else 0.0, 1.0)
-        err = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)))) if want.size else 0.0
-        if not err <= tol * scale:
-            raise TgcError(
-                f"check failed: result {i} differs from the float64 reference by {err:.3g} "
-                f"(tolerance {tol * scale:.3g})"
-            )
-        print(f"check: result {i} ok (max abs error {err:.3g}, tolerance {tol * scale:.3g})")
+@dataclass
+class Comparison:
+    """Where `got` and the float64 reference `want` disagree under CHECK_RULE."""
+
+    got: np.ndarray  # float64
+    want: np.ndarray  # float64
+    tolerance: float  # absolute: tol * max(1, largest finite |want|)
+    error: np.ndarray  # |got - want| where both are finite, else 0
+    special: np.ndarray  # bool: NaN or infinity on one side not matched on the other
+
+    @classmethod
+    def of(cls, got: np.ndarray, want: np.ndarray, element_type: str) -> Comparison:
+        g, w = got.astype(np.float64), want.astype(np.float64)
+        finite_w, finite_g = np.isfinite(w), np.isfinite(g)
+        scale = max(1.0, float(np.abs(w[finite_w]).max(initial=0.0)))
+        both = finite_w & finite_g
+        error = np.where(both, np.abs(np.where(both, g, 0.0) - np.where(both, w, 0.0)), 0.0)
+        same_special = (np.isnan(g) & np.isnan(w)) | (~finite_w & (g == w))
+        special = ~both & ~same_special
+        return cls(g, w, CHECK_TOLERANCE.get(element_type, 0.0) * scale, error, special)
+
+    def bad(self) -> np.ndarray:
+        return self.special | (self.error > self.tolerance)
+
+
+def check_result(i: int, got: np.ndarray, want: np.ndarray, element_type: str) -> str:
+    """The 'ok' line for result `i`; raises TgcError naming the first disagreement."""
+    c = Comparison.of(got, want, element_type)
+    count = int(c.bad().sum())
+    others = f"; {count} element(s) differ in all" if count > 1 else ""
+    if c.special.any():
+        at = _index(int(np.flatnonzero(c.special)[0]), got.shape)
+        raise TgcError(
+            f"check failed: result {i} is {c.got[at]:.6g} at index {at} where the float64 "
+            f"reference is {c.want[at]:.6g}{others}"
+        )
+    worst = float(c.error.max(initial=0.0))
+    if count:
+        at = _index(int(np.argmax(c.error)), got.shape)
+        raise TgcError(
+            f"check failed: result {i} differs from the float64 reference by {worst:.3g} at "
+            f"index {at} (got {c.got[at]:.6g}, expected {c.want[at]:.6g}; tolerance "
+            f"{c.tolerance:.3g}){others}"
+        )
+    line = f"check: result {i} ok (max abs error {worst:.3g}, tolerance {c.tolerance:.3g})"
+    n_nan, n_inf = int(np.isnan(c.want).sum()), int(np.isinf(c.want).sum())
+    if n_nan or n_inf:
+        line += f"; {n_nan} NaN and {n_inf} inf, as in the reference"
+    return line
+
+
+def _index(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(int(k) for k in np.unravel_index(flat, shape))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_arg_parser().parse_args(argv)
-    return guarded("tgc-run", lambda: run(args), args.debug)
+    with np.errstate(all="ignore"):  # non-finite values are reported, not warned about
+        return guarded("tgc-run", lambda: run(args), args.debug)
 
 
 if __name__ == "__main__":
