@@ -41,7 +41,7 @@ from tgc.dialects._shapes import broadcast_shapes
 from tgc.dialects.atomic import AddOp, MaxOp, MinOp, MulOp
 from tgc.ir import BlockArgument, Operation, Value
 from tgc.opdef import ASSOCIATIVE, COMMUTATIVE, ELEMENTWISE, PURE, create, dialect_ops
-from tgc.pass_manager import Pass, PassStatistics, register_pass
+from tgc.pass_manager import Pass, PassStatistics, PipelineError, register_pass
 from tgc.passes.canonicalize_rules import CANONICALIZE_RULES
 from tgc.passes.rules import make_constant, run_reference
 from tgc.patterns import PatternRewriter, RewritePattern, apply_patterns_greedily
@@ -392,6 +392,12 @@ class Canonicalize(Pass):
     fast_math: bool = False
     max_iterations: int = 10
     test_convergence: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_iterations < 1:
+            raise PipelineError(
+                f"pass 'canonicalize' needs max-iterations >= 1, got {self.max_iterations}"
+            )
 
     def run_on_func(self, func: FuncOp, stats: PassStatistics) -> None:
         result = apply_patterns_greedily(

@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 
 from tgc.diagnostics import Location, TgcError
-from tgc.pass_manager import PASSES, Instrumentation, PassManager, parse_pipeline
+from tgc.pass_manager import PASSES, Instrumentation, PassManager, PipelineError, parse_pipeline
 from tgc.tools._common import EXIT_INPUT, EXIT_OK, EXIT_USAGE, guarded, read_input
 
 SPLIT_MARKER = re.compile(r"^// -----.*$", re.MULTILINE)
@@ -24,23 +24,44 @@ def build_arg_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("input", nargs="?", default="-", help="input file ('-' for stdin)")
     ap.add_argument("-o", dest="output", default="-", help="output file (default stdout)")
-    ap.add_argument("-p", "--passes", dest="passes", default=None,
-                    help="flat pipeline, e.g. 'lower-hl,canonicalize{fast-math=true},cse'")
-    ap.add_argument("--pass-pipeline", default=None,
-                    help="MLIR-style pipeline, e.g. 'builtin.module(func.func(cse,dce))'")
-    ap.add_argument("--split-input-file", action="store_true",
-                    help="treat '// -----' lines as separators between independent inputs")
-    ap.add_argument("--verify-diagnostics", action="store_true",
-                    help="check diagnostics against '// expected-error {{...}}' comments")
+    ap.add_argument(
+        "-p",
+        "--passes",
+        dest="passes",
+        default=None,
+        help="flat pipeline, e.g. 'lower-hl,canonicalize{fast-math=true},cse'",
+    )
+    ap.add_argument(
+        "--pass-pipeline",
+        default=None,
+        help="MLIR-style pipeline, e.g. 'builtin.module(func.func(cse,dce))'",
+    )
+    ap.add_argument(
+        "--split-input-file",
+        action="store_true",
+        help="treat '// -----' lines as separators between independent inputs",
+    )
+    ap.add_argument(
+        "--verify-diagnostics",
+        action="store_true",
+        help="check diagnostics against '// expected-error {{...}}' comments",
+    )
     ap.add_argument("--print-generic", action="store_true", help="print MLIR's generic op form")
     ap.add_argument("--print-ir-after-all", action="store_true", help="dump IR after each pass")
-    ap.add_argument("--print-ir-after", action="append", default=[], metavar="PASS",
-                    help="dump IR after the named pass (repeatable, or comma-separated)")
-    ap.add_argument("--disable-verify", action="store_true",
-                    help="do not verify the IR after each pass")
+    ap.add_argument(
+        "--print-ir-after",
+        action="append",
+        default=[],
+        metavar="PASS",
+        help="dump IR after the named pass (repeatable, or comma-separated)",
+    )
+    ap.add_argument(
+        "--disable-verify", action="store_true", help="do not verify the IR after each pass"
+    )
     ap.add_argument("--time-passes", action="store_true", help="report the time of each pass")
-    ap.add_argument("--pass-statistics", action="store_true",
-                    help="report the rewrites each pass applied")
+    ap.add_argument(
+        "--pass-statistics", action="store_true", help="report the rewrites each pass applied"
+    )
     ap.add_argument("--list-passes", action="store_true", help="list registered passes and exit")
     ap.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
     return ap
@@ -132,8 +153,16 @@ def check_diagnostics(text: str, name: str, error: TgcError | None) -> list[str]
     problems = []
     for kind, loc, message in produced:
         match = next(
-            (e for e in expected if not e.found and e.kind == kind and loc is not None
-             and loc.file == name and e.line == loc.line and e.message in message),
+            (
+                e
+                for e in expected
+                if not e.found
+                and e.kind == kind
+                and loc is not None
+                and loc.file == name
+                and e.line == loc.line
+                and e.message in message
+            ),
             None,
         )
         if match is not None:
@@ -143,7 +172,9 @@ def check_diagnostics(text: str, name: str, error: TgcError | None) -> list[str]
             problems.append(f"{where}error: unexpected {kind}: {message}")
     for e in expected:
         if not e.found:
-            problems.append(f'{e.comment_loc}: error: expected {e.kind} "{e.message}" was not produced')
+            problems.append(
+                f'{e.comment_loc}: error: expected {e.kind} "{e.message}" was not produced'
+            )
     return problems
 
 
@@ -158,6 +189,7 @@ def run(args) -> int:
         print("tgc-opt: error: give either -p or --pass-pipeline, not both", file=sys.stderr)
         return EXIT_USAGE
     pipeline = parse_pipeline(args.passes or args.pass_pipeline or "")
+    check_pass_names(args.print_ir_after)
     text, name = read_input(args.input)
     outputs: list[str] = []
     status = EXIT_OK
@@ -182,6 +214,17 @@ def run(args) -> int:
             status = EXIT_INPUT
     write_output(args.output, "// -----\n".join(outputs))
     return status
+
+
+def check_pass_names(items: list[str]) -> None:
+    """--print-ir-after names registered passes (a typo would otherwise print nothing)."""
+    for item in items:
+        for name in item.split(","):
+            if name not in PASSES:
+                raise PipelineError(
+                    f"--print-ir-after: '{name}' does not refer to a registered pass "
+                    f"(see --list-passes)"
+                )
 
 
 def write_output(path: str, text: str) -> None:
