@@ -4,11 +4,15 @@ Plain Python values stand for the simple attributes so that passes read them wit
 unwrapping: `int`, `float`, `str`, `bool`, and `tuple` for arrays (`[0, 2, 1]`). Three small
 classes cover the rest: `DenseAttr` (a typed numpy constant), `SymbolRef` (`@name`) and
 `TensorType` itself for type attributes. `FunctionTypeAttr` holds `(T, T) -> T` for `func.func`.
+
+Strings and symbol names follow MLIR's spelling (`escape_string`, `unescape_string`,
+`format_symbol`), shared by the parser and the printer so that printed text reads back exactly.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +27,7 @@ class SymbolRef:
     name: str
 
     def __str__(self) -> str:
-        return f"@{self.name}"
+        return format_symbol(self.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,22 +51,25 @@ class DenseAttr:
         if is_splat is None:
             is_splat = array.size > 1 and _all_bits_equal(array)
         if is_splat and array.shape != type.shape:
-            array = np.broadcast_to(array.reshape(-1)[:1].reshape(()), type.shape)
+            array = np.broadcast_to(array.flat[:1].reshape(()), type.shape)
         elif array.shape != type.shape:
             raise ValueError(f"dense value of shape {array.shape} does not match {type}")
         self.type = type
         self.array = array
         self.is_splat = is_splat
-        self._key = (type, array.tobytes())
+        # A splat's key is its one element, so a huge splat never has its bytes materialized.
+        data = array.flat[:1] if is_splat else array
+        self._key = (type, data.tobytes())
 
     @classmethod
     def splat(cls, value, type: TensorType) -> DenseAttr:
-        return cls(np.full(type.shape, value, dtype=type.dtype), type, is_splat=True)
+        """`value` at every element, held as a broadcast view (no memory per element)."""
+        return cls(np.asarray(value, dtype=type.dtype), type, is_splat=True)
 
     def splat_value(self):
         """The scalar of a splat (or of a one-element constant), else None."""
         if self.is_splat or self.array.size == 1:
-            return self.array.reshape(-1)[0].item()
+            return self.array.flat[0].item()
         return None
 
     def __eq__(self, other) -> bool:
@@ -113,7 +120,7 @@ def format_scalar(value, element_type: str) -> str:
 def format_dense_body(attr: DenseAttr) -> str:
     elem = attr.type.element_type
     if attr.is_splat:
-        return format_scalar(attr.array.reshape(-1)[0], elem)
+        return format_scalar(attr.array.flat[0], elem)
 
     def nested(a: np.ndarray) -> str:
         if a.ndim == 0:
@@ -130,3 +137,96 @@ def attribute_key(value) -> tuple:
     if isinstance(value, tuple):
         return (tuple, tuple(attribute_key(v) for v in value))
     return (type(value), value)
+
+
+# -- strings and symbol names ----------------------------------------------------------------------
+# MLIR's rules: a string literal may hold any character but '"', '\\' and line breaks; escapes are
+# \\ \" \n \t and two hex digits (\41 is 'A'), which give bytes, so the escaped bytes must form
+# UTF-8 text. tgc also refuses raw control characters (a raw tab excepted), which MLIR keeps.
+
+
+class StringSyntaxError(ValueError):
+    """A malformed string literal; `offset` is the index of the problem in the literal's body."""
+
+    def __init__(self, message: str, offset: int) -> None:
+        super().__init__(message)
+        self.offset = offset
+
+
+_ESCAPE = re.compile(r'\\(?:([\\"nt])|([0-9A-Fa-f]{2}))')
+_SIMPLE_ESCAPE_BYTES = {"\\": b"\\", '"': b'"', "n": b"\n", "t": b"\t"}
+# C0 and C1 controls but tab, DEL, and lone surrogates (only an API caller can pass those).
+_RAW_FORBIDDEN = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\ud800-\udfff]")
+_PLAIN_STRING = re.compile(r"[ !#-\[\]-~]*\Z")  # printable ASCII but '"' and '\\'
+_SHORT_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t"}
+_BARE_SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*\Z")
+
+
+def unescape_string(body: str) -> str:
+    """The value of a string literal whose text between the quotes is `body`."""
+    bad = _RAW_FORBIDDEN.search(body)
+    if bad is not None:
+        raise StringSyntaxError(_raw_character_message(bad.group()), bad.start())
+    if "\\" not in body:
+        return body
+    data = bytearray()
+    pieces: list[tuple[int, int]] = []  # (index in data, offset in body) where each piece starts
+    i = 0
+    while (j := body.find("\\", i)) >= 0:
+        if j > i:
+            pieces.append((len(data), i))
+            data += body[i:j].encode()
+        m = _ESCAPE.match(body, j)
+        if m is None:
+            raise StringSyntaxError(_unknown_escape_message(body, j), j)
+        pieces.append((len(data), j))
+        simple = m.group(1)
+        data += _SIMPLE_ESCAPE_BYTES[simple] if simple else bytes((int(m.group(2), 16),))
+        i = m.end()
+    if i < len(body):
+        pieces.append((len(data), i))
+        data += body[i:].encode()
+    try:
+        return data.decode()
+    except UnicodeDecodeError as e:
+        offset = max(off for start, off in pieces if start <= e.start)
+        raise StringSyntaxError(
+            "escaped bytes in a string literal are not UTF-8 text", offset
+        ) from None
+
+
+def _raw_character_message(ch: str) -> str:
+    if "\ud800" <= ch <= "\udfff":
+        return f"invalid character U+{ord(ch):04X} (a lone surrogate) in a string literal"
+    escaped = "".join(f"\\{b:02X}" for b in ch.encode())
+    return f"control character U+{ord(ch):04X} in a string literal (write it as {escaped})"
+
+
+def _unknown_escape_message(body: str, j: int) -> str:
+    after = body[j + 1 : j + 2]
+    shown = "\\" + after if after.isprintable() and after else "\\"
+    return (
+        f"unknown escape '{shown}' in a string literal (allowed: \\\\, \\\", \\n, \\t and two hex "
+        "digits such as \\41)"
+    )
+
+
+def escape_string(s: str) -> str:
+    """`s` as a string literal: printable text as is, other characters as hex UTF-8 bytes."""
+    if _PLAIN_STRING.match(s):
+        return f'"{s}"'
+    out = []
+    for ch in s:
+        short = _SHORT_ESCAPES.get(ch)
+        if short is not None:
+            out.append(short)
+        elif " " <= ch <= "~" or (ch > "\x7f" and ch.isprintable()):
+            out.append(ch)
+        else:
+            out.append("".join(f"\\{b:02X}" for b in ch.encode("utf-8", "surrogatepass")))
+    return '"' + "".join(out) + '"'
+
+
+def format_symbol(name: str) -> str:
+    """`@name`, quoted as MLIR does (`@"weird name"`) unless it is a plain identifier."""
+    return "@" + (name if _BARE_SYMBOL.match(name) else escape_string(name))

@@ -37,13 +37,18 @@ class SourceTable:
         self._lines: dict[str, list[str]] = {}
 
     def add(self, name: str, text: str) -> None:
-        self._lines[name] = text.splitlines()
+        # Lines end at '\n' only, as the lexer counts them (splitlines would also break at form
+        # feeds and U+2028, and quote the wrong line).
+        lines = text.split("\n")
+        if lines[-1] == "":
+            lines.pop()
+        self._lines[name] = lines
 
     def line(self, loc: Location) -> str | None:
         lines = self._lines.get(loc.file)
         if lines is None or not 1 <= loc.line <= len(lines):
             return None
-        return lines[loc.line - 1]
+        return _visible(lines[loc.line - 1].removesuffix("\r"))
 
 
 SOURCES = SourceTable()
@@ -74,6 +79,14 @@ class TgcError(Exception):
 
 class VerifyError(TgcError):
     """Raised by op verifiers; the verifier driver fills in the op's location."""
+
+
+def _visible(line: str) -> str:
+    """A quoted source line with invisible characters (controls, a BOM, U+2028...) shown as
+    U+FFFD, one column each, so the caret still lines up and the terminal gets no control."""
+    if line.isprintable():
+        return line
+    return "".join(c if c.isprintable() or c == "\t" else "\ufffd" for c in line)
 
 
 def _render_one(loc: Location | None, severity: str, message: str) -> str:

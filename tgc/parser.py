@@ -4,11 +4,14 @@ Two stages. Lark's LALR parser, with the callbacks of `_ToTuples` applied while 
 parse tree is built), turns the text into small tuples. `_IRBuilder` then walks those tuples,
 resolving SSA names through nested scopes and creating ops from the registry. Every error is a
 `TgcError` at a file:line:col, with Lark's expected terminals turned into words.
+
+Limits (docs/ir.md): regions and attribute arrays nest at most `MAX_NESTING` deep, integers fit
+their element type (i64 for a plain integer attribute), and a decimal float must be finite in
+its type; `inf`/`nan` are written as keywords.
 """
 
 from __future__ import annotations
 
-import ast
 import difflib
 import math
 import re
@@ -17,15 +20,26 @@ from functools import cache
 from pathlib import Path
 
 import lark
+import ml_dtypes
 import numpy as np
 from lark import Token, Transformer
 
-from tgc.attributes import DenseAttr, FunctionTypeAttr, SymbolRef
+from tgc.attributes import (
+    DenseAttr,
+    FunctionTypeAttr,
+    StringSyntaxError,
+    SymbolRef,
+    unescape_string,
+)
 from tgc.builtin import FuncOp, ModuleOp
 from tgc.diagnostics import SOURCES, Location, TgcError
 from tgc.ir import Block, Operation, Region, Value, paused_gc
 from tgc.opdef import ISOLATED, OPS
-from tgc.types import TensorType, TypeSyntaxError, parse_type
+from tgc.types import NUMPY_DTYPES, TensorType, TypeSyntaxError, parse_type
+
+# How deep regions, and attribute arrays, may nest. Deeper input is refused with a diagnostic
+# rather than let the recursive walks of the parser, verifier and printer hit Python's limit.
+MAX_NESTING = 256
 
 # -- stage 1: text -> tuples -----------------------------------------------------------------------
 
@@ -159,7 +173,7 @@ class _ToTuples(Transformer):
         return (c[0], c[1])
 
     def array(self, c):
-        return ("array", [x for x in c if x is not None])
+        return ("array", c[0], [x for x in c[1:] if x is not None])
 
     def dense(self, c):
         return ("dense", c[0], c[1], c[2])
@@ -190,10 +204,9 @@ def _describe_expected(expected: set[str]) -> str:
     return ", ".join(words[:-1]) + " or " + words[-1]
 
 
-def _syntax_error(e: lark.exceptions.LarkError, file: str) -> TgcError:
+def _syntax_error(e: lark.exceptions.LarkError, file: str, text: str) -> TgcError:
     if isinstance(e, lark.exceptions.UnexpectedCharacters):
-        ch = e.char if e.char != "\n" else "end of line"
-        return TgcError(f"unexpected character '{ch}'", Location(file, e.line, e.column))
+        return _bad_character(e, file, text)
     if isinstance(e, lark.exceptions.UnexpectedEOF):
         return TgcError(
             f"unexpected end of input, expected {_describe_expected(set(e.expected))}",
@@ -211,6 +224,52 @@ def _syntax_error(e: lark.exceptions.LarkError, file: str) -> TgcError:
     return TgcError(f"syntax error: {e}", None)
 
 
+_SIGILS = {"%": "a value name", "^": "a block label", "@": "a symbol name"}
+
+
+def _bad_character(e: lark.exceptions.UnexpectedCharacters, file: str, text: str) -> TgcError:
+    """Where no token starts: say what is wrong at the very character that is wrong."""
+    loc = Location(file, e.line, e.column)
+    if e.char == '"':
+        return TgcError("unterminated string literal (a string must end on its line)", loc)
+    if e.char in _SIGILS:
+        after = text[e.pos_in_stream + 1 : e.pos_in_stream + 2]
+        what = _SIGILS[e.char]
+        if not after or after.isspace():
+            return TgcError(f"expected {what} after '{e.char}'", loc)
+        after_loc = Location(file, e.line, e.column + 1)
+        if after == '"':
+            return TgcError(
+                "unterminated string literal (a string must end on its line)", after_loc
+            )
+        hint = ' or a quoted name: @"..."' if e.char == "@" else ""
+        if e.char == "@" and after in "0123456789$.-":
+            return TgcError(
+                f"a bare symbol name starts with a letter or '_', not '{after}' (quote other "
+                'names: @"...")',
+                after_loc,
+            )
+        return TgcError(
+            f"invalid character {_show_char(after)} in {what} (allowed: ASCII letters, digits and "
+            f"'_', '$', '.', '-'{hint})",
+            after_loc,
+        )
+    if e.char == "\ufeff":
+        return TgcError(
+            "unexpected byte order mark U+FEFF (allowed only at the start of input)", loc
+        )
+    return TgcError(f"unexpected character {_show_char(e.char)}", loc)
+
+
+def _show_char(ch: str) -> str:
+    """A character for a message: quoted when visible, else its code point (U+0000)."""
+    if ch == "\n":
+        return "end of line"
+    if ch.isprintable() and not ch.isspace():
+        return f"'{ch}'"
+    return f"U+{ord(ch):04X}"
+
+
 # -- stage 2: tuples -> IR -------------------------------------------------------------------------
 
 
@@ -219,9 +278,42 @@ class _IRBuilder:
         self.file = file
         # A stack of scopes; None marks an isolated-from-above boundary.
         self.scopes: list[dict[str, Value] | None] = []
+        self.region_depth = 0  # regions around the op being built, module and func bodies too
 
     def error(self, message: str, tok: Token) -> TgcError:
         return TgcError(message, _loc(tok, self.file))
+
+    # literals
+
+    def string(self, tok: Token, skip: int = 1) -> str:
+        """The value of a string token whose body starts `skip` characters in (after `"` or `@"`)."""
+        try:
+            return unescape_string(tok[skip:-1])
+        except StringSyntaxError as e:
+            loc = Location(self.file, tok.line, tok.column + skip + e.offset)
+            raise TgcError(str(e), loc) from None
+
+    def symbol(self, tok: Token) -> str:
+        """The name of `@name` or `@"any name"`."""
+        return self.string(tok, 2) if tok[1] == '"' else tok[1:]
+
+    def integer(self, tok: Token, elem: str = "i64") -> int:
+        """An integer literal that must fit `elem` (a plain integer attribute is an i64)."""
+        text = str(tok)
+        digits = text.lstrip("-").lstrip("0") or "0"  # int() refuses over 4300 digits: check first
+        lo, hi = _INT_RANGES[elem]
+        value = int(digits) * (-1 if text.startswith("-") else 1) if len(digits) <= 20 else None
+        if value is None or not lo <= value <= hi:
+            allowed = "true, false, 0 or 1" if elem == "i1" else f"{lo} to {hi}"
+            raise self.error(f"integer {_shorten(text)} out of range for {elem} ({allowed})", tok)
+        return value
+
+    def real(self, tok: Token, elem: str = "f64") -> float:
+        """A decimal float (or integer) literal that must be finite in `elem` once rounded."""
+        value = float(tok)
+        if math.isinf(value) or abs(value) >= _FLOAT_OVERFLOW[elem]:
+            raise self.error(f"value {_shorten(str(tok))} out of range for {elem}", tok)
+        return value
 
     # scopes
 
@@ -281,8 +373,10 @@ class _IRBuilder:
                 return module
         module = ModuleOp.empty()
         self.scopes.append({})
+        self.region_depth += 1
         for item in items:
             module.body.append(self.build_item(item))
+        self.region_depth -= 1
         self.scopes.pop()
         return module
 
@@ -290,11 +384,13 @@ class _IRBuilder:
         _, kw, sym, attr_entries, items = item
         module = ModuleOp.empty(_loc(kw, self.file))
         if sym is not None:
-            module.attributes["sym_name"] = sym[1:]
+            module.attributes["sym_name"] = self.symbol(sym)
         module.attributes.update(self.attributes(attr_entries))
         self.scopes.append({})
+        self.region_depth += 1
         for sub in items:
             module.body.append(self.build_item(sub))
+        self.region_depth -= 1
         self.scopes.pop()
         return module
 
@@ -309,8 +405,9 @@ class _IRBuilder:
         _, kw, sym, args, results, attr_entries, ops = item
         arg_types = [self.type_of(t) for _, _, t in args]
         result_types = [self.type_of(t) for t in (results or [])]
-        func = FuncOp.build(sym[1:], arg_types, result_types, loc=_loc(kw, self.file))
+        func = FuncOp.build(self.symbol(sym), arg_types, result_types, loc=_loc(kw, self.file))
         func.attributes.update(self.attributes(attr_entries))
+        self.enter_region(kw)
         self.scopes.append(None)
         self.scopes.append({})
         for (_, name_tok, _), arg in zip(args, func.body.args):
@@ -319,13 +416,20 @@ class _IRBuilder:
             func.body.append(self.build_op(op))
         self.scopes.pop()
         self.scopes.pop()
+        self.region_depth -= 1
         return func
+
+    def enter_region(self, owner: Token) -> None:
+        """Count one more enclosing region; refuse one nested past MAX_NESTING."""
+        if self.region_depth >= MAX_NESTING:
+            raise self.error(
+                f"regions nested too deeply (the limit is {MAX_NESTING} levels)", owner
+            )
+        self.region_depth += 1
 
     def build_op(self, item) -> Operation:
         _, name_tok, result_toks, operand_toks, attr_entries, signature, regions = item
-        name = str(name_tok)
-        if name.startswith('"'):
-            name = ast.literal_eval(name)
+        name = self.string(name_tok) if name_tok.startswith('"') else str(name_tok)
         cls = OPS.get(name)
         if cls is None:
             raise self.error(_unknown_op_message(name), name_tok)
@@ -335,7 +439,9 @@ class _IRBuilder:
         if kind == "sigtok":
             in_types, out_types = self.signature_token(signature[1])
         else:
-            in_toks, out_toks = (signature[1], signature[2]) if kind == "ftype" else (signature[1], [])
+            in_toks, out_toks = (
+                (signature[1], signature[2]) if kind == "ftype" else (signature[1], [])
+            )
             if kind == "types" and result_toks:  # `op %a : T1` lists operand types only
                 raise self.error(
                     f"'{name}' defines results, so its signature needs '-> result types'", name_tok
@@ -360,14 +466,15 @@ class _IRBuilder:
                 name_tok,
             )
         isolated = ISOLATED in cls.traits
-        built_regions = [self.build_region(r, isolated) for r in regions]
+        built_regions = [self.build_region(r, isolated, name_tok) for r in regions]
         op = cls(operands, out_types, self.attributes(attr_entries), built_regions, loc)
         for tok, result in zip(result_toks, op.results):
             self.define(tok, result)
         return op
 
-    def build_region(self, item, isolated: bool) -> Region:
+    def build_region(self, item, isolated: bool, owner: Token) -> Region:
         _, blocks = item
+        self.enter_region(owner)
         region = Region()
         if isolated:
             self.scopes.append(None)
@@ -382,6 +489,7 @@ class _IRBuilder:
         self.scopes.pop()
         if isolated:
             self.scopes.pop()
+        self.region_depth -= 1
         return region
 
     # attributes
@@ -389,25 +497,25 @@ class _IRBuilder:
     def attributes(self, entries) -> dict:
         out = {}
         for key_tok, value in entries:
-            key = ast.literal_eval(key_tok) if key_tok.startswith('"') else str(key_tok)
+            key = self.string(key_tok) if key_tok.startswith('"') else str(key_tok)
             if key in out:
                 raise self.error(f"duplicate attribute '{key}'", key_tok)
             out[key] = self.attr_value(value)
         return out
 
-    def attr_value(self, v):
+    def attr_value(self, v, depth: int = 0):
         if isinstance(v, Token):
             t = v.type
             if t == "INT":
-                return int(v)
+                return self.integer(v)
             if t == "FLOAT":
-                return float(v)
+                return self.real(v)
             if t == "HEX_F64":
                 return struct.unpack("<d", struct.pack("<Q", int(v.split(":")[0], 16)))[0]
             if t == "STRING":
-                return ast.literal_eval(v)
+                return self.string(v)
             if t == "SYMBOL":
-                return SymbolRef(v[1:])
+                return SymbolRef(self.symbol(v))
             if t == "TYPE":
                 return self.type_of(v)
             if t in _KEYWORD_VALUES:
@@ -415,7 +523,10 @@ class _IRBuilder:
             raise self.error(f"unexpected attribute value '{v}'", v)
         kind = v[0]
         if kind == "array":
-            return tuple(self.attr_value(x) for x in v[1])
+            if depth >= MAX_NESTING:
+                limit = f"the limit is {MAX_NESTING} levels"
+                raise self.error(f"attribute arrays nested too deeply ({limit})", v[1])
+            return tuple(self.attr_value(x, depth + 1) for x in v[2])
         if kind == "ftype":
             return FunctionTypeAttr(
                 tuple(self.type_of(t) for t in v[1]), tuple(self.type_of(t) for t in v[2])
@@ -429,31 +540,77 @@ class _IRBuilder:
         ty = self.type_of(type_tok)
         if not (isinstance(body, tuple) and body[0] == "dense_list"):
             return DenseAttr.splat(self.dense_scalar(body, ty), ty)
+        shape_error = self.error(f"dense literal does not have the shape of {ty}", kw)
         try:
-            array = np.array(self.dense_nested(body, ty), dtype=ty.dtype)
-        except (ValueError, OverflowError):
-            array = None
-        if array is None or array.shape != ty.shape:
-            raise self.error(f"dense literal does not have the shape of {ty}", kw)
+            # Every element is checked against the element type first, so only a ragged or
+            # wrongly sized literal can fail here.
+            array = np.array(self.dense_nested(body, ty, 1, shape_error), dtype=ty.dtype)
+        except ValueError:
+            raise shape_error from None
+        if array.shape != ty.shape:
+            raise shape_error
         return DenseAttr(array, ty)
 
-    def dense_nested(self, body, ty):
+    def dense_nested(self, body, ty: TensorType, depth: int, shape_error: TgcError):
+        """Nested lists of checked elements; lists deeper than the rank are a shape error (this
+        also bounds the recursion, as a rank is at most 64)."""
         if isinstance(body, tuple) and body[0] == "dense_list":
-            return [self.dense_nested(x, ty) for x in body[1]]
+            if depth > ty.rank:
+                raise shape_error
+            return [self.dense_nested(x, ty, depth + 1, shape_error) for x in body[1]]
         return self.dense_scalar(body, ty)
 
     def dense_scalar(self, v: Token, ty: TensorType):
-        if v.type in ("FLOAT", "INF", "NEG_INF", "NAN") and not ty.is_float:
+        """One element of a dense literal, checked against the element type."""
+        elem = ty.element_type
+        if v.type in ("TRUE", "FALSE"):
+            if elem != "i1":
+                raise self.error(f"'{v}' is only valid for i1 elements, not {elem}", v)
+            return v.type == "TRUE"
+        if ty.is_float:
+            found = _KEYWORD_VALUES.get(v.type)
+            return found if found is not None else self.real(v, elem)
+        if v.type != "INT":
             raise self.error(f"float literal '{v}' in an integer constant {ty}", v)
-        if v.type in _KEYWORD_VALUES:
-            return _KEYWORD_VALUES[v.type]
-        return float(v) if v.type == "FLOAT" else int(v)
+        value = self.integer(v, elem)
+        return bool(value) if elem == "i1" else value
 
 
 _SIGNATURE_CACHE: dict[str, tuple[list[TensorType], list[TensorType]]] = {}
 _TYPE_IN_SIGNATURE = re.compile(r"tensor<[^>]*>")
 
-_KEYWORD_VALUES = {"TRUE": True, "FALSE": False, "INF": math.inf, "NEG_INF": -math.inf, "NAN": math.nan}
+_KEYWORD_VALUES = {
+    "TRUE": True,
+    "FALSE": False,
+    "INF": math.inf,
+    "NEG_INF": -math.inf,
+    "NAN": math.nan,
+}
+
+_INT_RANGES = {"i1": (0, 1)} | {
+    name: (int(np.iinfo(NUMPY_DTYPES[name]).min), int(np.iinfo(NUMPY_DTYPES[name]).max))
+    for name in ("i8", "i32", "i64")
+}
+
+
+def _overflow_threshold(elem: str) -> float:
+    """The smallest magnitude that rounds to infinity in `elem`: its largest finite value plus
+    half a unit in the last place (a tie rounds to even, which is the infinity)."""
+    info = ml_dtypes.finfo(NUMPY_DTYPES[elem])
+    return float(info.max) + math.ldexp(1.0, info.maxexp - info.nmant - 2)
+
+
+_FLOAT_OVERFLOW = {
+    "f16": _overflow_threshold("f16"),
+    "bf16": _overflow_threshold("bf16"),
+    "f32": _overflow_threshold("f32"),
+    "f64": math.inf,
+}
+
+
+def _shorten(literal: str) -> str:
+    """A literal for a message, cut short when it is very long."""
+    return literal if len(literal) <= 40 else f"{literal[:30]}... ({len(literal)} characters)"
 
 
 def _unknown_op_message(name: str) -> str:
@@ -469,6 +626,7 @@ def parse_module(text: str, file: str = "<string>") -> ModuleOp:
     """Parse text into a module (a file without `module` is wrapped in one). Not verified."""
     import tgc.dialects  # noqa: F401  (registers every dialect's ops)
 
+    text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark: columns count after it
     SOURCES.add(file, text)
     parser = _lark()
     with paused_gc():
@@ -479,7 +637,7 @@ def parse_module(text: str, file: str = "<string>") -> ModuleOp:
                 raise e.orig_exc from None
             raise
         except lark.exceptions.LarkError as e:
-            raise _syntax_error(e, file) from None
+            raise _syntax_error(e, file, text) from None
         return _IRBuilder(file).build_top(items)
 
 

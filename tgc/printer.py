@@ -9,26 +9,24 @@ from __future__ import annotations
 
 import re
 
-from tgc.attributes import DenseAttr, FunctionTypeAttr, SymbolRef, format_dense_body, format_float
+from tgc.attributes import (
+    DenseAttr,
+    FunctionTypeAttr,
+    SymbolRef,
+    escape_string,
+    format_dense_body,
+    format_float,
+    format_symbol,
+)
 from tgc.builtin import FuncOp, ModuleOp
 from tgc.ir import Block, Operation, Value
 from tgc.types import TensorType
 
-_BARE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*$")
-_VALUE_NAME = re.compile(r"[A-Za-z0-9_$.\-]+$")
-_STRING_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+_BARE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*\Z")
+_VALUE_NAME = re.compile(r"[A-Za-z0-9_$.\-]+\Z")
 
-
-def format_string(s: str) -> str:
-    out = []
-    for ch in s:
-        if ch in _STRING_ESCAPES:
-            out.append(_STRING_ESCAPES[ch])
-        elif ch.isprintable():
-            out.append(ch)
-        else:
-            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}")
-    return '"' + "".join(out) + '"'
+# MLIR's string spelling (tgc.attributes keeps the rules, shared with the parser).
+format_string = escape_string
 
 
 def format_attribute(value, generic: bool = False) -> str:
@@ -125,7 +123,7 @@ class Printer:
         elif module.attributes:
             sym = module.attributes.get("sym_name")
             rest = {k: v for k, v in module.attributes.items() if k != "sym_name"}
-            head = "module" + (f" @{sym}" if sym else "")
+            head = "module" + (f" {format_symbol(sym)}" if sym is not None else "")
             if rest:
                 head += " attributes " + format_attr_dict(rest)
             self.lines.append(head + " {")
@@ -149,7 +147,7 @@ class Printer:
         pad = "  " * depth
         args = ", ".join(f"{self.name(a)}: {a.type}" for a in func.body.args)
         results = func.function_type.results
-        head = f"{pad}func.func @{func.sym_name}({args})"
+        head = f"{pad}func.func {format_symbol(func.sym_name)}({args})"
         if len(results) == 1:
             head += f" -> {results[0]}"
         elif results:
@@ -211,7 +209,7 @@ class Printer:
                 self.op(op, depth + 1)
 
     def block_header(self, block: Block, index: int, depth: int) -> None:
-        label = block.label or f"bb{index}"
+        label = block.label if block.label and _VALUE_NAME.match(block.label) else f"bb{index}"
         args = ", ".join(f"{self.name(a)}: {a.type}" for a in block.args)
         self.lines.append("  " * depth + f"^{label}" + (f"({args})" if args else "") + ":")
 

@@ -32,6 +32,11 @@ ELEMENT_TYPE_OF_DTYPE = {dt: name for name, dt in NUMPY_DTYPES.items()}
 # Bytes per element, used by cost models and codegen.
 ELEMENT_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i1": 1, "i8": 1, "i32": 4, "i64": 8}
 
+# Limits every type meets: numpy holds at most 64 dimensions, and MLIR sizes are int64.
+MAX_RANK = 64
+MAX_DIM = 2**63 - 1
+_ENCODING = re.compile(r"[A-Za-z0-9_\-]*\Z")  # what the type syntax can spell
+
 
 class TypeSyntaxError(ValueError):
     """A malformed type; `column` is the 0-based offset of the problem inside the type text."""
@@ -60,8 +65,12 @@ class TensorType:
             return found
         if element_type not in ELEMENT_TYPES:
             raise ValueError(f"unknown element type '{element_type}'")
-        if any(not isinstance(d, int) or d < 0 for d in shape):
+        if len(shape) > MAX_RANK or any(
+            not isinstance(d, int) or not 0 <= d <= MAX_DIM for d in shape
+        ):
             raise ValueError(f"invalid shape {shape}")
+        if encoding is not None and not _ENCODING.match(encoding):
+            raise ValueError(f"invalid encoding {encoding!r}")
         self = object.__new__(cls)
         self.shape = shape
         self.element_type = element_type
@@ -111,7 +120,10 @@ class TensorType:
         return TensorType.get(self.shape, self.element_type, encoding)
 
 
-_TYPE_BODY = re.compile(r'tensor<\s*((?:\d+\s*x\s*)*)([a-z0-9]+)\s*(?:,\s*"([A-Za-z0-9_\-]*)"\s*)?>$')
+# ASCII only: Python's \d and \s would take other scripts' digits and U+2028 for whitespace.
+_TYPE_BODY = re.compile(
+    r'tensor<\s*((?:\d+\s*x\s*)*)([a-z0-9]+)\s*(?:,\s*"([A-Za-z0-9_\-]*)"\s*)?>\Z', re.ASCII
+)
 _parsed_cache: dict[str, TensorType] = {}
 
 
@@ -129,21 +141,38 @@ def parse_type(text: str) -> TensorType:
             f"unknown element type '{elem}' (expected one of {', '.join(ELEMENT_TYPES)})",
             m.start(2),
         )
-    shape = tuple(int(d) for d in dims_text.replace(" ", "").split("x") if d)
-    result = TensorType.get(shape, elem, enc)
+    dims = [d.strip() for d in dims_text.split("x") if d.strip()]
+    if len(dims) > MAX_RANK:
+        raise TypeSyntaxError(f"rank {len(dims)} exceeds the maximum of {MAX_RANK}", 0)
+    for d in dims:  # checked as text first: int() refuses more than 4300 digits
+        if len(d.lstrip("0")) > 19 or int(d) > MAX_DIM:
+            raise TypeSyntaxError(f"dimension {_shorten(d)} is larger than 2^63 - 1", text.find(d))
+    result = TensorType.get(tuple(int(d) for d in dims), elem, enc)
     _parsed_cache[text] = result
     return result
 
 
 def _explain_bad_type(text: str) -> str:
     if "?" in text:
-        return f"dynamic dimensions are not supported in '{text}'"
-    return f"malformed tensor type '{text}' (expected e.g. tensor<4x16xf32>)"
+        return f"dynamic dimensions are not supported in '{_visible(text)}'"
+    col = _bad_type_column(text)
+    if col < len(text) and not (text[col].isascii() and text[col].isprintable()):
+        return f"unexpected character {_visible(text[col])} in a tensor type"
+    return f"malformed tensor type '{_visible(text)}' (expected e.g. tensor<4x16xf32>)"
 
 
 def _bad_type_column(text: str) -> int:
     """Column of the first character that stops `text` from being a well-formed type."""
     i = len("tensor<")
-    while i < len(text) and (text[i].isdigit() or text[i] in "x "):
+    while i < len(text) and text[i] in "0123456789x \t":
         i += 1
     return min(i, max(len(text) - 1, 0))
+
+
+def _visible(text: str) -> str:
+    """Type text for a message: characters other than printable ASCII as U+XXXX."""
+    return "".join(c if c.isascii() and c.isprintable() else f"U+{ord(c):04X}" for c in text)
+
+
+def _shorten(digits: str) -> str:
+    return digits if len(digits) <= 24 else f"{digits[:20]}... ({len(digits)} digits)"
