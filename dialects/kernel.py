@@ -34,7 +34,11 @@ from tgc.opdef import (
     enum,
     lookup,
     register,
+    verify_op,
 )
+
+# The dialects whose ops a `kernel.call` may stand for: ops with a numpy meaning and no region.
+TARGET_DIALECTS = ("atomic", "hl")
 
 TEMPLATES = ("elementwise", "row_reduction", "matmul", "attention", "generic")
 
@@ -142,7 +146,35 @@ class CallOp(Operation):
         cls = lookup(self.attr("op"))
         if cls is None:
             raise VerifyError(f"'op' names no registered op: '{self.attr('op')}'")
+        if cls.name.split(".", 1)[0] not in TARGET_DIALECTS:
+            raise VerifyError(
+                f"'op' must name an atomic or hl op (one with a numpy meaning), not '{cls.name}'"
+            )
         return cls
+
+    def as_target(self) -> Operation:
+        """The op the call stands for, on the call's operands, result types and op attributes
+        (detached: it holds no uses of the operands)."""
+        proxy = self.target()(
+            list(self.operands),
+            [r.type for r in self.results],
+            self.op_attributes(),
+            None,
+            self.loc,
+        )
+        proxy.drop_operand_uses()
+        return proxy
+
+    def verify_target(self) -> None:
+        """The call is the op it names: that op's own verifier checks operands, attributes and
+        result types (so a call that could not run never verifies)."""
+        proxy = self.as_target()
+        try:
+            verify_op(proxy)
+        except VerifyError as e:
+            prefix = f"'{proxy.name}' op "
+            message = e.message.removeprefix(prefix)
+            raise VerifyError(f"as '{proxy.name}': {message}") from None
 
     def op_attributes(self) -> dict:
         """The attributes forwarded to `op`: all but `callee`, `op` and `dialect.name` keys."""
@@ -162,7 +194,7 @@ class CallOp(Operation):
         elif self.attr("op") is None:
             raise VerifyError("needs an 'op' attribute or a region holding its subgraph")
         else:
-            self.target()
+            self.verify_target()
         if self.attr("callee").startswith("cublas.") and space != "cuda":
             raise VerifyError(
                 f"library kernel '{self.attr('callee')}' reads and writes device memory only; "
@@ -172,10 +204,7 @@ class CallOp(Operation):
     def reference(self, *inputs):
         if self.regions:  # the interpreter runs the region (tgc.runtime.interpreter)
             raise NotImplementedError("a 'kernel.call' with a region means its region")
-        cls = self.target()
-        proxy = cls(list(self.operands), [r.type for r in self.results], self.op_attributes())
-        proxy.drop_operand_uses()
-        return proxy.reference(*inputs)
+        return self.as_target().reference(*inputs)
 
 
 @register
