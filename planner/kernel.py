@@ -3,22 +3,54 @@
 A kernel is either
 - an *op kernel*: it runs one op of a given name with whatever attributes the program gives it
   (`op = "atomic.add"`); its reference graph is that op, or
-- a *graph kernel*: it computes a small reference graph written as a `.tg` function
+- a *graph kernel*: it computes a small reference graph written as `.tg` text
   (`reference = "func.func @tanh(%x: tensor<8xf32>) -> ... { ... }"`), matched against the
   program's subgraphs after both are put in canonical form (see `planner.match`). The types in
   the reference text only make it parse; shapes and dtypes are bound from the program, and
   `constraints` says which ones the kernel accepts.
 
+A graph kernel may list several equivalent reference graphs (alternatives): every `func.func`
+of its text is one, and `reference` may be a tuple of texts. A text wrapped in `Lowered(...)`
+stands for what `lower-hl` makes of it, so a kernel written against `hl.tanh` still applies
+after the program was lowered. Each alternative must return one value computed by an op and use
+every argument; the arguments are the kernel's inputs, in order (all alternatives of one kernel
+take the same arguments). Registration parses, verifies and canonicalises every alternative
+once (`canonical_references`).
+
 Every kernel states its backend (whose memory space its operands and results live in, see
 `BACKEND_SPACE`), its tunable parameters (name -> domain, the first value is the default) and
-its error bound: the largest relative error against the float64 reference that it may have
-(`max_rel_error`), so that `select-kernels{tolerance=...}` can refuse an approximate kernel.
+its error bound `max_rel_error`, so that `select-kernels{tolerance=...}` can refuse an
+approximate kernel. The bound is how far the kernel's result may be from evaluating its
+reference graph op by op in the program's own element types (the interpreter's "native"
+precision), as a normwise relative difference (`rel_error`). An op kernel that is its op's numpy
+meaning states 0; `np.tanh` standing for the exp formula states 1e-6 (a few f32 ulp). Hence its
+error against the float64 reference is at most the native evaluation's own rounding error plus
+`max_rel_error` (test/test_planner_kernels.py checks both on fresh random inputs).
+
+How a kernel runs (`run`) is the backend's calling convention; the numpy backend's is
+`run(inputs: list[np.ndarray], attrs: dict, result_types: list[TensorType]) -> list[np.ndarray]`
+(see planner/backends/numpy.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import numpy as np
+
+import tgc.dialects  # registers the ops reference texts use
+import tgc.passes  # noqa: F401  (registers the canonicalising passes)
+from tgc.attributes import DenseAttr
+from tgc.builder import Builder
+from tgc.builtin import FuncOp, ModuleOp
+from tgc.diagnostics import TgcError
+from tgc.ir import BlockArgument
+from tgc.opdef import create
+from tgc.parser import parse_module
+from tgc.pass_manager import PassManager
+from tgc.printer import print_op
+from tgc.verifier import verify
 
 # The memory space of each backend's operands and results: None is host memory. Two backends
 # in the same space hand values over without a copy (numpy <-> torch CPU, PyCUDA <-> torch CUDA).
@@ -29,10 +61,22 @@ BACKEND_SPACE: dict[str, str | None] = {
     "torch-cuda": "cuda",
 }
 
+# The pipelines that put a reference graph (and the program it is matched against) in canonical
+# form; `Lowered` texts are lowered to atomic ops first.
+CANONICAL_PIPELINE = "canonicalize,cse"
+LOWERED_PIPELINE = "lower-hl,canonicalize,cse"
+
 
 def no_constraint(types) -> str | None:
     """Accepts every binding; a constraint returns why a binding is refused, or None."""
     return None
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """A reference text that stands for its `lower-hl` form (hl ops replaced by atomic ones)."""
+
+    text: str
 
 
 @dataclass(frozen=True, eq=False)
@@ -40,11 +84,12 @@ class Kernel:
     name: str  # unique, "<backend>.<what>", e.g. "numpy.tanh", "cuda.elementwise"
     backend: str  # a key of BACKEND_SPACE
     op: str | None = None  # op kernel: the op it runs
-    reference: str | None = None  # graph kernel: the .tg function it computes
+    # graph kernel: the .tg function(s) it computes (a text, a Lowered text, or a tuple of them)
+    reference: str | Lowered | tuple[str | Lowered, ...] | None = None
     run: Callable | None = None  # how to run it (the backend's calling convention)
     constraints: Callable = no_constraint  # (operand and result types) -> reason refused | None
     params: dict[str, tuple] = field(default_factory=dict)  # name -> domain, first = default
-    max_rel_error: float = 0.0  # stated bound on the relative error against float64
+    max_rel_error: float = 0.0  # stated bound, see the module docstring
     doc: str = ""
 
     def __post_init__(self) -> None:
@@ -61,15 +106,79 @@ class Kernel:
     def default_params(self) -> dict:
         return {k: domain[0] for k, domain in self.params.items()}
 
+    @property
+    def is_graph_kernel(self) -> bool:
+        return self.reference is not None
 
-KERNELS: dict[str, Kernel] = {}
+    def reference_texts(self) -> tuple[str | Lowered, ...]:
+        if self.reference is None:
+            return ()
+        if isinstance(self.reference, tuple):
+            return self.reference
+        return (self.reference,)
+
+
+class _Registry(dict):
+    """The kernel registry: a dict whose `version` changes with every mutation, so indexes
+    built from it (graph kernels by root op, see `planner.match`) know when to rebuild."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.version = 0
+
+    def _bump(self) -> None:
+        self.version += 1
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        self._bump()
+
+    def __delitem__(self, key) -> None:
+        super().__delitem__(key)
+        self._bump()
+
+    def pop(self, *args):
+        self._bump()
+        return super().pop(*args)
+
+    def popitem(self):
+        self._bump()
+        return super().popitem()
+
+    def clear(self) -> None:
+        super().clear()
+        self._bump()
+
+    def update(self, *args, **kwargs) -> None:
+        super().update(*args, **kwargs)
+        self._bump()
+
+    def setdefault(self, key, default=None):
+        self._bump()
+        return super().setdefault(key, default)
+
+
+KERNELS: dict[str, Kernel] = _Registry()
+
+
+def registry_version() -> int:
+    """Changes whenever a kernel is added or removed."""
+    return KERNELS.version
 
 
 def register_kernel(kernel: Kernel) -> Kernel:
+    """Add `kernel`; a graph kernel's references are parsed and canonicalised here, once."""
     if kernel.name in KERNELS:
         raise TypeError(f"kernel '{kernel.name}' is registered twice")
+    if kernel.is_graph_kernel:
+        canonical_references(kernel)
     KERNELS[kernel.name] = kernel
     return kernel
+
+
+def unregister_kernel(name: str) -> Kernel:
+    """Remove a kernel (tests register temporary ones)."""
+    return KERNELS.pop(name)
 
 
 def kernels_for_op(op_name: str) -> list[Kernel]:
@@ -78,3 +187,128 @@ def kernels_for_op(op_name: str) -> list[Kernel]:
 
 def graph_kernels() -> list[Kernel]:
     return [k for k in KERNELS.values() if k.reference is not None]
+
+
+# -- reference graphs --------------------------------------------------------------------------
+
+# kernel -> its canonical alternatives (Kernel is frozen and hashed by identity).
+_CANONICAL: dict[Kernel, tuple[FuncOp, ...]] = {}
+
+
+def canonical_references(kernel: Kernel) -> tuple[FuncOp, ...]:
+    """The kernel's reference graphs, parsed, verified and in canonical form (cached).
+
+    Raises TypeError (a broken kernel definition is a programming error) when a text does not
+    parse or verify, when an alternative does not return exactly one op result, leaves an
+    argument unused, or takes other argument types than the first alternative."""
+    cached = _CANONICAL.get(kernel)
+    if cached is not None:
+        return cached
+    funcs: list[FuncOp] = []
+    seen: set[str] = set()
+    for text in kernel.reference_texts():
+        for func in _parse_canonical(kernel, text):
+            key = _printed(func)
+            if key not in seen:  # a Lowered text may equal another alternative
+                seen.add(key)
+                funcs.append(func)
+    for func in funcs:
+        _check_alternative(kernel, func, funcs[0])
+    _CANONICAL[kernel] = tuple(funcs)
+    return _CANONICAL[kernel]
+
+
+def _parse_canonical(kernel: Kernel, text: str | Lowered) -> list[FuncOp]:
+    lowered = isinstance(text, Lowered)
+    source = text.text if lowered else text
+    try:
+        module: ModuleOp = parse_module(source, f"<kernel {kernel.name}>")
+        verify(module)
+        PassManager.from_text(LOWERED_PIPELINE if lowered else CANONICAL_PIPELINE).run(module)
+    except TgcError as e:
+        raise TypeError(f"kernel {kernel.name}: bad reference graph: {e}") from None
+    if not module.funcs:
+        raise TypeError(f"kernel {kernel.name}: the reference text holds no function")
+    return module.funcs
+
+
+def _printed(func: FuncOp) -> str:
+    text = print_op(func)
+    return text.split("(", 1)[1]  # without the function's name
+
+
+def _check_alternative(kernel: Kernel, func: FuncOp, first: FuncOp) -> None:
+    where = f"kernel {kernel.name}, @{func.sym_name}"
+    returned = func.body.last.operands
+    if len(returned) != 1 or isinstance(returned[0], BlockArgument):
+        raise TypeError(f"{where}: a reference graph returns exactly one op result")
+    unused = [i for i, a in enumerate(func.body.args) if not a.uses]
+    if unused:
+        raise TypeError(f"{where}: argument #{unused[0]} is unused after canonicalisation")
+    if len(func.body.args) != len(first.body.args):
+        raise TypeError(
+            f"{where}: takes {len(func.body.args)} arguments, the first takes "
+            f"{len(first.body.args)}"
+        )
+
+
+def reference_root(func: FuncOp):
+    """The op whose result a canonical reference graph returns."""
+    return func.body.last.operands[0].defining_op
+
+
+def instantiate_reference(func: FuncOp, arg_types) -> FuncOp:
+    """A copy of reference graph `func` on other argument types, every result type inferred
+    again; a float constant takes the element type of the first float argument. Raises
+    TypeError when the types do not fit (verification fails) or an op cannot infer its result
+    type (reshape, broadcast)."""
+    new = FuncOp.build(func.sym_name, list(arg_types), [], [a.name_hint for a in func.args])
+    b = Builder.at_end(new.body)
+    env = dict(zip(func.args, new.args))
+    floats = [t.element_type for t in arg_types if t.is_float]
+    try:
+        for op in func.body.ops:
+            operands = [env[v] for v in op.operands]
+            if op is func.body.last:
+                b.create(op.name, operands, result_types=[])
+                new.set_result_types([v.type for v in operands])
+                break
+            attributes, declared = op.attributes, None
+            if op.name == "atomic.constant":
+                attributes, declared = _constant_like(op, floats[0] if floats else None)
+            made = b.insert(create(type(op), operands, attributes, declared, loc=op.loc))
+            env.update(zip(op.results, made.results))
+        verify(new)
+    except TgcError as e:
+        raise TypeError(f"@{func.sym_name} does not fit {list(map(str, arg_types))}: {e}") from None
+    return new
+
+
+def _constant_like(op, element_type: str | None) -> tuple[dict, list]:
+    t = op.results[0].type
+    if element_type is None or not t.is_float:
+        return op.attributes, [t]
+    t = t.with_element_type(element_type)
+    value = op.attr("value")
+    return {**op.attributes, "value": DenseAttr(value.array.astype(t.dtype), t)}, [t]
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+
+def rel_error(got: np.ndarray, want: np.ndarray) -> float:
+    """Normwise relative difference max|got - want| / max|want| (0 for equal arrays, NaN and
+    infinities included where they coincide; inf where they do not)."""
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    if got.shape != want.shape:
+        return float("inf")
+    same = (got == want) | (np.isnan(got) & np.isnan(want))
+    if same.all():
+        return 0.0
+    if not (np.isfinite(got) | same).all() or not (np.isfinite(want) | same).all():
+        return float("inf")
+    with np.errstate(invalid="ignore"):
+        diff = np.where(same, 0.0, np.abs(got - want))
+    scale = np.max(np.abs(np.where(np.isfinite(want), want, 0.0)), initial=0.0)
+    return float(diff.max() / scale) if scale > 0 else float("inf")

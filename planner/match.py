@@ -1,36 +1,299 @@
 """Where a kernel applies: matching kernels against a function's ops.
 
-(Stub: op kernels only. Graph kernels, matched by canonical form, come next.)
+An op kernel applies at every op of its name (if its constraints accept the types). A graph
+kernel applies where one of its canonical reference graphs (`kernel.canonical_references`)
+equals the subgraph of the program that ends at the op, the program being in canonical form
+too (`canonicalize,cse`, as `select-kernels` runs it first). The match walks from the value the
+reference returns backwards, pairing each reference op with a program op:
+
+- same op name, operand and result counts, no regions; equal attributes (declared defaults
+  included, discardable `dialect.name` keys ignored); `atomic.constant`s compared by value
+  (same shape, equal values in the narrower of the two element types);
+- a commutative op (trait COMMUTATIVE) matches its operands in either order (associative
+  chains are already in one canonical shape); alternatives are explored by backtracking;
+- a reference op reached twice (DAG sharing, `exp(x)` used twice) binds the same program op,
+  and two reference ops never bind one program op;
+- each reference argument binds one program value, consistently (several arguments may bind
+  the same value); value names and types are ignored: types come from the program, and the
+  kernel's `constraints` then accept or refuse them;
+- covered ops are in the root's block, and a covered op other than the root has no use outside
+  the match (else the kernel would have to recompute it); the root's other results are unused.
+
+Constants are part of the kernel (its reference holds them): a matched program constant is not
+covered (other ops may share it, DCE removes it when nothing else does) and is listed in
+`Match.constants`.
+
+Matching costs O(reference size) per candidate root (times the commutative alternatives
+tried); graph kernels are indexed by their root op's name, so an op no kernel can end at costs
+one dict look-up and `find_matches` over a block is linear in the block.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
-from tgc.ir import Operation, Value
-from tgc.planner.kernel import KERNELS, Kernel
+import numpy as np
+
+from tgc.attributes import DenseAttr, attribute_key
+from tgc.builtin import FuncOp
+from tgc.ir import Block, BlockArgument, Operation, Value
+from tgc.opdef import COMMUTATIVE
+from tgc.planner.kernel import (
+    KERNELS,
+    Kernel,
+    canonical_references,
+    reference_root,
+    registry_version,
+)
+
+# Safety caps on one reference at one root: distinct covers kept, consistent bindings looked at.
+MAX_MATCHES_PER_ROOT = 16
+MAX_BINDINGS_TRIED = 256
 
 
 @dataclass(frozen=True, eq=False)
 class Match:
     """A kernel applied at `root`: the ops it covers (block order, root last), the program values
-    bound to its arguments (in the kernel's argument order), and the values it produces."""
+    bound to its arguments (in the kernel's argument order), and the values it produces.
+
+    For a graph kernel, `reference` is the canonical alternative that matched and `constants`
+    the program constants it read by value (not covered, see the module docstring)."""
 
     kernel: Kernel
     root: Operation
     ops: tuple[Operation, ...]
     inputs: tuple[Value, ...]
     outputs: tuple[Value, ...]
+    constants: tuple[Operation, ...] = ()
+    reference: FuncOp | None = None
 
 
 def _types(op: Operation):
     return [v.type for v in op.operands], [r.type for r in op.results]
 
 
-def matches_at(op: Operation, kernels: list[Kernel] | None = None) -> list[Match]:
-    """Every match of a registered kernel (or of `kernels`) whose root is `op`."""
+# -- the index: op kernels by op name, graph-kernel references by root op name -----------------
+
+
+@dataclass
+class _Index:
+    version: int = -1
+    op_kernels: dict[str, list[Kernel]] = field(default_factory=dict)
+    roots: dict[str, list[tuple[Kernel, FuncOp]]] = field(default_factory=dict)
+
+
+_INDEX = _Index()
+
+
+def _index() -> _Index:
+    """The index of the registry as it is now (rebuilt after a kernel is added or removed)."""
+    global _INDEX
+    if _INDEX.version != registry_version():
+        index = _Index(registry_version())
+        for k in KERNELS.values():
+            if k.op is not None:
+                index.op_kernels.setdefault(k.op, []).append(k)
+                continue
+            for ref in canonical_references(k):
+                index.roots.setdefault(reference_root(ref).name, []).append((k, ref))
+        _INDEX = index
+    return _INDEX
+
+
+def _candidates(op: Operation, kernels: list[Kernel] | None):
+    """(op kernels named like `op`, graph-kernel references whose root is named like `op`)."""
+    if kernels is None:
+        index = _index()
+        return index.op_kernels.get(op.name, ()), index.roots.get(op.name, ())
+    op_kernels = [k for k in kernels if k.op == op.name]
+    refs = [
+        (k, ref)
+        for k in kernels
+        if k.op is None
+        for ref in canonical_references(k)
+        if reference_root(ref).name == op.name
+    ]
+    return op_kernels, refs
+
+
+# -- the API --------------------------------------------------------------------------------------
+
+
+def matches_at(
+    op: Operation,
+    kernels: list[Kernel] | None = None,
+    positions: dict[Operation, int] | None = None,
+) -> list[Match]:
+    """Every match of a registered kernel (or of `kernels`) whose root is `op`.
+
+    `positions` (op -> index in its block) orders a match's ops without walking the block;
+    `find_matches` passes it."""
+    op_kernels, refs = _candidates(op, kernels)
     out = []
-    for k in KERNELS.values() if kernels is None else kernels:
-        if k.op == op.name and k.constraints(_types(op)) is None:
+    for k in op_kernels:
+        if k.constraints(_types(op)) is None:
             out.append(Match(k, op, (op,), tuple(op.operands), tuple(op.results)))
+    for k, ref in refs:
+        out += _graph_matches(k, ref, op, positions)
     return out
+
+
+def find_matches(block: Block, kernels: list[Kernel] | None = None) -> dict[Operation, list[Match]]:
+    """Every op of `block` (in order) mapped to the matches rooted at it (possibly none)."""
+    ops = list(block.ops)
+    positions = {op: i for i, op in enumerate(ops)}
+    return {op: matches_at(op, kernels, positions) for op in ops}
+
+
+# -- graph kernels ----------------------------------------------------------------------------
+
+
+def _graph_matches(
+    kernel: Kernel, ref: FuncOp, root: Operation, positions: dict[Operation, int] | None
+) -> list[Match]:
+    returned = ref.body.last.operands[0]
+    if returned.index >= len(root.results):
+        return []
+    if any(r.uses for i, r in enumerate(root.results) if i != returned.index):
+        return []
+    output = root.results[returned.index]
+    matcher = _Matcher(root.block)
+    found: dict[frozenset, Match] = {}
+    for tried, _ in enumerate(matcher.value(returned, output)):
+        if tried >= MAX_BINDINGS_TRIED:
+            break
+        match = _accept(kernel, ref, root, output, matcher, positions)
+        if match is None:
+            continue
+        # Bindings that cover the same ops compute the same value (they differ by commutative
+        # swaps, `b*c` against `c*b`): one option for the planner, the first one is kept.
+        found.setdefault(frozenset(map(id, match.ops)), match)
+        if len(found) >= MAX_MATCHES_PER_ROOT:
+            break
+    return list(found.values())
+
+
+def _accept(kernel, ref, root, output, matcher, positions) -> Match | None:
+    """The match for the current binding, or None when a covered op is used outside it or the
+    kernel's constraints refuse the bound types."""
+    covered, constants = [], []
+    for r_op, p_op in matcher.ops.items():
+        if p_op.name == "atomic.constant":
+            constants.append(p_op)
+            continue
+        if p_op is not root and _use_count(p_op) != _use_count(r_op):
+            return None  # a result of p_op is used outside the match
+        covered.append(p_op)
+    inputs = tuple(matcher.args[a] for a in ref.body.args)
+    if kernel.constraints(([v.type for v in inputs], [output.type])) is not None:
+        return None
+    ops = _in_block_order(covered, root, positions)
+    return Match(kernel, root, ops, inputs, (output,), tuple(constants), ref)
+
+
+def _use_count(op: Operation) -> int:
+    return sum(len(r.uses) for r in op.results)
+
+
+def _in_block_order(covered: list[Operation], root: Operation, positions) -> tuple:
+    if positions is not None:
+        return tuple(sorted(covered, key=positions.__getitem__))
+    # Covered ops all precede the root in its block: walk back until every one was seen.
+    wanted, out, op = set(covered), [], root
+    while op is not None and len(out) < len(wanted):
+        if op in wanted:
+            out.append(op)
+        op = op.prev
+    return tuple(reversed(out))
+
+
+class _Matcher:
+    """The binding of one reference graph to the program, extended and undone by generators:
+    each `yield` is one consistent binding; resuming undoes the last step and tries the next."""
+
+    def __init__(self, block: Block) -> None:
+        self.block = block
+        self.ops: dict[Operation, Operation] = {}  # reference op -> program op
+        self.used: set[Operation] = set()  # program ops bound so far
+        self.args: dict[Value, Value] = {}  # reference argument -> program value
+
+    def value(self, rv: Value, pv: Value) -> Iterator[None]:
+        if isinstance(rv, BlockArgument):
+            yield from self._argument(rv, pv)
+            return
+        r_op, p_op = rv.defining_op, pv.defining_op
+        if p_op is None or pv.index != rv.index:
+            return
+        bound = self.ops.get(r_op)
+        if bound is not None:
+            if bound is p_op:
+                yield
+            return
+        if p_op in self.used or not _same_op(r_op, p_op):
+            return
+        if p_op.block is not self.block and p_op.name != "atomic.constant":
+            return
+        self.ops[r_op] = p_op
+        self.used.add(p_op)
+        yield from self._operands(r_op, p_op)
+        del self.ops[r_op]
+        self.used.discard(p_op)
+
+    def _argument(self, rv: Value, pv: Value) -> Iterator[None]:
+        bound = self.args.get(rv)
+        if bound is None:
+            self.args[rv] = pv
+            yield
+            del self.args[rv]
+        elif bound is pv:
+            yield
+
+    def _operands(self, r_op: Operation, p_op: Operation) -> Iterator[None]:
+        yield from self._sequence(r_op.operands, p_op.operands, 0)
+        a, b = p_op.operands[:2] if len(p_op.operands) == 2 else (None, None)
+        if COMMUTATIVE in r_op.traits and a is not None and a is not b:
+            yield from self._sequence(r_op.operands, [b, a], 0)
+
+    def _sequence(self, rs: list[Value], ps: list[Value], i: int) -> Iterator[None]:
+        if i == len(rs):
+            yield
+            return
+        for _ in self.value(rs[i], ps[i]):
+            yield from self._sequence(rs, ps, i + 1)
+
+
+def _same_op(r: Operation, p: Operation) -> bool:
+    if r.name != p.name or r.regions or p.regions:
+        return False
+    if len(r.operands) != len(p.operands) or len(r.results) != len(p.results):
+        return False
+    if r.name == "atomic.constant":
+        return _same_constant(r.attr("value"), p.attr("value"))
+    keys = set(r.attr_defs) | set(r.attributes) | set(p.attributes)
+    return all(_same_attr(r.attr(k), p.attr(k)) for k in keys if "." not in k)
+
+
+def _same_attr(x, y) -> bool:
+    numbers = (int, float)
+    if isinstance(x, numbers) and isinstance(y, numbers):
+        if isinstance(x, bool) or isinstance(y, bool):
+            return x is y
+        return x == y or (math.isnan(x) and math.isnan(y))  # NaN equals NaN here
+    return attribute_key(x) == attribute_key(y)
+
+
+def _same_constant(x: DenseAttr, y: DenseAttr) -> bool:
+    """Equal shapes and values; floats of two widths compare in the narrower one (a reference
+    written in f32 matches the same constant in an f16 or f64 program)."""
+    a, b = x.array, y.array
+    if a.shape != b.shape:
+        return False
+    if a.dtype == b.dtype:
+        return x == y or bool(np.array_equal(a, b, equal_nan=a.dtype.kind == "f"))
+    if a.dtype.kind == "f" and b.dtype.kind == "f":
+        narrow = a.dtype if a.dtype.itemsize <= b.dtype.itemsize else b.dtype
+        with np.errstate(over="ignore"):
+            return bool(np.array_equal(a.astype(narrow), b.astype(narrow), equal_nan=True))
+    return bool(np.array_equal(a.astype(np.float64), b.astype(np.float64)))
