@@ -1,0 +1,138 @@
+"""Run a selected (placed) function, mixing backends: one executor for every plan.
+
+`run_plan(func, inputs)` walks the function once, in order:
+
+- `kernel.call`: the kernel named by `callee` (in `KERNELS`) runs on its backend (`BACKENDS`,
+  see planner/backends/__init__.py): the operands, kept in their memory space's representation,
+  are adopted by the backend, `call(kernel, inputs, attrs, result_types)` runs it (attrs: the
+  op attributes of an op kernel's call, `{}` for a graph kernel's), and the results are released
+  back to the space's representation;
+- `kernel.copy`: the value moves to the result type's space (through the host);
+- `kernel.fused`: its region, interpreted on the host (a cuda backend will run it compiled);
+- any other op left in the function (`atomic.constant`, `atomic.reshape`, ...): its numpy
+  meaning on the host, as the interpreter's "native" precision computes it.
+
+Inputs and results are host numpy arrays; a function argument typed in another space is moved
+there first, and results are brought back. Errors (a callee no kernel has, a backend that is not
+available here, a kernel whose operands live in another space) are TgcErrors at the op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from tgc.builtin import FuncOp, ReturnOp
+from tgc.diagnostics import TgcError
+from tgc.dialects.kernel import CallOp, CopyOp, FusedOp
+from tgc.ir import Operation
+from tgc.planner import load_backends
+from tgc.planner.backends import BACKENDS, SPACES, Backend, Space
+from tgc.planner.kernel import KERNELS, Kernel
+from tgc.runtime.interpreter import check_inputs, run_block
+
+
+def run_plan(
+    func: FuncOp, inputs: list[np.ndarray], backends: Mapping[str, Backend] | None = None
+) -> list[np.ndarray]:
+    """Run `func` (ops left as they are, kernel calls, copies) on host inputs; host results.
+
+    `backends` replaces the registered backends (name -> Backend), e.g. to run without one."""
+    load_backends()
+    table = dict(BACKENDS) if backends is None else dict(backends)
+    env = {}
+    for arg, value in zip(func.body.args, check_inputs(func, inputs, "native")):
+        env[arg] = _space(arg.type.encoding, func).from_host(value, arg.type)
+    for op in func.body.ops:
+        values = [env[v] for v in op.operands]
+        if isinstance(op, ReturnOp):
+            return [_space(v.type.encoding, op).to_host(x) for v, x in zip(op.operands, values)]
+        for result, value in zip(op.results, _run_op(op, values, table)):
+            env[result] = value
+    raise TgcError(f"@{func.sym_name} has no 'func.return'", func.loc)
+
+
+def _run_op(op: Operation, values: list, backends: dict[str, Backend]) -> list:
+    if isinstance(op, CallOp):
+        return _run_call(op, values, backends)
+    if isinstance(op, CopyOp):
+        source = _space(op.operands[0].type.encoding, op)
+        target = op.results[0].type
+        return [_space(target.encoding, op).from_host(source.to_host(values[0]), target)]
+    spaces = {v.type.encoding for v in op.operands} | {r.type.encoding for r in op.results}
+    if spaces - {None}:
+        raise TgcError(
+            f"'{op.name}' on values in {', '.join(sorted(s for s in spaces if s))} memory has no "
+            f"kernel here (select-kernels makes it a kernel.call)",
+            op.loc,
+        )
+    if isinstance(op, FusedOp):
+        return run_block(op.body, values, "native")
+    from tgc.planner.backends.numpy import op_kernel_run
+
+    return op_kernel_run(type(op))(values, op.attributes, [r.type for r in op.results])
+
+
+def _run_call(op: CallOp, values: list, backends: dict[str, Backend]) -> list:
+    kernel = _kernel(op)
+    backend = backends.get(kernel.backend)
+    if backend is None:
+        raise TgcError(
+            f"kernel '{kernel.name}' runs on the {kernel.backend} backend, which is not "
+            f"available here",
+            op.loc,
+        )
+    spaces = {v.type.encoding for v in op.operands} | {r.type.encoding for r in op.results}
+    if spaces - {kernel.space}:
+        where = ", ".join(sorted(str(s or "host") for s in spaces))
+        raise TgcError(
+            f"kernel '{kernel.name}' works in {kernel.space or 'host'} memory, but the call's "
+            f"values are in {where} memory (insert kernel.copy)",
+            op.loc,
+        )
+    attrs = op.op_attributes() if kernel.op is not None else {}
+    result_types = [r.type for r in op.results]
+    outs = backend.call(kernel, [backend.adopt(v) for v in values], attrs, result_types)
+    outs = [backend.release(v) for v in outs]
+    _check_results(op, kernel, outs)
+    return outs
+
+
+def _kernel(op: CallOp) -> Kernel:
+    kernel = KERNELS.get(op.attr("callee"))
+    if kernel is None:
+        raise TgcError(f"'kernel.call' names no registered kernel '{op.attr('callee')}'", op.loc)
+    if kernel.op is not None and kernel.op != op.attr("op"):
+        raise TgcError(
+            f"kernel '{kernel.name}' runs '{kernel.op}', but the call means "
+            f"'{op.attr('op') or 'its region'}'",
+            op.loc,
+        )
+    return kernel
+
+
+def _check_results(op: CallOp, kernel: Kernel, outs: list) -> None:
+    """A kernel that returns the wrong number or shapes of results is a broken kernel: say so
+    here rather than let a later op fail on it."""
+    if len(outs) != len(op.results):
+        raise TgcError(
+            f"internal error: kernel '{kernel.name}' returned {len(outs)} result(s), the call "
+            f"has {len(op.results)}",
+            op.loc,
+        )
+    for result, out in zip(op.results, outs):
+        shape = getattr(out, "shape", None)
+        if shape is not None and tuple(shape) != result.type.shape:
+            raise TgcError(
+                f"internal error: kernel '{kernel.name}' returned shape {tuple(shape)}, the "
+                f"call declares {result.type}",
+                op.loc,
+            )
+
+
+def _space(name: str | None, where: Operation) -> Space:
+    space = SPACES.get(name)
+    if space is None:
+        raise TgcError(f"no backend that can hold values in {name} memory is loaded", where.loc)
+    return space
