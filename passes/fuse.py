@@ -37,7 +37,7 @@ order of the function's ops is a topological order of the new graph.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -181,19 +181,29 @@ class UnitGraph:
     def path_through_third(self, a: UnitNode, b: UnitNode) -> bool:
         """Is there a path between `a` and `b` other than a direct edge?"""
         lo, hi = (a, b) if a.order < b.order else (b, a)
-        return self._descendants_before(lo, hi) is None
+        _, found = _first_to_finish(_reach(lo, hi, True), _reach(hi, lo, False))
+        return found is None
 
     def contract(self, a: UnitNode, b: UnitNode) -> UnitNode:
         """Merge `a` and `b` (joined by no path through a third) into one node, returned."""
         lo, hi = (a, b) if a.order < b.order else (b, a)
-        after = self._descendants_before(lo, hi)
-        if after is None:
+        forward, backward = _reach(lo, hi, True), _reach(hi, lo, False)
+        which, found = _first_to_finish(forward, backward)
+        if found is None:
             raise ValueError("contracting these units would close a cycle")
-        before = self._ancestors_after(hi, lo)
+        keep, gone = (a, b) if len(a.succ) + len(a.pred) >= len(b.succ) + len(b.pred) else (b, a)
+        if not found:
+            # Nothing between lo and hi reaches hi (or is reached from lo): the merged node
+            # can take lo's (hi's) place as it is, whatever the other side holds.
+            order = lo.order if which is backward else hi.order
+            self._absorb(keep, gone)
+            keep.order = order
+            return keep
+        after = found if which is forward else _finish(forward)
+        before = found if which is backward else _finish(backward)
         # Nodes between lo and hi that reach hi must precede the merged node, those reached from
         # lo must follow it: hand their positions out again in that order (one is left free).
         slots = sorted([lo.order, hi.order, *(n.order for n in before), *(n.order for n in after)])
-        keep, gone = (a, b) if len(a.succ) + len(a.pred) >= len(b.succ) + len(b.pred) else (b, a)
         self._absorb(keep, gone)
         for node, slot in zip(sorted(before, key=_by_order), slots):
             node.order = slot
@@ -201,33 +211,6 @@ class UnitGraph:
         for node, slot in zip(sorted(after, key=_by_order), slots[len(slots) - len(after) :]):
             node.order = slot
         return keep
-
-    @staticmethod
-    def _descendants_before(lo: UnitNode, hi: UnitNode) -> set[UnitNode] | None:
-        """The nodes that `lo` reaches and that precede `hi`, not counting the edge lo -> hi;
-        None when one of them reaches `hi` (a path through a third node)."""
-        stack = [nxt for nxt in lo.succ if nxt is not hi and nxt.order < hi.order]
-        seen = set(stack)
-        while stack:
-            for nxt in stack.pop().succ:
-                if nxt is hi:
-                    return None
-                if nxt.order < hi.order and nxt not in seen:
-                    seen.add(nxt)
-                    stack.append(nxt)
-        return seen
-
-    @staticmethod
-    def _ancestors_after(hi: UnitNode, lo: UnitNode) -> set[UnitNode]:
-        """The nodes that reach `hi` and follow `lo` (`lo` itself excluded)."""
-        seen: set[UnitNode] = set()
-        stack = [hi]
-        while stack:
-            for prev in stack.pop().pred:
-                if prev is not lo and prev.order > lo.order and prev not in seen:
-                    seen.add(prev)
-                    stack.append(prev)
-        return seen
 
     @staticmethod
     def _absorb(keep: UnitNode, gone: UnitNode) -> None:
@@ -249,6 +232,54 @@ class UnitGraph:
 
 def _by_order(node: UnitNode) -> int:
     return node.order
+
+
+# A search between `lo` and `hi` of the unit graph yields once per edge it looks at, so that the
+# forward search from lo and the backward search from hi can run in step: the cycle check costs
+# the smaller of the two (a producer with thousands of consumers ahead, or an op with a long
+# history behind, does not make every check walk them all).
+Search = Generator[None, None, "set[UnitNode] | None"]
+
+
+def _reach(start: UnitNode, end: UnitNode, forward: bool) -> Search:
+    """Search from `start` towards `end` (along edges when `forward`, against them otherwise),
+    through nodes ordered strictly between the two. Returns the nodes it reached, or None when
+    it reached `end` other than by the direct edge between the two."""
+    sign = 1 if forward else -1
+    limit = sign * end.order
+    seen: set[UnitNode] = set()
+    stack = [start]
+    while stack:
+        node = stack.pop()
+        for nxt in node.succ if forward else node.pred:
+            yield
+            if nxt is end:
+                if node is start:
+                    continue
+                return None
+            if sign * nxt.order < limit and nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return seen
+
+
+def _finish(search: Search) -> set[UnitNode] | None:
+    """Run `search` to its end; its result."""
+    while True:
+        try:
+            next(search)
+        except StopIteration as stop:
+            return stop.value
+
+
+def _first_to_finish(a: Search, b: Search) -> tuple[Search, set[UnitNode] | None]:
+    """Advance both searches one edge at a time; the one that ends first and its result."""
+    while True:
+        for search in (a, b):
+            try:
+                next(search)
+            except StopIteration as stop:
+                return search, stop.value
 
 
 class _Fuser:

@@ -269,6 +269,36 @@ def test_fuse_work_is_linear_on_a_chain():
     assert calls[1] < 4.5 * calls[0], calls
 
 
+def _fan_out(n: int) -> ModuleOp:
+    """One exp read by n negs (all join its kernel), each reduced over the first axis (an op no
+    kernel takes) and summed in a chain (a second kernel): every join looks across all the
+    reductions before it, every add across all the negs after it."""
+    t, r = "tensor<4x8xf32>", "tensor<8xf32>"
+    lines = [f"func.func @fan(%x: {t}) -> {r} {{", f"  %e = atomic.exp %x : ({t}) -> {t}"]
+    total = None
+    for i in range(n):
+        lines.append(f"  %n{i} = atomic.neg %e : ({t}) -> {t}")
+        lines.append(f"  %r{i} = atomic.reduce_sum %n{i} {{axes = [0]}} : ({t}) -> {r}")
+        if total is not None:
+            lines.append(f"  %s{i} = atomic.add {total}, %r{i} : ({r}, {r}) -> {r}")
+        total = f"%s{i}" if total is not None else f"%r{i}"
+    lines += [f"  func.return {total} : {r}", "}"]
+    return parse_module("\n".join(lines))
+
+
+def test_fuse_work_is_linear_on_a_fan_out():
+    """A value with n consumers whose results leave the kernel: 4x the consumers cost at most
+    4.5x the calls (a window search from the shared producer alone would be quadratic)."""
+    calls = []
+    for n in (250, 1000):
+        module = _fan_out(n)
+        pm = PassManager.from_text("fuse")
+        calls.append(_count_calls(functools.partial(pm.run, module)))
+        kernels = [op for op in module.funcs[0].body.ops if isinstance(op, FusedOp)]
+        assert len(kernels) == 2
+    assert calls[1] < 4.5 * calls[0], calls
+
+
 def test_fuse_work_is_linear_on_gpt2_blocks():
     """GPT-2 stacks after the CUDA route's optimisation: 4x the blocks, at most 4.5x the calls."""
     from tgc.runtime.placement import default_cuda_pipeline
