@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,14 +18,14 @@ from tgc.tools._common import EXIT_OK, guarded, read_input
 CHECK_TOLERANCE = {"f64": 1e-9, "f32": 2e-4, "f16": 2e-2, "bf16": 3e-2}
 
 CHECK_RULE = (
-    "A result passes when it holds NaN exactly where the float64 reference does, the same "
+    "a result passes when it holds NaN exactly where the float64 reference does, the same "
     "infinity where the reference has one, and elsewhere finite values within tol * max(1, "
     "largest finite |reference|) of it, tol by element type: f64 1e-9, f32 2e-4, f16 2e-2, bf16 "
     "3e-2; integers and i1 must be equal."
 )
 
 RANDOM_RULE = (
-    "Random inputs depend on the seed and the function only (not on -p): floats from N(0, 1), "
+    "random inputs depend on the seed and the function only (not on -p): floats from N(0, 1), "
     "except weights (the right-hand operand of hl.linear or atomic.matmul), drawn from N(0, "
     "1/fan_in) with fan_in the contracted dimension, as models initialise them, so values stay "
     "of order 1 through the layers; gather indices in range; other integers in [0, 4)."
@@ -46,7 +47,11 @@ def build_arg_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="tgc-run",
         description="Run a function of a .tg module.",
-        epilog=f"{RANDOM_RULE} --check: {CHECK_RULE}",
+        epilog="\n\n".join(
+            textwrap.fill(p, 79)
+            for p in (f"--random-inputs: {RANDOM_RULE}", f"--check: {CHECK_RULE}")
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("input", help="input .tg file ('-' for stdin)")
     ap.add_argument("--func", default=None, help="function to run (default: the only one)")
@@ -78,7 +83,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compare the results with a float64 numpy run of the unoptimised module (rule below)",
     )
-    ap.add_argument("-o", dest="output_dir", default=None, help="write DIR/result_<i>.npy")
+    ap.add_argument(
+        "-o", dest="output_dir", default=None, metavar="DIR", help="write DIR/result_<i>.npy"
+    )
     ap.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
     return ap
 
