@@ -5,7 +5,8 @@ program instances of its reference (an op kernel: its op's docstring example and
 elementwise ops, random shapes; a graph kernel: every canonical alternative on random shapes),
 run the kernel's `run` on fresh random inputs (magnitudes in [0.5, 2), random signs, positive
 where the op needs it; never zeros) and check the kernel's stated bound (planner/kernel.py):
-- against the op-by-op evaluation in the program's types ("native"): rel_error <= max_rel_error;
+- against the op-by-op evaluation in the program's types ("native"): rel_error <= max_rel_error
+  (f32 and f64; a graph kernel on 16-bit floats rounds once, see planner/kernel.py);
 - against the float64 interpreter: rel_error <= the native evaluation's own + max_rel_error.
 A deliberately wrong kernel fails the same check (test_a_wrong_kernel_is_caught).
 """
@@ -120,7 +121,7 @@ def op_kernel_instances(kernel: Kernel):
 
 def graph_kernel_instances(kernel: Kernel, rng: np.random.Generator):
     for ref in canonical_references(kernel):
-        for element in ("f32", "f64"):
+        for element in ("f32", "f64", "f16"):
             shape = random_shape(rng, min_rank=1)
             types = [TensorType.get(shape, element) for _ in ref.args]
             yield instantiate_reference(ref, types)
@@ -146,7 +147,8 @@ def check_kernel_on(kernel: Kernel, func, inputs: list[np.ndarray]) -> None:
     for g, n, w, t in zip(got, native, want, result_types):
         assert g.shape == t.shape and g.dtype == t.dtype, (kernel.name, g.shape, g.dtype, t)
         to_native = rel_error(g, n)
-        assert to_native <= kernel.max_rel_error, (
+        rounds_once = kernel.is_graph_kernel and t.element_type in ("f16", "bf16")
+        assert rounds_once or to_native <= kernel.max_rel_error, (
             f"{kernel.name} on {t}: {to_native:.3g} from the native evaluation, "
             f"states {kernel.max_rel_error:.3g}"
         )
