@@ -8,7 +8,8 @@ reference returns backwards, pairing each reference op with a program op:
 
 - same op name, operand and result counts, no regions; equal attributes (declared defaults
   included, discardable `dialect.name` keys ignored); `atomic.constant`s compared by value
-  (same shape, equal values in the narrower of the two element types);
+  (same shape, equal values in the narrower of the two element types); an op whose result
+  types cannot be inferred (cast, reshape, broadcast, iota) also needs the same result types;
 - a commutative op (trait COMMUTATIVE) matches its operands in either order (associative
   chains are already in one canonical shape); alternatives are explored by backtracking;
 - a reference op reached twice (DAG sharing, `exp(x)` used twice) binds the same program op,
@@ -272,7 +273,23 @@ def _same_op(r: Operation, p: Operation) -> bool:
     if r.name == "atomic.constant":
         return _same_constant(r.attr("value"), p.attr("value"))
     keys = set(r.attr_defs) | set(r.attributes) | set(p.attributes)
-    return all(_same_attr(r.attr(k), p.attr(k)) for k in keys if "." not in k)
+    if not all(_same_attr(r.attr(k), p.attr(k)) for k in keys if "." not in k):
+        return False
+    return not _pinned(r) or [v.type for v in r.results] == [v.type for v in p.results]
+
+
+_PINNED: dict[Operation, bool] = {}
+
+
+def _pinned(ref_op: Operation) -> bool:
+    """Whether a reference op's result types are part of its meaning: an op that cannot infer
+    them from its operands and attributes (cast, reshape, broadcast, iota) matches only a
+    program op with the very same result types (cached: reference ops live as long as their
+    kernel)."""
+    pinned = _PINNED.get(ref_op)
+    if pinned is None:
+        pinned = _PINNED[ref_op] = ref_op.infer() is None
+    return pinned
 
 
 def _same_attr(x, y) -> bool:

@@ -329,3 +329,25 @@ def test_matching_is_linear_in_the_block():
     finally:
         match_module._Matcher.value = original
     assert 0 < small and large == 4 * small
+
+
+CAST_KERNEL_TEXT = """
+func.func @exp_to_f16(%x: tensor<4xf32>) -> tensor<4xf16> {
+  %e = atomic.exp %x : (tensor<4xf32>) -> tensor<4xf32>
+  %y = atomic.cast %e : (tensor<4xf32>) -> tensor<4xf16>
+  func.return %y : tensor<4xf16>
+}
+"""
+
+
+@pytest.mark.parametrize("element, matches", [("f16", 1), ("bf16", 0)])
+def test_an_op_whose_result_type_is_its_meaning_matches_that_type_only(element, matches):
+    """A cast's result type is what it does: exp then cast to f16 is not exp then cast to bf16."""
+    kernel = register_kernel(Kernel("numpy.test_exp_f16", "numpy", reference=CAST_KERNEL_TEXT))
+    try:
+        t, r = "tensor<4xf32>", f"tensor<4x{element}>"
+        body = unary("atomic.exp", "x", "e", t) + f"\n  %y = atomic.cast %e : ({t}) -> {r}"
+        func = canonical(body, f"%x: {t}", rtype=r)
+        assert len(graph_matches(func, kernel.name)) == matches
+    finally:
+        unregister_kernel(kernel.name)
