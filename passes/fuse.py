@@ -215,8 +215,8 @@ class UnitGraph:
 
     @staticmethod
     def _absorb(keep: UnitNode, gone: UnitNode) -> None:
-        """Move the edges of `gone` to `keep` (the node of higher degree, so that the work done
-        over all contractions stays about linear in the edges)."""
+        """Move the edges of `gone` to `keep`. `keep` is the node with more edges, so a kernel
+        with many neighbours is not walked again each time a small unit joins it."""
         for nxt in gone.succ:
             nxt.pred.discard(gone)
             if nxt is not keep:
