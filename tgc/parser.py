@@ -220,7 +220,10 @@ def _syntax_error(e: lark.exceptions.LarkError, file: str, text: str) -> TgcErro
                 Location(file, max(e.line, 1), max(e.column, 1)),
             )
         expected = _describe_expected(set(e.expected))
-        return TgcError(f"expected {expected}, found '{tok}'", Location(file, tok.line, tok.column))
+        found = _shorten("".join(c if c.isprintable() else f"U+{ord(c):04X}" for c in tok))
+        return TgcError(
+            f"expected {expected}, found '{found}'", Location(file, tok.line, tok.column)
+        )
     return TgcError(f"syntax error: {e}", None)
 
 
@@ -299,6 +302,8 @@ class _IRBuilder:
 
     def integer(self, tok: Token, elem: str = "i64") -> int:
         """An integer literal that must fit `elem` (a plain integer attribute is an i64)."""
+        if elem == "i64" and len(tok) < 19:  # the common case: 18 characters always fit
+            return int(tok)
         text = str(tok)
         digits = text.lstrip("-").lstrip("0") or "0"  # int() refuses over 4300 digits: check first
         lo, hi = _INT_RANGES[elem]
