@@ -233,6 +233,18 @@ CASES = {
         ATTR_COL,
         "unexpected byte order mark U+FEFF (allowed only at the start of input)",
     ),
+    "long_unexpected_token": (
+        one_op('1 "' + "a" * 50 + '"'),
+        2,
+        ATTR_COL + 2,
+        "expected ',', ']' or '}', found '\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaa... (52 characters)'",
+    ),
+    "invisible_unexpected_token": (
+        one_op('1 "a\u2028"'),
+        2,
+        ATTR_COL + 2,
+        "expected ',', ']' or '}', found '\"aU+2028\"'",
+    ),
     "rank_over_64": (
         one_op("tensor<" + "1x" * (MAX_RANK + 1) + "f32>"),
         2,
