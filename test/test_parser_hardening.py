@@ -257,6 +257,12 @@ CASES = {
         ATTR_COL + 7,
         "dimension 9223372036854775808 is larger than 2^63 - 1",
     ),
+    "line_separator_in_type": (
+        one_op("tensor<4x\u2028f32>"),
+        2,
+        ATTR_COL + 9,
+        "unexpected character U+2028 in a tensor type",
+    ),
     "non_ascii_digit_in_type": (
         one_op("tensor<٤xf32>"),
         2,
