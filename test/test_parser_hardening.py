@@ -365,6 +365,21 @@ def test_huge_splat_takes_no_memory_per_element():
     assert "dense<0.5> : tensor<1000000000000xf32>" in print_module(parse_module(text))
 
 
+@pytest.mark.parametrize(
+    "attr, printed",
+    [
+        ("dense<1.0> : tensor<0x99999999999xf32>", "dense<[]> : tensor<0x99999999999xf32>"),
+        ("dense<[]> : tensor<0x5xf32>", "dense<[]> : tensor<0x5xf32>"),
+        ("dense<[[], []]> : tensor<2x0xi8>", "dense<[[], []]> : tensor<2x0xi8>"),
+    ],
+)
+def test_zero_size_constants_round_trip(attr, printed):
+    """A zero-size constant holds no element; a splat of one was an IndexError when printed."""
+    text = round_trips(one_op(attr))
+    assert f"tgc.n = {printed}" in text
+    assert attr_of(text).array.size == 0
+
+
 def test_types_refuse_what_cannot_be_printed_or_held():
     with pytest.raises(ValueError, match="invalid encoding"):
         TensorType((4,), "f32", 'cu"da')

@@ -48,6 +48,9 @@ class DenseAttr:
 
     def __init__(self, array: np.ndarray, type: TensorType, is_splat: bool | None = None):
         array = np.asarray(array, dtype=type.dtype)
+        if math.prod(type.shape) == 0 and (is_splat or array.size == 0):
+            # No element to hold: a splat or an empty literal of a zero-size type is empty.
+            array, is_splat = np.zeros(type.shape, dtype=type.dtype), False
         if is_splat is None:
             is_splat = array.size > 1 and _all_bits_equal(array)
         if is_splat and array.shape != type.shape:

@@ -545,6 +545,8 @@ class _IRBuilder:
         ty = self.type_of(type_tok)
         if not (isinstance(body, tuple) and body[0] == "dense_list"):
             return DenseAttr.splat(self.dense_scalar(body, ty), ty)
+        if not body[1] and ty.num_elements == 0:  # `[]` is every zero-size constant
+            return DenseAttr(np.zeros(ty.shape, dtype=ty.dtype), ty)
         shape_error = self.error(f"dense literal does not have the shape of {ty}", kw)
         try:
             # Every element is checked against the element type first, so only a ragged or
