@@ -437,7 +437,7 @@ def _summary(group: Group) -> str:
     return "_".join(names[:3])
 
 
-class _Materializer:
+class Materializer:
     """Turns one group into a `kernel.fused` op placed in the function body."""
 
     def __init__(self, func: FuncOp, group: Group, name: str) -> None:
@@ -594,7 +594,7 @@ class Fuse(Pass):
             if not _worth_a_kernel(group):
                 continue
             name = unique_kernel_name(f"{func.sym_name}_{_summary(group)}", taken)
-            fused = _Materializer(func, group, name).build()
+            fused = Materializer(func, group, name).build()
             key[fused] = max(fuser.index[op] for op in group.ops)
             stats.bump(f"kernels ({group.kind})")
             stats.bump("ops fused", len(group.ops))
