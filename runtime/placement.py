@@ -33,7 +33,7 @@ from tgc.passes.fuse import (
     REDUCE_OPS,
     VIEW_OPS,
     Group,
-    _Materializer,
+    Materializer,
     existing_kernel_names,
     is_elementwise,
     is_free,
@@ -65,7 +65,7 @@ def _split_to_slices(func: FuncOp) -> None:
         op.erase()
 
 
-class _AttentionMaterializer(_Materializer):
+class _AttentionMaterializer(Materializer):
     """The region of one `hl.attention`: an operand that is a chain of views of a value computed
     elsewhere (the head-splitting reshape + transpose of a slice of qkv) is cloned into the
     region, where the kernel reads it through strides; anything else is a whole input."""
@@ -84,7 +84,7 @@ def _wrap(func: FuncOp, op: Operation, kind: str, taken: set[str]) -> None:
     name = unique_kernel_name(f"{func.sym_name}_{op.name.split('.', 1)[1]}", taken)
     space = op.results[0].type.shape
     anchor = op.next
-    cls = _AttentionMaterializer if kind == "attention" else _Materializer
+    cls = _AttentionMaterializer if kind == "attention" else Materializer
     cls(func, Group(kind, space, 0, [op]), name).build(anchor)
 
 
