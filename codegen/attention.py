@@ -3,11 +3,13 @@ region, computed flash-attention style (tiles of queries against tiles of keys, 
 the score matrix never in memory), exact f32 arithmetic (no TF32; f16 and bf16 are loaded into
 f32 and rounded on store).
 
-On the CUDA path `lower-hl` leaves `hl.attention` alone when `attention_supported` holds and
-placement wraps it into its own region (runtime/placement.py). Its q, k, v and mask operands
-may be views (transpose, reshape, slice, broadcast) of kernel inputs: `strided_layout` turns the
-chain of views into an offset and one stride per dim, so the transposes that split heads are
-index arithmetic on the tile loads instead of copy kernels. See docs/fusion.md.
+On the CUDA route (the `cuda` pipeline) `lower-unsupported-attention` and
+`lower-hl{keep=attention}` leave `hl.attention` alone when `attention_supported` holds, and
+`place-on-device` wraps it into its own region. Its q, k, v and mask operands may be views
+(transpose, reshape, slice, broadcast) of kernel inputs: `strided_layout` turns the chain of
+views into an offset and one stride per dim, so the transposes that split heads are index
+arithmetic on the tile loads instead of copy kernels. Both predicates live in
+passes/cuda_support.py, where placement decides with them. See docs/fusion.md.
 """
 
 from __future__ import annotations
@@ -20,121 +22,11 @@ from tgc.codegen.cuda_ops import STORAGE_CTYPE
 from tgc.codegen.names import display_name
 from tgc.diagnostics import TgcError
 from tgc.ir import Value
+from tgc.passes.cuda_support import attention_supported, strided_layout
 
-ATTENTION_TYPES = ("f32", "bf16", "f16")
-MAX_HEAD_DIM = 128
 BLOCK_M = 64  # queries per block: 8 rows of threads x 8 rows each
 BLOCK_N = 64  # keys per tile: 16 columns of threads x 4 keys each
 THREADS = 128
-VIEW_NAMES = (
-    "atomic.reshape",
-    "atomic.transpose",
-    "atomic.slice",
-    "atomic.broadcast",
-    "atomic.split",
-)
-
-
-def attention_supported(op) -> bool:
-    """Can the fused kernel run this `hl.attention`? f32/bf16/f16, head dims <= 128."""
-    q, k, v = (x.type for x in op.operands[:3])
-    if q.element_type not in ATTENTION_TYPES:
-        return False
-    if q.shape[-1] > MAX_HEAD_DIM or v.shape[-1] > MAX_HEAD_DIM:
-        return False
-    if min(q.shape[-1], v.shape[-1], q.shape[-2], k.shape[-2]) < 1:
-        return False
-    return op.results[0].type.num_elements > 0
-
-
-def _contiguous(shape) -> list[int]:
-    strides, acc = [], 1
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= d
-    return strides[::-1]
-
-
-def _reshape_strides(old_shape, old_strides, new_shape) -> list[int] | None:
-    """Strides of a reshape of a strided view without a copy (numpy's rule), or None."""
-    old = [(d, s) for d, s in zip(old_shape, old_strides) if d != 1]
-    new_dims = list(new_shape)
-    if math.prod(old_shape) != math.prod(new_dims):
-        return None
-    if math.prod(new_dims) == 0:
-        return _contiguous(new_dims)
-    out = [0] * len(new_dims)
-    nonunit = [i for i, d in enumerate(new_dims) if d != 1]
-    oi = ni = 0
-    while oi < len(old) and ni < len(nonunit):
-        op_, np_ = old[oi][0], new_dims[nonunit[ni]]
-        oj, nj = oi + 1, ni + 1
-        while op_ != np_:
-            if op_ < np_:
-                if oj >= len(old):
-                    return None
-                op_ *= old[oj][0]
-                oj += 1
-            else:
-                if nj >= len(nonunit):
-                    return None
-                np_ *= new_dims[nonunit[nj]]
-                nj += 1
-        for k in range(oi, oj - 1):  # the old group must be one contiguous run
-            if old[k][1] != old[k + 1][1] * old[k + 1][0]:
-                return None
-        stride = old[oj - 1][1]
-        for k in range(nj - 1, ni - 1, -1):
-            out[nonunit[k]] = stride
-            stride *= new_dims[nonunit[k]]
-        oi, ni = oj, nj
-    return out
-
-
-def strided_layout(v: Value, stop=None):
-    """(root, offset, strides) when `v` is a chain of views of `root` (every dim an affine
-    function of v's coordinates), else None. The walk stops at a value that no view defines, or
-    where `stop(op)` is true."""
-    chain = []
-    x = v
-    while True:
-        op = x.defining_op
-        if op is None or op.name not in VIEW_NAMES or (stop is not None and stop(op)):
-            break
-        chain.append((op, x))
-        x = op.operands[0]
-    root = x
-    shape = list(root.type.shape)
-    strides = _contiguous(shape)
-    offset = 0
-    for op, result in reversed(chain):
-        out_shape = list(result.type.shape)
-        if op.name == "atomic.transpose":
-            perm = list(op.attr("perm"))
-            strides = [strides[p] for p in perm]
-        elif op.name == "atomic.slice":
-            for d, (lo, st) in enumerate(zip(op.attr("start"), op.attr("step"))):
-                offset += lo * strides[d]
-                strides[d] *= st
-        elif op.name == "atomic.split":
-            axis = op.attr("axis") % len(shape)
-            index = list(op.results).index(result)
-            offset += sum(op.attr("sizes")[:index]) * strides[axis]
-        elif op.name == "atomic.broadcast":
-            pad = len(out_shape) - len(shape)
-            new = [0] * pad
-            for d, (n, s) in enumerate(zip(shape, strides)):
-                new.append(0 if n == 1 and out_shape[pad + d] != 1 else s)
-            strides = new
-        elif op.name == "atomic.reshape":
-            reshaped = _reshape_strides(shape, strides, out_shape)
-            if reshaped is None:
-                return None
-            strides = reshaped
-        shape = out_shape
-    if offset < 0:
-        return None
-    return root, offset, strides
 
 
 def _batch_strides(shape, strides, batch_shape, tail: int) -> list[int]:

@@ -25,23 +25,10 @@ from tgc.codegen.names import NameAllocator
 from tgc.diagnostics import Location, TgcError
 from tgc.dialects.kernel import CallOp, CopyOp, FusedOp
 from tgc.ir import Operation, Value
+from tgc.passes.cuda_support import cublas_can_run
 from tgc.types import TensorType
 
 ALIGNMENT = 256
-GEMM_TYPES = ("f32", "f64", "f16", "bf16")
-
-
-def cublas_can_run(op) -> bool:
-    """cuBLAS runs a matmul whose operands are each either batched like the result or unbatched."""
-    out = op.results[0].type
-    if out.element_type not in GEMM_TYPES:
-        return False
-    batch = out.shape[:-2]
-    for x in op.operands:
-        xb = x.type.shape[:-2]
-        if tuple(xb) != tuple(batch) and any(d != 1 for d in xb):
-            return False
-    return True
 
 
 @dataclass(eq=False)
