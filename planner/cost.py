@@ -1,0 +1,252 @@
+"""Costs: how long a kernel takes on given types, and how sure we are.
+
+Every number the planner compares comes through one interface, a `CostSource`:
+
+    cost(kernel, operand_types, result_types, params) -> Cost(seconds, source, rel_uncertainty)
+
+where `source` says where the number came from: "measured" (a timing of this kernel on these
+shapes on this device), "estimated" (derived from other measurements) or "roofline" (a model
+with no measurement at all). Types carry the memory space of the values (their encoding), so a
+copy kernel (`kernel.copy`) is costed through the same call. The selection never knows where a
+number came from; the measurement database (next issue) plugs in behind the same interface.
+
+This module ships two sources:
+
+- `RooflineCostSource(devices, links)`: launch overhead + max(bytes / bandwidth, flops / peak)
+  per backend, and latency + bytes / bandwidth for a copy between two spaces. Flops and bytes
+  come from the op (see `op_flops`); bytes are the operands plus the results. The numbers in
+  `DEVICES` and `LINKS` are placeholders until measurements exist (docs/planner.md, "Costs").
+- `DictCostSource(table)`: fixed costs by kernel name (optionally by name and types), for tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Protocol
+
+from tgc.builder import Builder
+from tgc.builtin import FuncOp
+from tgc.ir import Operation
+from tgc.opdef import OPS
+from tgc.planner.kernel import Kernel, canonical_references
+from tgc.types import TensorType
+
+SOURCES = ("measured", "estimated", "roofline")
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A kernel's time in seconds, where the number came from, and its relative uncertainty
+    (0.5: the true time is within a factor 1 +- 0.5 of `seconds`, as far as the source knows)."""
+
+    seconds: float
+    source: str
+    rel_uncertainty: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ValueError(f"cost source must be one of {SOURCES}, not {self.source!r}")
+        if not self.seconds >= 0:
+            raise ValueError(f"a cost is a non-negative number of seconds, not {self.seconds}")
+
+
+class CostSource(Protocol):
+    def cost(
+        self,
+        kernel: Kernel,
+        operand_types: Sequence[TensorType],
+        result_types: Sequence[TensorType],
+        params: Mapping,
+    ) -> Cost: ...
+
+
+# -- the roofline model -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Device:
+    """What a backend's kernels run on: memory bandwidth (bytes/s), peak fp32 rate (flop/s) and
+    the fixed cost of one call (launch, dispatch), in seconds."""
+
+    bandwidth: float
+    peak_flops: float
+    launch: float
+
+
+@dataclass(frozen=True)
+class Link:
+    """A path between two memory spaces: bandwidth (bytes/s) and latency per copy (s)."""
+
+    bandwidth: float
+    latency: float
+
+
+# Placeholders until the profiler measures them (docs/planner.md has the table and its reasons):
+# numpy on one CPU core; an H100 for cuda; torch adds its dispatch overhead.
+DEVICES: dict[str, Device] = {
+    "numpy": Device(bandwidth=10e9, peak_flops=5e9, launch=2e-6),
+    "torch-cpu": Device(bandwidth=10e9, peak_flops=20e9, launch=10e-6),
+    "cuda": Device(bandwidth=3e12, peak_flops=50e12, launch=5e-6),
+    "torch-cuda": Device(bandwidth=3e12, peak_flops=50e12, launch=10e-6),
+}
+LINKS: dict[tuple[str | None, str | None], Link] = {
+    (None, "cuda"): Link(bandwidth=25e9, latency=10e-6),  # PCIe 4 x16, pageable memory
+    ("cuda", None): Link(bandwidth=25e9, latency=10e-6),
+}
+ROOFLINE_UNCERTAINTY = 1.0  # a roofline estimate is good to a factor of about two
+
+
+class RooflineCostSource:
+    """Launch + max(bytes / bandwidth, flops / peak) on the kernel's backend; a copy costs
+    latency + bytes / bandwidth of the link between the two spaces (see the module doc)."""
+
+    def __init__(
+        self,
+        devices: Mapping[str, Device] | None = None,
+        links: Mapping[tuple[str | None, str | None], Link] | None = None,
+    ) -> None:
+        self.devices = dict(DEVICES if devices is None else devices)
+        self.links = dict(LINKS if links is None else links)
+
+    def cost(self, kernel, operand_types, result_types, params) -> Cost:
+        moved = sum(t.nbytes for t in operand_types) + sum(t.nbytes for t in result_types)
+        if kernel.op == "kernel.copy":
+            src, dst = operand_types[0].encoding, result_types[0].encoding
+            link = self.links.get((src, dst))
+            if link is None:
+                raise LookupError(f"no link from {src or 'host'} to {dst or 'host'} is described")
+            seconds = link.latency + result_types[0].nbytes / link.bandwidth
+            return Cost(seconds, "roofline", ROOFLINE_UNCERTAINTY)
+        device = self.devices.get(kernel.backend)
+        if device is None:
+            raise LookupError(f"no device is described for backend '{kernel.backend}'")
+        flops = kernel_flops(kernel, tuple(operand_types), tuple(result_types))
+        seconds = device.launch + max(moved / device.bandwidth, flops / device.peak_flops)
+        return Cost(seconds, "roofline", ROOFLINE_UNCERTAINTY)
+
+
+# -- flops --------------------------------------------------------------------------------------
+
+REDUCTIONS = frozenset({"atomic.reduce_sum", "atomic.reduce_max", "atomic.reduce_min"})
+# Ops that move or reinterpret data and compute nothing.
+DATA_MOVEMENT = frozenset(
+    {
+        "atomic.reshape",
+        "atomic.transpose",
+        "atomic.broadcast",
+        "atomic.slice",
+        "atomic.split",
+        "atomic.concat",
+        "atomic.gather",
+        "atomic.constant",
+        "atomic.iota",
+        "kernel.copy",
+    }
+)
+
+
+def kernel_flops(kernel: Kernel, operand_types: tuple, result_types: tuple) -> float:
+    """Floating-point operations of one call: the op's count for an op kernel; for a graph
+    kernel the sum over its reference ops, scaled from the reference's shapes to the program's
+    by the number of result elements (exact for elementwise formulas)."""
+    if kernel.op is not None:
+        return op_flops(kernel.op, operand_types, result_types)
+    per_element = _reference_flops_per_element(kernel)
+    return per_element * sum(t.num_elements for t in result_types)
+
+
+def op_flops(name: str, operand_types: tuple, result_types: tuple) -> float:
+    """1 per result element for an elementwise op, 2*M*N*K for a matmul, 1 per input element
+    for a reduction, 0 for data movement; an hl op counts its decomposition."""
+    results = sum(t.num_elements for t in result_types)
+    if name in DATA_MOVEMENT:
+        return 0.0
+    if name in REDUCTIONS:
+        return float(operand_types[0].num_elements)
+    if name == "atomic.matmul":
+        return 2.0 * results * operand_types[0].shape[-1]
+    cls = OPS.get(name)
+    if cls is not None and callable(getattr(cls, "decompose", None)):
+        found = _decomposed_flops(name, operand_types, result_types)
+        if found is not None:
+            return found
+    return float(results)  # elementwise, and the default for an op not described above
+
+
+@cache
+def _decomposed_flops(name: str, operand_types: tuple, result_types: tuple) -> float | None:
+    """The flops of an hl op's decomposition at default attributes (None when the op cannot be
+    built without attributes the cost interface does not carry, e.g. `hl.mean`'s axes)."""
+    cls = OPS[name]
+    func = FuncOp.build("flops", list(operand_types), [])
+    try:
+        op = cls(list(func.body.args), list(result_types), {})
+        emitted: list[Operation] = []
+        b = Builder(func.body, None, on_insert=emitted.append)
+        op.decompose(b)
+        op.drop_operand_uses()
+    except Exception:  # noqa: BLE001  (a missing attribute fails in the op's own code: no estimate)
+        return None
+    return sum(_op_instance_flops(e) for e in emitted)  # nested hl ops count their decomposition
+
+
+def _op_instance_flops(op: Operation) -> float:
+    return op_flops(op.name, tuple(v.type for v in op.operands), tuple(r.type for r in op.results))
+
+
+@cache
+def _reference_flops_per_element(kernel: Kernel) -> float:
+    ref = canonical_references(kernel)[0]
+    total = sum(_op_instance_flops(op) for op in ref.body.ops if op is not ref.body.last)
+    outputs = sum(v.type.num_elements for v in ref.body.last.operands)
+    return total / max(outputs, 1)
+
+
+# -- a fixed table, for tests --------------------------------------------------------------------
+
+
+class DictCostSource:
+    """Costs from a table: key `kernel name`, or `(kernel name, operand types, result types)`
+    (tuples of TensorType, encodings included) for a per-shape entry, which wins. A value is a
+    `Cost` or a number of seconds ("measured", no uncertainty). A missing kernel asks `fallback`,
+    or raises LookupError."""
+
+    def __init__(self, table: Mapping, fallback: CostSource | None = None) -> None:
+        self.table = {
+            k: v if isinstance(v, Cost) else Cost(float(v), "measured") for k, v in table.items()
+        }
+        self.fallback = fallback
+
+    def cost(self, kernel, operand_types, result_types, params) -> Cost:
+        key = (kernel.name, tuple(operand_types), tuple(result_types))
+        found = self.table.get(key) or self.table.get(kernel.name)
+        if found is not None:
+            return found
+        if self.fallback is not None:
+            return self.fallback.cost(kernel, operand_types, result_types, params)
+        raise LookupError(f"no cost for kernel '{kernel.name}' in the table")
+
+
+class CachedCosts:
+    """Memoises a CostSource per (kernel, types, params): the planner asks the same question
+    once per op signature, not once per op."""
+
+    def __init__(self, source: CostSource) -> None:
+        self.source = source
+        self._memo: dict[tuple, Cost] = {}
+
+    def cost(self, kernel, operand_types, result_types, params=None) -> Cost:
+        params = kernel.default_params if params is None else params
+        key = (
+            kernel.name,
+            tuple(operand_types),
+            tuple(result_types),
+            tuple(sorted(params.items())),
+        )
+        found = self._memo.get(key)
+        if found is None:
+            found = self.source.cost(kernel, tuple(operand_types), tuple(result_types), params)
+            self._memo[key] = found
+        return found

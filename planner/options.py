@@ -1,0 +1,311 @@
+"""The options at each op: every way the planner may run it.
+
+At an op (the *root* of the option), the options are, in this order:
+
+- every match of a registered kernel on every backend (`planner.match.matches_at`): an op kernel
+  covers the op alone, a graph kernel covers the ops of its reference graph that end at the root
+  (`Option.ops`, block order, root last);
+- a generated fused kernel over a region that `fuse` would form: a hook (`FUSED_OPTIONS`), empty
+  until the CUDA backend fills it;
+- the op's decomposition (`op.decompose(builder)`, hl ops), built once per op signature in a
+  scratch function, put in canonical form (`canonicalize,cse,dce`) and planned recursively as a
+  nested block (`Decomposition`).
+
+Kernels whose stated error (`max_rel_error`) exceeds the tolerance are not options. The copies a
+kernel's operands need are not options either: they follow from placements, and are kernels
+registered here (`copy.host_to_cuda`, `copy.cuda_to_host`, op `kernel.copy`, on the backend of
+their destination) so that they are costed through the same `CostSource` as any kernel.
+
+`BlockOptions` holds, for one block, the ops a plan must cover (the *live* ops: those the
+terminator depends on, in block order), the options of each, the ops some option covers without
+being its root (*interior-able*), and the *regions*: the ops grouped so that no option spans two
+groups (union of every multi-op option's ops). A plan is an exact cover of each region by
+options, and regions are independent (see `planner.paths`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from tgc.attributes import attribute_key
+from tgc.builder import Builder
+from tgc.builtin import FuncOp, ModuleOp, ReturnOp
+from tgc.ir import Block, Operation, Value
+from tgc.planner.kernel import BACKEND_SPACE, KERNELS, Kernel, register_kernel
+from tgc.planner.match import Match, matches_at
+
+# -- copies ------------------------------------------------------------------------------------
+
+# (source space, destination space) -> the copy kernel's name.
+COPY_KERNELS: dict[tuple[str | None, str | None], str] = {}
+
+
+def _host_copy(inputs: list, attrs: dict, result_types: list) -> list:
+    """On the host a copy is an array copy; the executor moves values between spaces itself."""
+    return [np.array(inputs[0], copy=True)]
+
+
+def _copy_constraint(src: str | None, dst: str | None) -> Callable:
+    def constraint(types) -> str | None:
+        (operand, *_), (result, *_) = types
+        if operand.encoding != src or result.encoding != dst:
+            return f"copies from {src or 'host'} to {dst or 'host'} only"
+        return None
+
+    return constraint
+
+
+def register_copy(name: str, src: str | None, dst: str | None, backend: str) -> Kernel:
+    kernel = register_kernel(
+        Kernel(
+            name,
+            backend,
+            op="kernel.copy",
+            run=_host_copy,
+            constraints=_copy_constraint(src, dst),
+            doc=f"copy a value from {src or 'host'} to {dst or 'host'} memory",
+        )
+    )
+    COPY_KERNELS[(src, dst)] = name
+    return kernel
+
+
+register_copy("copy.host_to_cuda", None, "cuda", "cuda")
+register_copy("copy.cuda_to_host", "cuda", None, "numpy")
+
+
+def copy_kernel(src: str | None, dst: str | None) -> Kernel | None:
+    """The kernel that copies from space `src` to `dst` (None when there is none)."""
+    name = COPY_KERNELS.get((src, dst))
+    return None if name is None else KERNELS.get(name)
+
+
+def is_copy(kernel: Kernel) -> bool:
+    return kernel.op == "kernel.copy"
+
+
+# -- options -----------------------------------------------------------------------------------
+
+KERNEL, FUSED, DECOMPOSE = "kernel", "fused", "decompose"
+
+# Hook for generated fused kernels: functions (root op) -> matches of generated kernels rooted
+# there (a Match whose kernel is the generated one). The CUDA backend registers one.
+FUSED_OPTIONS: list[Callable[[Operation], list[Match]]] = []
+
+
+@dataclass(frozen=True, eq=False)
+class Option:
+    """One way to run `root`: a kernel match (kind "kernel" or "fused") covering `ops`, or the
+    root's decomposition (kind "decompose", covering the root alone)."""
+
+    kind: str
+    root: Operation
+    ops: tuple[Operation, ...]
+    inputs: tuple[Value, ...]  # program values read (kernel argument order; operands for decompose)
+    outputs: tuple[Value, ...]  # program values produced
+    match: Match | None = None
+    decomposition: Decomposition | None = None
+
+    @property
+    def kernel(self) -> Kernel | None:
+        return None if self.match is None else self.match.kernel
+
+    @property
+    def space(self) -> str | None:
+        """The memory space of a kernel option's operands and results."""
+        return self.match.kernel.space
+
+    @property
+    def label(self) -> str:
+        if self.kind == DECOMPOSE:
+            return f"decompose {self.root.name}"
+        return self.match.kernel.name
+
+
+@dataclass(eq=False)
+class Decomposition:
+    """An op's decomposition built in a scratch function: argument i stands for operand i of
+    the op, the returned values for its results. Shared by every op of the same signature."""
+
+    key: tuple
+    func: FuncOp
+
+
+def signature_key(op: Operation) -> tuple:
+    """What a decomposition depends on: op name, attributes (discardable ones excluded) and
+    types (memory spaces excluded: the planner places values itself)."""
+    attrs = tuple(sorted((k, attribute_key(v)) for k, v in op.attributes.items() if "." not in k))
+    ins = tuple(v.type.with_encoding(None) for v in op.operands)
+    outs = tuple(r.type.with_encoding(None) for r in op.results)
+    return (op.name, attrs, ins, outs)
+
+
+_DECOMPOSITIONS: dict[tuple, Decomposition | None] = {}
+DECOMPOSITION_PIPELINE = "canonicalize,cse,dce"
+
+
+def decomposition_of(op: Operation) -> Decomposition | None:
+    """The op's decomposition in canonical form (cached per signature), or None for an op
+    without one."""
+    if not callable(getattr(op, "decompose", None)):
+        return None
+    key = signature_key(op)
+    if key not in _DECOMPOSITIONS:
+        _DECOMPOSITIONS[key] = _build_decomposition(op, key)
+    return _DECOMPOSITIONS[key]
+
+
+def _build_decomposition(op: Operation, key: tuple) -> Decomposition | None:
+    from tgc.pass_manager import PassManager
+    from tgc.verifier import verify
+
+    _, _, ins, outs = key
+    names = [d.name for d in type(op).operand_defs if d.kind == "single"]
+    names = names if len(names) == len(ins) else [f"in{i}" for i in range(len(ins))]
+    func = FuncOp.build("decomposition", list(ins), [], names, op.loc)
+    module = ModuleOp.empty()
+    module.body.append(func)
+    attrs = {k: v for k, v in op.attributes.items() if "." not in k}
+    proxy = type(op)(list(func.body.args), list(outs), attrs, loc=op.loc)
+    try:
+        results = proxy.decompose(Builder.at_end(func.body, op.loc))
+    except NotImplementedError:
+        return None
+    finally:
+        proxy.drop_operand_uses()
+    func.body.append(ReturnOp(list(results), [], loc=op.loc))
+    func.set_result_types(list(outs))
+    verify(module)
+    PassManager.from_text(DECOMPOSITION_PIPELINE).run(module)
+    return Decomposition(key, func)
+
+
+# -- the options of a block ------------------------------------------------------------------------
+
+MatchFn = Callable[[Operation, list[Kernel] | None], list[Match]]
+
+
+def _default_match(op: Operation, kernels: list[Kernel] | None) -> list[Match]:
+    return matches_at(op, kernels)
+
+
+class PlanContext:
+    """What planning depends on besides the program: the kernels considered (None: every
+    registered one), the error tolerance, and how matches are found (tests inject their own).
+    Caches the options of each block it has seen."""
+
+    def __init__(
+        self,
+        kernels: list[Kernel] | None = None,
+        tolerance: float = math.inf,
+        match: MatchFn = _default_match,
+        decompose: bool = True,
+    ) -> None:
+        self.kernels = kernels
+        self.tolerance = tolerance
+        self.match = match
+        self.decompose = decompose
+        self._blocks: dict[Block, BlockOptions] = {}
+        self._building: set[tuple] = set()
+
+    def spaces(self) -> set[str | None]:
+        """The memory spaces of the kernels considered (copies excluded)."""
+        pool = KERNELS.values() if self.kernels is None else self.kernels
+        return {BACKEND_SPACE[k.backend] for k in pool if not is_copy(k)}
+
+    def options_at(self, op: Operation) -> list[Option]:
+        matches = [m for m in self.match(op, self.kernels) if not is_copy(m.kernel)]
+        matches = [m for m in matches if m.kernel.max_rel_error <= self.tolerance]
+        matches.sort(key=lambda m: (len(m.ops), m.kernel.name))
+        out = [Option(KERNEL, op, m.ops, m.inputs, m.outputs, m) for m in matches]
+        for provider in FUSED_OPTIONS:
+            for m in provider(op):
+                if m.kernel.max_rel_error <= self.tolerance:
+                    out.append(Option(FUSED, op, m.ops, m.inputs, m.outputs, m))
+        decomposition = self.decomposition(op)
+        if decomposition is not None:
+            out.append(
+                Option(
+                    DECOMPOSE, op, (op,), tuple(op.operands), tuple(op.results), None, decomposition
+                )
+            )
+        return out
+
+    def decomposition(self, op: Operation) -> Decomposition | None:
+        if not self.decompose or len(op.results) != 1:
+            return None
+        found = decomposition_of(op)
+        if found is None or found.key in self._building:
+            return None  # never plan a decomposition inside itself
+        return found
+
+    def block_options(self, block: Block) -> BlockOptions:
+        found = self._blocks.get(block)
+        if found is None:
+            found = BlockOptions(block, self)
+            self._blocks[block] = found
+        return found
+
+    def forget(self, block: Block) -> None:
+        """Drop the options of a block that changed."""
+        self._blocks.pop(block, None)
+
+    def nested(self, option: Option) -> BlockOptions:
+        """The options of a decomposition's scratch block."""
+        decomposition = option.decomposition
+        self._building.add(decomposition.key)
+        try:
+            return self.block_options(decomposition.func.body)
+        finally:
+            self._building.discard(decomposition.key)
+
+
+def live_ops(block: Block) -> list[Operation]:
+    """The ops the block's terminator depends on, in block order (dead ops are not planned)."""
+    terminator = block.last
+    live: set[Operation] = set()
+    stack = [v.defining_op for v in terminator.operands]
+    while stack:
+        op = stack.pop()
+        if op is None or op in live or op.block is not block:
+            continue
+        live.add(op)
+        stack += [v.defining_op for v in op.operands]
+    return [op for op in block.ops if op in live]
+
+
+class BlockOptions:
+    """The live ops of a block, their options, interior-able ops and regions (module doc)."""
+
+    def __init__(self, block: Block, ctx: PlanContext) -> None:
+        self.block = block
+        self.ops = live_ops(block)
+        self.position = {op: i for i, op in enumerate(self.ops)}
+        self.options: dict[Operation, list[Option]] = {}
+        for op in self.ops:
+            found = ctx.options_at(op)
+            self.options[op] = [o for o in found if all(x in self.position for x in o.ops)]
+        self.interior = {x for opts in self.options.values() for o in opts for x in o.ops[:-1]}
+        self.regions = self._regions()
+
+    def _regions(self) -> list[list[Operation]]:
+        parent = {op: op for op in self.ops}
+
+        def find(op: Operation) -> Operation:
+            while parent[op] is not op:
+                parent[op] = parent[parent[op]]
+                op = parent[op]
+            return op
+
+        for opts in self.options.values():
+            for o in opts:
+                for x in o.ops[:-1]:
+                    parent[find(x)] = find(o.root)
+        groups: dict[Operation, list[Operation]] = {}
+        for op in self.ops:
+            groups.setdefault(find(op), []).append(op)
+        return list(groups.values())
