@@ -166,15 +166,16 @@ def _tile_match(kernel: Kernel, root: Operation, tile: list[Operation]) -> Match
 
 def cone_matcher(op: Operation, kernels):
     """matches_at for the op kernels, plus a 2-op "pair" (numpy) and a 3-op "cone" (cuda)
-    graph kernel wherever such a tile exists (interior results read only inside it)."""
+    graph kernel, when in `kernels`, wherever such a tile exists (interior results read only
+    inside it)."""
     out = matches_at(op, [k for k in kernels if k.op is not None])
     if len(op.results) != 1 or not op.operands or op.name == "func.return":
         return out
     pair = _cone(op, 2)
-    if len(pair) == 2:
+    if len(pair) == 2 and PAIR in kernels:
         out.append(_tile_match(PAIR, op, pair))
     cone = _cone(op, 3)
-    if len(cone) == 3:
+    if len(cone) == 3 and CONE in kernels:
         out.append(_tile_match(CONE, op, cone))
     return out
 
