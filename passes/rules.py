@@ -40,6 +40,7 @@ import numpy as np
 
 from tgc.attributes import DenseAttr, attribute_key
 from tgc.diagnostics import VerifyError
+from tgc.evaluate import widened
 from tgc.ir import Operation, Value
 from tgc.opdef import COMMUTATIVE, OPS
 from tgc.patterns import PatternRewriter, RewritePattern
@@ -512,19 +513,12 @@ def make_constant(builder, array: np.ndarray, type: TensorType) -> Value:
 
 # -- evaluating constants with the ops' numpy references ------------------------------------------
 
-_WIDENED = ("float16", "bfloat16")
-
-
-def compute_view(array: np.ndarray) -> np.ndarray:
-    """16-bit floats are computed in f32 and rounded, as the interpreter does."""
-    return array.astype(np.float32) if array.dtype.name in _WIDENED else array
-
 
 def run_reference(op: Operation, arrays: Sequence[np.ndarray], dtypes) -> tuple | None:
     """`op.reference` on `arrays`, each result cast to its dtype; None when it cannot run."""
     try:
         with np.errstate(all="ignore"):
-            raw = op.reference(*[compute_view(a) for a in arrays])
+            raw = op.reference(*[widened(a) for a in arrays])
     except Exception:  # noqa: BLE001  (a reference that cannot run on these values: no fold)
         return None
     outs = raw if isinstance(raw, tuple) else (raw,)

@@ -23,6 +23,7 @@ import math
 import numpy as np
 
 import tgc.dialects  # noqa: F401  (registers the ops)
+from tgc.evaluate import widened
 from tgc.ir import Operation, Value
 from tgc.opdef import OPS
 from tgc.planner.backends import Backend, register_backend
@@ -30,14 +31,8 @@ from tgc.planner.kernel import KERNELS, Kernel, Lowered, register_kernel
 from tgc.types import ELEMENT_TYPE_OF_DTYPE, TensorType
 
 SKIPPED_DIALECTS = ("builtin", "func", "kernel")  # structure and what-runs, not computations
-_WIDENED = {np.dtype(np.float16), np.dtype("bfloat16")}
 
 register_backend(Backend("numpy"))
-
-
-def widen(a: np.ndarray) -> np.ndarray:
-    """16-bit floats are computed in f32 (as the interpreter and the GPU kernels do)."""
-    return a.astype(np.float32) if a.dtype in _WIDENED else a
 
 
 def _as_results(outs, result_types: list[TensorType]) -> list[np.ndarray]:
@@ -59,7 +54,7 @@ def op_kernel_run(cls: type[Operation]):
 
     def run(inputs: list[np.ndarray], attrs: dict, result_types: list[TensorType]):
         inputs = [np.asarray(a) for a in inputs]
-        raw = _proxy(cls, inputs, attrs, result_types).reference(*map(widen, inputs))
+        raw = _proxy(cls, inputs, attrs, result_types).reference(*map(widened, inputs))
         return _as_results(raw if isinstance(raw, tuple) else (raw,), result_types)
 
     return run
@@ -100,7 +95,7 @@ def floats_only(types) -> str | None:
 
 def _unary(f):
     def run(inputs, attrs, result_types):
-        return _as_results([f(widen(np.asarray(inputs[0])))], result_types)
+        return _as_results([f(widened(np.asarray(inputs[0])))], result_types)
 
     return run
 
@@ -186,7 +181,7 @@ _SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 
 
 def _fma(inputs, attrs, result_types):
-    a, b, c = (widen(np.asarray(v)) for v in inputs)
+    a, b, c = (widened(np.asarray(v)) for v in inputs)
     return _as_results([np.add(a, np.multiply(b, c))], result_types)
 
 
