@@ -81,18 +81,19 @@ def tgc_runner(text: str, pipeline: str = "", params: dict | None = None):
     from tgc.parser import parse_module
     from tgc.pass_manager import PassManager
     from tgc.runtime.cuda_executor import CudaPlanRunner
-    from tgc.runtime.placement import prepare_module
 
     module = parse_module(text)
-    if pipeline:
-        PassManager.from_text(pipeline).run(module)
     params = dict(params or {})
-    epilogue = params.pop("matmul_epilogue", None)
-    attention = params.pop("attention_kernel", None)
-    func = prepare_module(
-        module, module.funcs[0], matmul_epilogue=epilogue, attention_kernel=attention
-    )
-    return CudaPlanRunner(build_plan(func, {"*": params} if params else None))
+    # The `cuda` route's options (tgc-run --backend cuda's pipeline); the rest are template
+    # parameters of every kernel.
+    options = {
+        key.replace("_", "-"): "true" if params.pop(key) else "false"
+        for key in ("matmul_epilogue", "attention_kernel")
+        if key in params
+    }
+    route = "cuda{" + " ".join(f"{k}={v}" for k, v in options.items()) + "}"
+    PassManager.from_text(f"{pipeline},{route}" if pipeline else route).run(module)
+    return CudaPlanRunner(build_plan(module.funcs[0], {"*": params} if params else None))
 
 
 def run_tgc(runner, inputs_torch, stream):

@@ -26,6 +26,7 @@ from tgc.diagnostics import Location, TgcError
 from tgc.dialects.kernel import CallOp, CopyOp, FusedOp
 from tgc.ir import Operation, Value
 from tgc.passes.cuda_support import cublas_can_run
+from tgc.passes.place_on_device import unplaced_op
 from tgc.types import TensorType
 
 ALIGNMENT = 256
@@ -137,13 +138,25 @@ def refuse_zero_size(func: FuncOp) -> None:
             )
 
 
+def require_placed(func: FuncOp) -> None:
+    """The CUDA backend reads placed IR (the output of `place-on-device`): a diagnostic at the
+    first op of `func` that is not."""
+    op = unplaced_op(func)
+    if op is not None:
+        raise TgcError(
+            f"'{op.name}' is not placed on the device: the CUDA backend runs placed IR (run the "
+            "'cuda' pipeline, or end the pipeline with 'place-on-device')",
+            op.loc if op.loc is not None else func.loc,
+        )
+
+
 def build_plan(
     func: FuncOp,
     kernel_params: dict[str, dict] | None = None,
     library_matmul: bool = True,
     names: NameAllocator | None = None,
 ) -> Plan:
-    """The plan of a function already placed on the device (see tgc.runtime.placement).
+    """The plan of a function already placed on the device (by the `place-on-device` pass).
     `kernel_params` maps a kernel's IR name (or "*", every kernel) to template parameters.
     Kernel symbols come from `names` (one allocator per translation unit; by default a fresh
     one), so kernels whose IR names sanitise alike still get distinct symbols.
@@ -151,6 +164,7 @@ def build_plan(
     With `library_matmul`, a matmul kernel whose matmul cuBLAS can run becomes a cuBLAS GEMM
     into scratch memory followed by its epilogue as a generated elementwise kernel; otherwise
     (and in the standalone file) the generated matmul template runs it whole."""
+    require_placed(func)
     refuse_zero_size(func)
     kernel_params = kernel_params or {}
     names = names if names is not None else module_names()

@@ -7,6 +7,9 @@ Every C symbol comes from one `NameAllocator` for the file (kernels, host functi
 the main() helpers), and IR text reaches the file only through `codegen/names.py` (comments and
 the name printf shows), so any function or kernel name gives a file that compiles.
 
+The module must be placed IR (the `cuda-standalone` pipeline's output, which `tgc-translate
+--emit=cuda` runs first): this file reads it and runs no pass.
+
 `standalone_inputs(func, seed)` gives, in numpy, the exact inputs that main() generates, so a
 run through the PyCUDA executor can be compared with the standalone program's checksums.
 """
@@ -19,17 +22,28 @@ from tgc.builtin import FuncOp, ModuleOp
 from tgc.codegen.cuda_ops import STORAGE_CTYPE
 from tgc.codegen.kernels import module_names, prelude, render
 from tgc.codegen.names import NameAllocator, c_string_literal, comment_text
-from tgc.codegen.plan import Buffer, DeviceCopy, Gemm, Launch, Plan, build_plan, refuse_zero_size
+from tgc.codegen.plan import (
+    Buffer,
+    DeviceCopy,
+    Gemm,
+    Launch,
+    Plan,
+    build_plan,
+    refuse_zero_size,
+    require_placed,
+)
 from tgc.diagnostics import TgcError
-from tgc.runtime.interpreter import index_bound
+from tgc.dialects.atomic import gather_index_bound
+from tgc.dialects.kernel import CopyOp
+from tgc.ir import Value
 from tgc.types import TensorType
 
 
 def emit_standalone_cuda(module: ModuleOp, source_name: str = "<module>") -> str:
-    from tgc.runtime.placement import prepare_module
-
+    """The .cu of a placed module (matmuls as generated kernels: no cuBLAS call may be left)."""
     for func in module.funcs:
-        refuse_zero_size(func)  # before placement, at the op the user wrote
+        require_placed(func)
+        refuse_zero_size(func)
     names = module_names()
     # Host functions first: `tgc_run_<f>` is the file's interface, so a kernel moves aside.
     entries = [
@@ -39,7 +53,6 @@ def emit_standalone_cuda(module: ModuleOp, source_name: str = "<module>") -> str
     kernels: list[str] = []
     funcs = []
     for seed, (func, entry) in enumerate(zip(module.funcs, entries)):
-        prepare_module(module, func, library=False)
         plan = build_plan(func, library_matmul=False, names=names)
         kernels += [k.source for k in plan.kernels]
         funcs.append(_function_data(func, plan, seed * 1000, entry, names))
@@ -86,6 +99,24 @@ def _function_data(func: FuncOp, plan: Plan, seed: int, name: str, names: NameAl
         "inputs": [_input_data(t, index_bound(a)) for t, a in zip(plan.inputs, args)],
         "outputs": [_output_data(t) for t in plan.outputs],
     }
+
+
+def index_bound(arg: Value) -> int | None:
+    """`gather_index_bound` of a function argument, placed or not: placement copies the argument
+    to the device and a kernel reads the copy as a block argument of its region."""
+    bounds = []
+    pending = [arg]
+    while pending:
+        v = pending.pop()
+        bound = gather_index_bound(v)
+        if bound is not None:
+            bounds.append(bound)
+        for op, position in v.uses:
+            if isinstance(op, CopyOp):
+                pending.append(op.results[0])
+            elif op.regions and len(op.regions[0].block.args) == len(op.operands):
+                pending.append(op.regions[0].block.args[position])
+    return min(bounds, default=None)
 
 
 def _pointer(b: Buffer) -> str:

@@ -22,7 +22,7 @@ from tgc.dialects._shapes import (
     same_element_type,
     same_encoding,
 )
-from tgc.ir import Operation
+from tgc.ir import Operation, Value
 from tgc.opdef import (
     ASSOCIATIVE,
     BOOL,
@@ -638,6 +638,18 @@ class GatherOp(Operation):
         except VerifyError as e:  # a value only known when the program runs
             raise TgcError(f"'{self.name}' op {e.message}", self.loc) from None
         return np.take(table, indices, axis=self.attr("axis"))
+
+
+def gather_index_bound(indices: Value) -> int | None:
+    """The smallest size of a table axis that `indices` indexes as the indices of an
+    `atomic.gather` (values in [0, bound) are in range for every such gather), or None when no
+    gather reads it. Random inputs and the standalone file's main() draw indices below it."""
+    sizes = [
+        op.axis_size(op.operands[0].type)
+        for op, position in indices.uses
+        if isinstance(op, GatherOp) and position == 1
+    ]
+    return min(sizes, default=None)
 
 
 @register

@@ -1,3 +1,14 @@
 """tgc's passes, one module each. Importing this package registers them all."""
 
-from tgc.passes import algebraic, canonicalize, cse, dce, fuse, print_op_stats, verify, lower_hl, optimize  # noqa: F401
+from tgc.passes import (  # noqa: F401
+    algebraic,
+    canonicalize,
+    cse,
+    dce,
+    fuse,
+    lower_hl,
+    optimize,
+    place_on_device,
+    print_op_stats,
+    verify,
+)

@@ -17,7 +17,7 @@ def hl_op_names() -> list[str]:
     return sorted(name for name, cls in OPS.items() if issubclass(cls, HLOp))
 
 
-def resolve_op_names(names: tuple[str, ...]) -> frozenset[str]:
+def resolve_op_names(names: tuple[str, ...], option: str = "ops") -> frozenset[str]:
     """`softmax` or `hl.softmax` -> `hl.softmax`; no names means every hl op."""
     known = hl_op_names()
     if not names:
@@ -28,7 +28,7 @@ def resolve_op_names(names: tuple[str, ...]) -> frozenset[str]:
         if full not in known:
             listed = ", ".join(n.removeprefix("hl.") for n in known)
             raise PipelineError(
-                f"pass 'lower-hl': option 'ops' names '{name}', which is not an hl op "
+                f"pass 'lower-hl': option '{option}' names '{name}', which is not an hl op "
                 f"(hl ops: {listed})"
             )
         out.add(full)
@@ -50,8 +50,9 @@ class LowerHL(Pass):
     dialects/hl.py), repeatedly, until no selected hl op remains: an op whose decomposition uses
     other selected hl ops (silu -> sigmoid, attention -> softmax) is lowered all the way.
 
-    Contract: `ops` lists the ops to lower (`softmax` or `hl.softmax`; empty: every hl op); hl ops
-    not listed are left alone, also when a decomposition emits them. An unknown name is a usage
+    Contract: `ops` lists the ops to lower (`softmax` or `hl.softmax`; empty: every hl op) and
+    `keep` the ops not to lower (`lower-hl{keep=attention}`: every hl op but attention); hl ops
+    not selected are left alone, also when a decomposition emits them. An unknown name is a usage
     error. Results are unchanged up to rounding (checked in float64 by test/test_lower_hl.py).
     Every new op takes the location of the hl op it replaces; the replacement of a named value
     keeps its source name. Ops inside regions are lowered too.
@@ -61,12 +62,17 @@ class LowerHL(Pass):
     summary = "Replace hl ops by their decompositions into lower ops"
 
     ops: tuple[str, ...] = ()
+    keep: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        resolve_op_names(self.ops)  # fail when the pipeline is parsed, not when it runs
+        self.selected()  # fail when the pipeline is parsed, not when it runs
+
+    def selected(self) -> frozenset[str]:
+        kept = resolve_op_names(self.keep, "keep") if self.keep else frozenset()
+        return resolve_op_names(self.ops) - kept
 
     def run_on_func(self, func: FuncOp, stats: PassStatistics) -> None:
-        selected = resolve_op_names(self.ops)
+        selected = self.selected()
         listener = _Inserted()
         rewriter = Rewriter(listener)
         # Each pending op carries the names of the ops whose decomposition produced it: an op

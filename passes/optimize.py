@@ -1,10 +1,18 @@
-"""`optimize`: tgc's default graph-optimisation pipeline, one name for the passes below."""
+"""Named pipelines: `optimize` (tgc's default graph optimisation) and the CUDA route, `cuda` and
+`cuda-standalone`, each one name for the passes it expands into (written once, here)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from tgc.pass_manager import Pass, register_pass
+
+# What runs after lowering, in `optimize` and in the CUDA route.
+CLEANUP = "canonicalize,cse,algebraic,canonicalize,cse,dce"
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
 
 
 @register_pass
@@ -19,5 +27,59 @@ class Optimize(Pass):
     """
 
     name = "optimize"
-    summary = "lower-hl,canonicalize,cse,algebraic,canonicalize,cse,dce"
-    pipeline = "lower-hl,canonicalize,cse,algebraic,canonicalize,cse,dce"
+    summary = f"lower-hl,{CLEANUP}"
+    pipeline = f"lower-hl,{CLEANUP}"
+
+
+@register_pass
+@dataclass(frozen=True)
+class Cuda(Pass):
+    """The route of `tgc-run --backend cuda`: `optimize` (where `lower-hl` keeps each
+    `hl.attention` the fused attention kernel runs), `fuse`, `place-on-device`; the result is
+    placed IR, which the CUDA executor runs as it is.
+
+    Options: `attention-kernel` (default true; false lowers every hl.attention to matmul,
+    softmax, matmul), `library-gemm` (default true: plain matmuls become cuBLAS calls; false:
+    generated matmul kernels), `matmul-epilogue` (default false: fusion leaves matmuls alone so
+    that their elementwise consumers fuse forward into the next kernel, as a library runs the
+    matmul; true: each matmul kernel takes its epilogue, which suits `library-gemm=false`).
+
+    Contract: expands, when the pipeline runs, into exactly the passes `pipeline` names (the
+    pass manager verifies after each); results are unchanged up to rounding; afterwards every
+    function is placed (see place-on-device).
+    """
+
+    name = "cuda"
+    summary = "optimize (keeping hl.attention for its kernel), fuse, place-on-device"
+
+    attention_kernel: bool = True
+    library_gemm: bool = True
+    matmul_epilogue: bool = False
+
+    @property
+    def pipeline(self) -> str:  # type: ignore[override]  (computed from the options)
+        lower = "lower-unsupported-attention,lower-hl{keep=attention}"
+        if not self.attention_kernel:
+            lower = "lower-hl"
+        place = (
+            f"place-on-device{{library-gemm={_flag(self.library_gemm)} "
+            f"attention-kernel={_flag(self.attention_kernel)}}}"
+        )
+        return f"{lower},{CLEANUP},fuse{{matmul-epilogue={_flag(self.matmul_epilogue)}}},{place}"
+
+
+@register_pass
+@dataclass(frozen=True)
+class CudaStandalone(Cuda):
+    """The route of `tgc-translate --emit=cuda`: `cuda` without cuBLAS (a standalone .cu needs
+    only the CUDA runtime), so matmuls run as generated kernels that take their epilogues.
+
+    Contract: the `cuda` pipeline with `library-gemm=false matmul-epilogue=true` by default
+    (the same options, the same passes).
+    """
+
+    name = "cuda-standalone"
+    summary = "cuda{library-gemm=false matmul-epilogue=true}: no cuBLAS, for one standalone .cu"
+
+    library_gemm: bool = False
+    matmul_epilogue: bool = True

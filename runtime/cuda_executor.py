@@ -8,8 +8,9 @@
 - A kernel that fails to compile or to launch raises a TgcError that names the kernel and
   points at the IR op it came from.
 
-`run_on_cuda(module, func, inputs)` is what `tgc-run --backend cuda` calls: it lowers what is
-left of the hl dialect, fuses, places the function on the device and runs it.
+`run_on_cuda(func, inputs)` is what `tgc-run --backend cuda` calls once the `cuda` pipeline has
+placed the function: it builds the plan of the placed function and runs it. The executor reads
+placed IR only and runs no pass. IR names reach messages through `display_name` (one line).
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from tgc.builtin import FuncOp, ModuleOp
+from tgc.builtin import FuncOp
 from tgc.codegen.kernels import KernelSource, prelude
+from tgc.codegen.names import display_name
 from tgc.codegen.plan import DeviceCopy, Gemm, Launch, Plan, build_plan
 from tgc.diagnostics import TgcError
-from tgc.runtime.placement import prepare_module
 
 try:
     import pycuda.driver as cuda
@@ -105,7 +106,7 @@ def compile_cubin(source: str, arch: str, what: KernelSource | None = None) -> b
             check=False,
         )
         if proc.returncode != 0:
-            name = f"kernel '{what.ir_name}' ({what.name})" if what else "a kernel"
+            name = _kernel_label(what) if what else "a kernel"
             detail = "\n".join(proc.stderr.strip().splitlines()[:12])
             raise TgcError(f"{name} failed to compile:\n{detail}", what.loc if what else None)
         data = Path(out).read_bytes()
@@ -129,7 +130,7 @@ def load_kernels(kernels: list[KernelSource]) -> list:
             module = cuda.module_from_buffer(cubin)
             fn = module.get_function(k.name)
         except cuda.Error as e:
-            raise TgcError(f"kernel '{k.ir_name}' ({k.name}) failed to load: {e}", k.loc) from None
+            raise TgcError(f"{_kernel_label(k)} failed to load: {e}", k.loc) from None
         fn.prepare("P" * (k.num_inputs + k.num_outputs))
         if k.shared_bytes > 48 * 1024:
             try:
@@ -138,8 +139,7 @@ def load_kernels(kernels: list[KernelSource]) -> list:
                 )
             except cuda.Error as e:
                 raise TgcError(
-                    f"kernel '{k.ir_name}' ({k.name}) needs {k.shared_bytes} bytes of shared "
-                    f"memory: {e}",
+                    f"{_kernel_label(k)} needs {k.shared_bytes} bytes of shared memory: {e}",
                     k.loc,
                 ) from None
         _functions[(s, arch)] = (module, fn)
@@ -259,9 +259,14 @@ class CudaPlanRunner:
         return self.download()
 
 
+def _kernel_label(k: KernelSource) -> str:
+    """`kernel 'IR name' (C symbol)`, on one line whatever characters the IR name holds."""
+    return f"kernel '{display_name(k.ir_name)}' ({k.name})"
+
+
 def _describe(step) -> str:
     if isinstance(step, Launch):
-        return f"kernel '{step.kernel.ir_name}' ({step.kernel.name})"
+        return _kernel_label(step.kernel)
     if isinstance(step, Gemm):
         return f"cuBLAS gemm ({step.m}x{step.n}x{step.k})"
     return "device copy"
@@ -273,14 +278,11 @@ def _loc(step):
     return getattr(step, "loc", None)
 
 
-def plan_for(module: ModuleOp, func: FuncOp, library: bool = True) -> Plan:
-    return build_plan(prepare_module(module, func, library))
-
-
-def run_on_cuda(module: ModuleOp, func: FuncOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
+def run_on_cuda(func: FuncOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Run a placed function (the `cuda` pipeline's output) on `inputs`; its results."""
     from tgc.runtime.interpreter import check_inputs
 
     inputs = check_inputs(func, inputs, "native")
-    runner = CudaPlanRunner(plan_for(module, func))
+    runner = CudaPlanRunner(build_plan(func))
     runner.poison()
     return runner.run(inputs)

@@ -23,6 +23,7 @@ import numpy as np
 
 from tgc.builtin import FuncOp, ModuleOp, ReturnOp
 from tgc.diagnostics import Location, TgcError
+from tgc.dialects.atomic import gather_index_bound
 from tgc.dialects.kernel import CallOp
 from tgc.ir import Block, Operation, Value
 from tgc.types import TensorType
@@ -203,7 +204,7 @@ def _draw(rng: np.random.Generator, arg: Value) -> np.ndarray:
         return values.astype(t.dtype, copy=False)
     if t.element_type == "i1":
         return rng.random(t.shape) < 0.5
-    high = index_bound(arg) or 4
+    high = gather_index_bound(arg) or 4
     return rng.integers(0, high, size=t.shape).astype(t.dtype)
 
 
@@ -220,13 +221,3 @@ def contraction_fan_in(arg: Value) -> int | None:
         elif op.name == "atomic.matmul":
             fans.append(shape[-1] if op.attr("transpose_b") else shape[-2])
     return max(fans, default=0) or None
-
-
-def index_bound(arg: Value) -> int | None:
-    """The smallest table axis an integer argument indexes through atomic.gather, if any."""
-    bounds = []
-    for op, index in arg.uses:
-        if op.name == "atomic.gather" and index == 1:
-            table = op.operands[0].type
-            bounds.append(table.shape[op.attr("axis") % table.rank])
-    return min(bounds) if bounds else None

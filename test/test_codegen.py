@@ -19,12 +19,18 @@ from tgc.codegen.standalone import emit_standalone_cuda, standalone_inputs
 from tgc.dialects.kernel import FusedOp
 from tgc.opdef import ELEMENTWISE, OPS
 from tgc.parser import parse_module
+from tgc.pass_manager import PassManager
 from tgc.runtime.interpreter import random_inputs, run_function
-from tgc.runtime.placement import prepare_module
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.tg"))
 NVCC = shutil.which("nvcc") or (shutil.which("nvcc", path="/usr/local/cuda/bin"))
+
+
+def placed(module, pipeline: str = "cuda"):
+    """The first function of `module` after the CUDA route (`tgc-run --backend cuda`'s)."""
+    PassManager.from_text(pipeline).run(module)
+    return module.funcs[0]
 
 
 def test_every_elementwise_op_has_c_code():
@@ -48,7 +54,7 @@ def test_placed_examples_still_compute_the_same(name):
     text = (ROOT / "examples" / name).read_text()
     ref = parse_module(text)
     module = parse_module(text)
-    func = prepare_module(module, module.funcs[0])
+    func = placed(module)
     inputs = random_inputs(ref.funcs[0], 1)
     want = run_function(ref.funcs[0], inputs, "f64")
     got = run_function(func, inputs, "f64")
@@ -85,7 +91,7 @@ def test_standalone_inputs_are_reproducible_and_in_range():
 
 def test_template_parameters_reach_the_source():
     module = parse_module((ROOT / "examples" / "gelu_scale.tg").read_text())
-    func = prepare_module(module, module.funcs[0])
+    func = placed(module)
     op = next(o for o in func.body.ops if isinstance(o, FusedOp))
     k = generate_kernel(op, {"block_size": 128, "vector_width": 2})
     assert "__launch_bounds__(128)" in k.source and "TgcVec<float, 2>" in k.source
@@ -96,7 +102,9 @@ def test_template_parameters_reach_the_source():
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_standalone_cu_compiles_with_nvcc(name, tmp_path):
     src = tmp_path / f"{name}.cu"
-    src.write_text(emit_standalone_cuda(parse_module((ROOT / "examples" / name).read_text()), name))
+    module = parse_module((ROOT / "examples" / name).read_text())
+    placed(module, "cuda-standalone")
+    src.write_text(emit_standalone_cuda(module, name))
     for flags in ([], ["-DTGC_STANDALONE_MAIN"]):
         proc = subprocess.run(
             [NVCC, "-arch=sm_90", "-c", *flags, str(src), "-o", str(tmp_path / "k.o")],
@@ -122,7 +130,7 @@ def test_merged_single_pass_variants(op, helper, tmp_path):
     sig = f"%x: {x}, %g: {p}, %b: {p}" if op == "layernorm" else f"%x: {x}"
     text = f"func.func @f({sig}) -> {x} {{\n  %y = hl.{op} {args} : {types} -> {x}\n  func.return %y : {x}\n}}"
     module = parse_module(text)
-    func = prepare_module(module, module.funcs[0])
+    func = placed(module)
     kernel = build_plan(func, {"*": {"merge_passes": True}}).kernels[0]
     assert helper in kernel.source and "// pass 2" not in kernel.source
     if NVCC:
@@ -171,7 +179,7 @@ def test_placement_puts_every_intermediate_on_the_device():
     from tgc.dialects.kernel import CallOp, CopyOp
 
     module = parse_module((ROOT / "examples" / "mlp.tg").read_text())
-    func = prepare_module(module, module.funcs[0])
+    func = placed(module)
     for op in func.body.ops:
         if isinstance(op, CopyOp) or op is func.body.last:
             continue

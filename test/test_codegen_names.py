@@ -25,16 +25,22 @@ from tgc.codegen.names import (
     dot_string,
 )
 from tgc.codegen.plan import build_plan
-from tgc.codegen.standalone import emit_standalone_cuda
+from tgc.codegen.standalone import emit_standalone_cuda as emit_placed
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import FusedOp
 from tgc.parser import parse_module
-from tgc.runtime.placement import prepare_module
+from tgc.pass_manager import PassManager
 from tgc.verifier import verify
 
 NVCC = shutil.which("nvcc") or shutil.which("nvcc", path="/usr/local/cuda/bin")
 CC = shutil.which("cc") or shutil.which("gcc")
 DOT = shutil.which("dot")
+
+
+def emit_standalone_cuda(module, source_name: str = "<module>") -> str:
+    """`tgc-translate --emit=cuda`: the `cuda-standalone` route, then the emitter."""
+    PassManager.from_text("cuda-standalone").run(module)
+    return emit_placed(module, source_name)
 
 HOSTILE = {
     "injection": 'f\n#define X\nstatic int x = system("echo owned");\n//',
@@ -339,7 +345,8 @@ def test_zero_size_is_refused_at_the_op(text, line, col):
 def test_zero_size_is_refused_on_the_executor_route_too():
     """The PyCUDA runtime builds the same plan after placement: the same error, same place."""
     module = parse_module(ZERO_ELEMENTWISE, "z.tg")
-    func = prepare_module(module, module.funcs[0])
+    PassManager.from_text("cuda").run(module)
+    func = module.funcs[0]
     with pytest.raises(TgcError, match="zero-size tensors") as e:
         build_plan(func)
     assert (e.value.loc.line, e.value.loc.col) == (3, 8)

@@ -16,6 +16,7 @@ import pytest
 
 from tgc.diagnostics import TgcError
 from tgc.parser import parse_module
+from tgc.pass_manager import PassManager
 from tgc.runtime.interpreter import random_inputs, run_function
 from tgc.verifier import verify
 
@@ -30,17 +31,22 @@ def t(shape, dtype) -> str:
     return f"tensor<{dims}{dtype}>"
 
 
+def place(module, library: bool = True):
+    """The first function of `module` placed by the CUDA route: `cuda` (cuBLAS for plain
+    matmuls), or without a library `cuda-standalone` (matmul kernels with their epilogues)."""
+    PassManager.from_text("cuda" if library else "cuda-standalone").run(module)
+    return module.funcs[0]
+
+
 def run_on_gpu(text: str, seed: int = 0, library: bool = True, params=None):
     from tgc.codegen.plan import build_plan
     from tgc.runtime.cuda_executor import CudaPlanRunner
-    from tgc.runtime.placement import prepare_module
 
     ref = parse_module(text)
     verify(ref)
     module = parse_module(text)
-    func = module.funcs[0]
     inputs = random_inputs(ref.funcs[0], seed)
-    prepare_module(module, func, library)
+    func = place(module, library)
     runner = CudaPlanRunner(build_plan(func, params))
     runner.poison()
     got = runner.run(inputs)
@@ -244,9 +250,8 @@ def test_generated_matmul_tile_parameters():
     text = _matmul_text((70, 50), (50, 90), False, False, "f32", True)
     module = parse_module(text)
     from tgc.dialects.kernel import FusedOp
-    from tgc.runtime.placement import prepare_module
 
-    prepare_module(module, module.funcs[0], library=False)
+    place(module, library=False)
     (name,) = [op.attr("name") for op in module.funcs[0].body.ops if isinstance(op, FusedOp)]
     params = {name: {"block_m": 32, "block_n": 128, "block_k": 8, "thread_m": 2, "thread_n": 8}}
     check(text, library=False, params=params)
@@ -280,11 +285,12 @@ def test_standalone_main_matches_pycuda(name, tmp_path):
     from tgc.codegen.plan import build_plan
     from tgc.codegen.standalone import checksums, emit_standalone_cuda, standalone_inputs
     from tgc.runtime.cuda_executor import CudaPlanRunner, device_arch
-    from tgc.runtime.placement import prepare_module
 
     text = (ROOT / "examples" / name).read_text()
     src = tmp_path / "k.cu"
-    src.write_text(emit_standalone_cuda(parse_module(text), name))
+    standalone = parse_module(text)
+    place(standalone, library=False)
+    src.write_text(emit_standalone_cuda(standalone, name))
     exe = tmp_path / "k"
     build = subprocess.run(
         ["nvcc", f"-arch={device_arch()}", "-DTGC_STANDALONE_MAIN", str(src), "-o", str(exe)],
@@ -297,7 +303,7 @@ def test_standalone_main_matches_pycuda(name, tmp_path):
     module = parse_module(text)
     func = module.funcs[0]
     inputs = standalone_inputs(func, 0)
-    prepare_module(module, func)
+    place(module)
     results = CudaPlanRunner(build_plan(func)).run(inputs)
     for i, (s, a) in enumerate(checksums(results)):
         line = next(x for x in out.splitlines() if f"result {i}:" in x)
@@ -310,15 +316,13 @@ def test_standalone_main_matches_pycuda(name, tmp_path):
 def test_compile_error_names_the_kernel_and_the_op():
     from tgc.codegen.plan import build_plan
     from tgc.runtime.cuda_executor import CudaPlanRunner
-    from tgc.runtime.placement import prepare_module
 
     text = """func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
   %y = atomic.exp %x : (tensor<4xf32>) -> tensor<4xf32>
   func.return %y : tensor<4xf32>
 }"""
     module = parse_module(text, "broken.tg")
-    func = module.funcs[0]
-    prepare_module(module, func)
+    func = place(module)
     plan = build_plan(func)
     plan.kernels[0].source = plan.kernels[0].source.replace("expf(", "no_such_function(")
     with pytest.raises(TgcError) as e:
@@ -402,7 +406,6 @@ def test_fused_attention_with_minus_inf_mask_rows():
     """An additive -inf mask over a whole first key tile: the running max stays -inf there."""
     from tgc.codegen.plan import build_plan
     from tgc.runtime.cuda_executor import CudaPlanRunner
-    from tgc.runtime.placement import prepare_module
 
     text = attention_text((2, 80, 64), (2, 150, 64), (2, 150, 64), (80, 150), True)
     ref = parse_module(text)
@@ -410,8 +413,7 @@ def test_fused_attention_with_minus_inf_mask_rows():
     inputs = random_inputs(ref.funcs[0], 3)
     inputs[3][:, :70] = -np.inf  # keys 0..69 masked for every query
     inputs[3][5, :] = -np.inf  # query 5 sees no key: NaN, as in numpy
-    prepare_module(module, module.funcs[0])
-    runner = CudaPlanRunner(build_plan(module.funcs[0]))
+    runner = CudaPlanRunner(build_plan(place(module)))
     runner.poison()
     (got,) = runner.run(inputs)
     (want,) = run_function(ref.funcs[0], inputs, "f64")

@@ -301,9 +301,9 @@ def test_fuse_work_is_linear_on_a_fan_out():
 
 def test_fuse_work_is_linear_on_gpt2_blocks():
     """GPT-2 stacks after the CUDA route's optimisation: 4x the blocks, at most 4.5x the calls."""
-    from tgc.runtime.placement import default_cuda_pipeline
+    from tgc.passes.optimize import Cuda
 
-    pre = default_cuda_pipeline().removesuffix(",fuse")
+    pre = Cuda().pipeline.partition(",fuse")[0]
     calls = []
     for blocks in (3, 12):
         module = parse_module(_gpt2(blocks))
@@ -319,10 +319,9 @@ def test_cuda_route_work_is_linear_on_gpt2_blocks():
     blocks from 2 to 4 add (2x when linear, 4x when quadratic; the differences cancel the fixed
     cost of loading templates and the like, after a warm-up)."""
     from tgc.codegen.standalone import emit_standalone_cuda
-    from tgc.runtime.placement import default_cuda_pipeline
 
     def route(module: ModuleOp) -> None:
-        PassManager.from_text(default_cuda_pipeline()).run(module)
+        PassManager.from_text("cuda-standalone").run(module)
         assert "__global__" in emit_standalone_cuda(module)
 
     route(parse_module(_gpt2(1)))

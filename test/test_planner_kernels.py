@@ -22,6 +22,7 @@ from test_op_verify import docstring_example, function
 import tgc.planner
 from tgc.builder import FunctionBuilder
 from tgc.diagnostics import TgcError
+from tgc.dialects.atomic import gather_index_bound
 from tgc.ir import Value
 from tgc.opdef import ELEMENTWISE, OPS, create, dialect_ops, register
 from tgc.parser import parse_module
@@ -37,7 +38,7 @@ from tgc.planner.kernel import (
     rel_error,
     unregister_kernel,
 )
-from tgc.runtime.interpreter import index_bound, run_function
+from tgc.runtime.interpreter import run_function
 from tgc.types import TensorType
 from tgc.verifier import verify
 
@@ -105,7 +106,7 @@ def random_inputs(func, rng: np.random.Generator, positive: bool = False) -> lis
         elif t.element_type == "i1":
             out.append(rng.random(t.shape) < 0.5)
         else:
-            out.append(rng.integers(0, index_bound(arg) or 4, size=t.shape).astype(t.dtype))
+            out.append(rng.integers(0, gather_index_bound(arg) or 4, size=t.shape).astype(t.dtype))
     return out
 
 

@@ -13,6 +13,9 @@ import numpy as np
 from tgc.diagnostics import TgcError
 from tgc.tools._common import EXIT_OK, guarded, read_input
 
+# The route of --backend cuda when -p does not give one: it ends in placed IR.
+CUDA_PIPELINE = "cuda"
+
 # Tolerances of --check, by element type: relative to the largest finite magnitude of the
 # reference (at least 1). Integers and i1 compare exactly.
 CHECK_TOLERANCE = {"f64": 1e-9, "f32": 2e-4, "f16": 2e-2, "bf16": 3e-2}
@@ -70,14 +73,26 @@ def build_arg_parser() -> argparse.ArgumentParser:
         metavar="SEED",
         help="seeded random values for arguments not bound by --input (default 0; see below)",
     )
-    ap.add_argument("--backend", choices=["numpy", "cuda"], default="numpy")
+    ap.add_argument(
+        "--backend",
+        choices=["numpy", "cuda"],
+        default="numpy",
+        help="cuda: run the 'cuda' pipeline (unless -p is given; it must end in placed IR, e.g. "
+        "'cuda{attention-kernel=false}'), then the placed function on the GPU",
+    )
     ap.add_argument(
         "--precision",
         choices=["native", "f64"],
         default="native",
-        help="f64: compute every float in float64 (reference runs)",
+        help="f64: compute every float in float64 (reference runs; numpy backend only)",
     )
-    ap.add_argument("-p", "--passes", default="", help="pipeline to run before executing")
+    ap.add_argument(
+        "-p",
+        "--passes",
+        default=None,
+        help="pipeline to run before executing (default: none; with --backend cuda: "
+        f"'{CUDA_PIPELINE}')",
+    )
     ap.add_argument(
         "--check",
         action="store_true",
@@ -149,13 +164,13 @@ def _stats(f: np.ndarray) -> str:
     return f" mean={f.mean():.6g} std={f.std():.6g} min={f.min():.6g} max={f.max():.6g}"
 
 
-def execute(module, func, inputs, backend: str, precision: str) -> list[np.ndarray]:
+def execute(func, inputs, backend: str, precision: str) -> list[np.ndarray]:
     if backend == "cuda":
         try:
             from tgc.runtime.cuda_executor import run_on_cuda
         except ImportError as e:
             raise TgcError(f"the cuda backend is not available here: {e}") from None
-        return run_on_cuda(module, func, inputs)
+        return run_on_cuda(func, inputs)
     from tgc.runtime.interpreter import run_function
 
     return run_function(func, inputs, precision)
@@ -188,7 +203,10 @@ def run(args) -> int:
     from tgc.runtime.interpreter import run_function, select_function
     from tgc.verifier import verify
 
-    pipeline = parse_pipeline(args.passes)
+    passes = args.passes
+    if passes is None:
+        passes = CUDA_PIPELINE if args.backend == "cuda" else ""
+    pipeline = parse_pipeline(passes)
     if args.output_dir is not None:
         make_output_dir(args.output_dir)
     text, name = read_input(args.input)
@@ -199,7 +217,11 @@ def run(args) -> int:
     reference_module = parse_module(text, name) if args.check else None
     PassManager(pipeline).run(module)
     func = select_function(module, args.func)
-    results = execute(module, func, inputs, args.backend, args.precision)
+    if args.backend == "cuda":
+        from tgc.codegen.plan import require_placed
+
+        require_placed(func)  # before the GPU is touched: a -p that stops short of placed IR
+    results = execute(func, inputs, args.backend, args.precision)
     if args.check:
         expected = run_function(select_function(reference_module, args.func), inputs, "f64")
         for i, (got, want, t) in enumerate(zip(results, expected, func.function_type.results)):
@@ -271,7 +293,14 @@ def _index(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_arg_parser().parse_args(argv)
+    parser = build_arg_parser()
+    args = parser.parse_args(argv)
+    if args.backend == "cuda" and args.precision != "native":
+        # The kernels compute in the element types of the IR; --check compares with float64.
+        parser.error(
+            f"--precision {args.precision} is not supported with --backend cuda (the kernels "
+            "compute in the program's element types; use --check to compare with float64)"
+        )
     with np.errstate(all="ignore"):  # non-finite values are reported, not warned about
         return guarded("tgc-run", lambda: run(args), args.debug)
 

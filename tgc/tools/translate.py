@@ -9,6 +9,8 @@ from tgc.tools._common import EXIT_OK, guarded, read_input
 from tgc.tools.opt import write_output
 
 EMITTERS = ("dot", "cuda")
+# The route of --emit=cuda when -p does not give one: placed IR without cuBLAS calls.
+CUDA_PIPELINE = "cuda-standalone"
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -16,8 +18,13 @@ def build_arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("input", nargs="?", default="-", help="input file ('-' for stdin)")
     ap.add_argument("--emit", choices=EMITTERS, required=True, help="output language")
     ap.add_argument("-o", dest="output", default="-", help="output file (default stdout)")
-    ap.add_argument("-p", "--passes", default=None,
-                    help="pipeline to run first (for cuda the default is 'optimize,fuse', keeping hl.attention for the fused attention kernel)")
+    ap.add_argument(
+        "-p",
+        "--passes",
+        default=None,
+        help=f"pipeline to run first (for cuda the default is '{CUDA_PIPELINE}'; a pipeline given "
+        "here must end in placed IR, e.g. 'cuda-standalone{attention-kernel=false}')",
+    )
     ap.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
     return ap
 
@@ -38,9 +45,7 @@ def run(args) -> int:
         return EXIT_OK
     from tgc.codegen.standalone import emit_standalone_cuda
 
-    from tgc.runtime.placement import default_cuda_pipeline
-
-    pipeline = args.passes if args.passes is not None else default_cuda_pipeline()
+    pipeline = args.passes if args.passes is not None else CUDA_PIPELINE
     PassManager(parse_pipeline(pipeline)).run(module)
     write_output(args.output, emit_standalone_cuda(module))
     return EXIT_OK
