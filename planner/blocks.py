@@ -2,14 +2,15 @@
 
 Segments. Walking the live ops in block order, a *cut* follows an op after which exactly one
 value is live: a computed value between its definition and its last use, or a function argument
-between its first and its last use (ops without operands, the *sources*, do not count: they are
-cloned where needed). The segments between cuts form a chain:
+between its first and its last use. Values computed from constants alone (splats, iota, a
+causal mask: the *sources*) do not count: each segment gets its own copy of those it reads. The
+segments between cuts form a chain:
 segment k reads the cut value of segment k-1, function arguments and its own sources, and
 nothing else; so the planner solves each segment as a table (cost of its ops for each placement
 of its input and of its output cut value) and chains the tables (`planner.select`). A GPT-2
 block is two segments (attention up to the first residual add, then the MLP); nothing about
-transformers is known here. A source used by several segments is cloned into each
-(`localize_sources`), so that segments share nothing but their cut values.
+transformers is known here. Cloning the sources (`localize_sources`) leaves segments sharing
+nothing but their cut values.
 
 The structural hash. An op's hash covers its name, its attributes (discardable `dialect.name`
 keys excluded), its result types and its operands' hashes, sorted for a commutative op; an
@@ -32,8 +33,15 @@ from tgc.opdef import COMMUTATIVE
 from tgc.printer import format_attribute
 
 
-def is_source(op: Operation) -> bool:
-    return not op.operands and not op.regions
+def source_ops(ops: list[Operation]) -> set[Operation]:
+    """The *sources*: ops computed from constants alone (no operands, or operands all made by
+    sources: a splat, an iota, the causal mask `iota <= iota`). They depend on no input, so a
+    segment may have its own copy of them."""
+    found: set[Operation] = set()
+    for op in ops:
+        if not op.regions and all(v.defining_op in found for v in op.operands):
+            found.add(op)
+    return found
 
 
 @dataclass(eq=False)
@@ -52,12 +60,15 @@ def _digest(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
-def cuts(ops: list[Operation], no_cut: set[int] = frozenset()) -> list[tuple[int, Value]]:
+def cuts(
+    ops: list[Operation], no_cut: set[int] = frozenset(), sources: set | None = None
+) -> list[tuple[int, Value]]:
     """(i, v) for each cut: after ops[i], `v` is the only value live, counting computed values
     (not sources) from their definition and function arguments from their first use, each up
     to its last use. An argument read before and after a cut would be read by two segments, so
     none lies between its first and last use (a weight read once never blocks a cut). No cut
     follows an index in `no_cut` (inside a multi-op option, see `uncuttable`)."""
+    sources = source_ops(ops) if sources is None else sources
     position = {op: i for i, op in enumerate(ops)}
     end = len(ops)
     first_use: dict[Value, int] = {}
@@ -78,7 +89,7 @@ def cuts(ops: list[Operation], no_cut: set[int] = frozenset()) -> list[tuple[int
             if first_use[v] < i:
                 starting.setdefault(first_use[v], []).append(v)
                 dying.setdefault(i, []).append(v)
-        elif d in position and not is_source(d) and position[d] < i:
+        elif d in position and d not in sources and position[d] < i:
             starting.setdefault(position[d], []).append(v)
             dying.setdefault(i, []).append(v)
     live: set[Value] = set()
@@ -86,7 +97,7 @@ def cuts(ops: list[Operation], no_cut: set[int] = frozenset()) -> list[tuple[int
     for i, op in enumerate(ops):
         live.update(starting.get(i, ()))
         live.difference_update(dying.get(i, ()))
-        if len(live) == 1 and i < end - 1 and not is_source(op) and i not in no_cut:
+        if len(live) == 1 and i < end - 1 and op not in sources and i not in no_cut:
             (v,) = live
             if v.defining_op is not None:
                 out.append((i, v))
@@ -112,61 +123,82 @@ def uncuttable(ops: list[Operation], spans: list[tuple[Operation, ...]]) -> set[
 
 def segments(ops: list[Operation], no_cut: set[int] = frozenset()) -> list[Segment]:
     """The chain of segments of `ops` (the live ops of a block, block order); each source goes
-    with the first segment that reads it."""
-    found = cuts(ops, no_cut)
+    with the first segment that reads it (directly or through other sources)."""
+    sources = source_ops(ops)
+    found = cuts(ops, no_cut, sources)
     bounds = [-1, *(i for i, _ in found), len(ops) - 1]
     values = [None, *(v for _, v in found), None]
-    segment_of: dict[Operation, int] = {}
     out: list[Segment] = []
     for k in range(len(bounds) - 1):
         lo, hi = bounds[k] + 1, bounds[k + 1]
-        inp, outp = values[k], values[k + 1]
-        seg = Segment([op for op in ops[lo : hi + 1] if not is_source(op)], inp, outp)
-        for op in seg.ops:
-            segment_of[op] = k
+        seg = Segment(
+            [op for op in ops[lo : hi + 1] if op not in sources], values[k], values[k + 1]
+        )
         out.append(seg)
-    users_segment = _first_reader_segment(ops, segment_of, len(out))
+    owner = source_owners(ops, out, sources)
     for op in ops:
-        if is_source(op):
-            out[users_segment[op]].ops.append(op)
+        if op in sources:
+            out[min(owner[op])].ops.append(op)
     position = {op: i for i, op in enumerate(ops)}
     for seg in out:
         seg.ops.sort(key=position.__getitem__)
     return out
 
 
-def _first_reader_segment(ops, segment_of, count: int) -> dict[Operation, int]:
-    found = {}
-    for op in ops:
-        if not is_source(op):
+def source_owners(ops: list[Operation], chain: list[Segment], sources: set) -> dict:
+    """For each source op, the segments that read it, directly or through other sources (the
+    last segment for a source only the terminator reads)."""
+    segment_of = {op: k for k, seg in enumerate(chain) for op in seg.ops if op not in sources}
+    owners: dict[Operation, set[int]] = {}
+    for op in reversed(ops):
+        if op not in sources:
             continue
-        readers = [segment_of[u] for r in op.results for u, _ in r.uses if u in segment_of]
-        found[op] = min(readers) if readers else count - 1
-    return found
+        readers: set[int] = set()
+        for r in op.results:
+            for user, _ in r.uses:
+                if user in segment_of:
+                    readers.add(segment_of[user])
+                elif user in owners:
+                    readers |= owners[user]
+        owners[op] = readers or {len(chain) - 1}
+    return owners
 
 
 def localize_sources(block: Block, ops: list[Operation], no_cut: set[int] = frozenset()) -> bool:
-    """Clone every source read by several segments into each of them (before its first reader
-    there), so that segments share only cut values. Returns whether anything changed."""
+    """Give every segment that reads a source (and the sources it is made of) its own copy,
+    placed before its first reader there, so that segments share only cut values. Returns
+    whether anything changed."""
+    sources = source_ops(ops)
     chain = segments(ops, no_cut)
-    position = {op: i for i, op in enumerate(ops)}
-    segment_of = {op: k for k, seg in enumerate(chain) for op in seg.ops if not is_source(op)}
+    owners = source_owners(ops, chain, sources)
     changed = False
-    for op in [op for op in ops if is_source(op)]:
-        by_segment: dict[int, list[tuple[Operation, int]]] = {}
-        for r in op.results:
-            for user, index in r.uses:
-                if user in segment_of:
-                    by_segment.setdefault(segment_of[user], []).append((user, index))
-        for k in sorted(by_segment)[1:]:
-            uses = by_segment[k]
-            first = min((u for u, _ in uses), key=position.__getitem__)
-            clone = type(op)([], [r.type for r in op.results], dict(op.attributes), loc=op.loc)
-            block.insert_before(clone, first)
-            for user, index in uses:
-                user.set_operand(index, clone.results[op.results.index(user.operands[index])])
-            changed = True
+    for k, seg in enumerate(chain):
+        clones: dict[Operation, Operation] = {}
+        for user in [op for op in seg.ops if op not in sources]:
+            for i, v in enumerate(user.operands):
+                d = v.defining_op
+                if d in sources and min(owners[d]) != k:
+                    local = _local_copy(d, user, k, owners, clones)
+                    user.set_operand(i, local.results[v.index])
+                    changed = True
     return changed
+
+
+def _local_copy(op: Operation, before: Operation, k: int, owners: dict, clones: dict):
+    """Segment k's copy of the source `op` (the op itself when k owns it), made of segment k's
+    copies of its operands, inserted before `before`."""
+    if min(owners[op]) == k:
+        return op
+    if op not in clones:
+        operands = [
+            _local_copy(v.defining_op, before, k, owners, clones).results[v.index]
+            for v in op.operands
+        ]
+        types = [r.type for r in op.results]
+        clone = type(op)(operands, types, dict(op.attributes), loc=op.loc)
+        before.block.insert_before(clone, before)
+        clones[op] = clone
+    return clones[op]
 
 
 # -- the structural hash --------------------------------------------------------------------------

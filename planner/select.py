@@ -43,6 +43,7 @@ from tgc.planner.options import (
     Option,
     PlanContext,
     copy_kernel,
+    live_ops,
 )
 from tgc.planner.paths import Plan, Step, plan_cost
 from tgc.planner.solve import (
@@ -105,10 +106,11 @@ def plan_function(
         else CachedCosts(cost_source or RooflineCostSource())
     )
     block = func.body
-    bo = ctx.block_options(block)
-    if localize_sources(block, bo.ops, _no_cut(bo)):
+    # Before the options are found (a clone changes the matches): cuts inside a multi-op option
+    # are not known yet, so two segments that turn out one may keep a copy of a source each.
+    if localize_sources(block, live_ops(block)):
         ctx.forget(block)
-        bo = ctx.block_options(block)
+    bo = ctx.block_options(block)
     declared = func.function_type.results
     spaces = Spaces(
         ctx.spaces() | {a.type.encoding for a in block.args} | {t.encoding for t in declared}
@@ -138,6 +140,8 @@ class _Chain:
 
     def run(self) -> Selection:
         chain = segments(self.bo.ops, _no_cut(self.bo)) if self.bo.ops else []
+        if len(chain) > 1:
+            chain[0].input = self._first_input(chain)
         entries, tables = [], {}
         for k, seg in enumerate(chain):
             required = self.required if k == len(chain) - 1 else {}
@@ -153,14 +157,30 @@ class _Chain:
         steps.sort(key=lambda s: position[s.option.root])
         plan = Plan(self.func.body, tuple(steps))
         exact = exact and self.s.inexact == 0
-        seconds = plan_cost(plan, self.s.costs)
+        # Exact: the plan costs what the tables say (planner.solve); else evaluate it.
+        seconds = total if exact else plan_cost(plan, self.s.costs)
         return Selection(
             plan, seconds, total, exact, len(chain), len(tables), alternatives, self.s.spaces
         )
 
+    def _first_input(self, chain: list[Segment]) -> Value | None:
+        """The argument that plays, for the first segment, the part a cut value plays for the
+        others (so the first block of a model hashes like the rest): the one argument of the
+        first cut value's type that no other segment reads."""
+        elsewhere = {v for seg in chain[1:] for op in seg.ops for v in op.operands}
+        elsewhere |= set(self.required)
+        first = {v for op in chain[0].ops for v in op.operands}
+        want = chain[0].output.type
+        found = [
+            a for a in self.func.body.args if a in first and a not in elsewhere and a.type == want
+        ]
+        return found[0] if len(found) == 1 else None
+
     def _tables(self, seg: Segment, required) -> dict[int, tuple[Problem, Solution]]:
         reads = {v for op in seg.ops for v in op.operands} | set(required)
-        inputs = {a: self.arg_vectors[a] for a in self.func.body.args if a in reads}
+        inputs = {
+            a: self.arg_vectors[a] for a in self.func.body.args if a in reads and a is not seg.input
+        }
         out = {}
         masks = self.s.spaces.masks if seg.input is not None else [0]
         for a_in in masks:
@@ -177,10 +197,12 @@ class _Chain:
         count = self.s.spaces.count
         vector: list[float] | None = None
         choices = []
-        for _, _, tables in entries:
+        for seg, _, tables in entries:
+            if vector is None:  # the first segment: nothing before it, or an argument
+                vector = [0.0] * count if seg.input is None else self.arg_vectors[seg.input]
             cost, arg = [INF] * count, [None] * count
             for a_in, (_, solution) in tables.items():
-                before = 0.0 if vector is None else vector[a_in]
+                before = vector[a_in]
                 for mask in range(count):
                     c = before + solution.cost[mask]
                     if c < cost[mask]:

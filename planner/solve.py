@@ -22,9 +22,10 @@ would be paid once per reader. So the solver enumerates the unit states: for eac
 mask it is available in (or "not computed", for an op some graph kernel may cover inside), pays
 each unit once in that state, and lets readers read it for free where it is available and not
 at all elsewhere; the rest is again one reader per value, solved by the recurrence. This is
-exact, and exponential in the number of units of one problem only; a problem whose states
-times ops exceed `EXACT_BUDGET` falls back to the plain recurrence (each reader pays for its
-value: an over-estimate, the plan computes the value once) and is reported inexact.
+exact, and exponential in the number of units of one problem only; a problem whose search
+would evaluate more than `EXACT_BUDGET` ops falls back to the plain recurrence (each reader
+pays for its value: an over-estimate, the plan computes the value once) and is reported
+inexact.
 
 Problems are small: the segments of a function (cut at single values, see `planner.blocks`),
 chained through the placement of their cut values, and the decompositions, one table per op
@@ -43,7 +44,7 @@ from tgc.planner.options import DECOMPOSE, BlockOptions, Option, PlanContext
 from tgc.planner.paths import Plan, Step, copy_seconds
 
 INF = math.inf
-EXACT_BUDGET = 40_000  # unit states x ops of one problem solved exactly
+EXACT_BUDGET = 50_000  # op evaluations of one problem's search (see `_Run._work`)
 
 
 class Spaces:
@@ -238,16 +239,25 @@ class _Run:
         for v, vector in self.p.inputs.items():
             if self.readers.get(v, 0) >= 2:
                 units_in[v] = [m for m in self.sp.masks if vector[m] < INF]
-        total = 1
-        for states in [*units_ops.values(), *units_in.values()]:
-            total *= max(len(states), 1)
-        exact = total * max(len(self.p.ops), 1) <= budget
+        exact = self._work(units_ops, units_in) <= budget
         if exact:
             self.unit_ops, self.unit_inputs = units_ops, units_in
         if fixed:
             self.unit_ops = {op: [fixed[op]] for op in self.unit_ops if op in fixed}
             self.unit_inputs = {v: [fixed[v]] for v in self.unit_inputs if v in fixed}
         return exact
+
+    def _work(self, units_ops: dict, units_in: dict) -> int:
+        """Ops evaluated by the search without pruning: each op once per combination of the
+        states of the units before it."""
+        branches = 1
+        for states in units_in.values():
+            branches *= max(len(states), 1)
+        work = 0
+        for op in self.p.ops:
+            work += branches
+            branches *= max(len(units_ops.get(op, ())), 1)
+        return work + branches
 
     # -- reading ----------------------------------------------------------------------------------
 
