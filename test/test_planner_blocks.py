@@ -1,0 +1,221 @@
+"""Repeated blocks: the structural hash, segments, and planning each kind of segment once
+(planner/blocks.py, planner/select.py)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+import tgc
+from tgc.opdef import OPS
+from tgc.planner.blocks import block_hash, correspondence, localize_sources, segment_key, segments
+from tgc.planner.cost import Cost, DictCostSource
+from tgc.planner.kernel import Kernel
+from tgc.planner.options import COPY_KERNELS, PlanContext, live_ops
+from tgc.planner.select import plan_function, prepare
+from tgc.runtime.interpreter import random_inputs, run_function
+
+
+def _ops(text: str):
+    func = tgc.parse(text).funcs[0]
+    return func, live_ops(func.body)
+
+
+BASE = """
+func.func @f(%x: tensor<4x8xf32>, %w: tensor<8x8xf32>) -> tensor<4x8xf32> {
+  %m = atomic.matmul %x, %w : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+  %e = atomic.exp %x : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %s = atomic.add %m, %e : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %r = hl.softmax %s {axis = -1} : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  func.return %r : tensor<4x8xf32>
+}
+"""
+
+SAME = {
+    "commutative operands swapped": BASE.replace("atomic.add %m, %e", "atomic.add %e, %m"),
+    "values renamed": BASE.replace("%m", "%prod").replace("%e", "%ex"),
+    "independent ops reordered": BASE.replace(
+        "  %m = atomic.matmul %x, %w : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>\n"
+        "  %e = atomic.exp %x : (tensor<4x8xf32>) -> tensor<4x8xf32>\n",
+        "  %e = atomic.exp %x : (tensor<4x8xf32>) -> tensor<4x8xf32>\n"
+        "  %m = atomic.matmul %x, %w : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>\n",
+    ),
+}
+
+DIFFERENT = {
+    "one op different": BASE.replace("atomic.exp %x", "atomic.sin %x"),
+    "one attribute different": BASE.replace("{axis = -1}", "{axis = 0}"),
+    "operand order of a non-commutative op": BASE.replace(
+        "atomic.add %m, %e", "atomic.sub %m, %e"
+    ).replace("atomic.sub %m, %e", "atomic.sub %e, %m"),
+    "one op more": BASE.replace(
+        "  %r = hl.softmax %s",
+        "  %n = atomic.neg %s : (tensor<4x8xf32>) -> tensor<4x8xf32>\n  %r = hl.softmax %n",
+    ),
+    "a type different": BASE.replace("tensor<4x8xf32>", "tensor<4x8xf16>").replace(
+        "tensor<8x8xf32>", "tensor<8x8xf16>"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAME))
+def test_hash_ignores_commutative_order_names_and_independent_order(name):
+    assert block_hash(_ops(SAME[name])[1]) == block_hash(_ops(BASE)[1])
+
+
+@pytest.mark.parametrize("name", sorted(DIFFERENT))
+def test_hash_tells_one_op_attribute_or_type_apart(name):
+    assert block_hash(_ops(DIFFERENT[name])[1]) != block_hash(_ops(BASE)[1])
+
+
+def test_hash_tells_a_shared_value_from_two_equal_ones():
+    """mul(w, w) reads one argument twice, mul(w, v) two arguments of the same type."""
+    one = (
+        "func.func @f(%w: tensor<4xf32>, %v: tensor<4xf32>) -> tensor<4xf32> {{\n"
+        "  %y = atomic.mul {} : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>\n"
+        "  func.return %y : tensor<4xf32>\n}}\n"
+    )
+    assert block_hash(_ops(one.format("%w, %w"))[1]) != block_hash(_ops(one.format("%w, %v"))[1])
+
+
+def test_correspondence_maps_equal_segments_op_for_op():
+    ops_a, ops_b = _ops(BASE)[1], _ops(SAME["independent ops reordered"])[1]
+    a, b = segments(ops_a)[0], segments(ops_b)[0]  # matmul, exp, add (softmax is the next)
+    assert segment_key(a) == segment_key(b)
+    mapping = correspondence(a, b)
+    assert [(op.name, mapping[op].name) for op in a.ops] == [(op.name, op.name) for op in a.ops]
+    assert mapping[a.ops[0]] is b.ops[1]  # matmul came first in a, second in b
+
+
+# -- segments ------------------------------------------------------------------------------------
+
+BLOCK = """
+  %h{i} = hl.layernorm {x}, %g{i}, %b{i} : (tensor<16x32xf32>, tensor<32xf32>, tensor<32xf32>) -> tensor<16x32xf32>
+  %f{i} = hl.linear %h{i}, %w{i} : (tensor<16x32xf32>, tensor<32x32xf32>) -> tensor<16x32xf32>
+  %a{i} = hl.gelu %f{i} {{approximate = "tanh"}} : (tensor<16x32xf32>) -> tensor<16x32xf32>
+  %y{i} = atomic.add {x}, %a{i} : (tensor<16x32xf32>, tensor<16x32xf32>) -> tensor<16x32xf32>"""
+
+
+def model(blocks: int) -> str:
+    """`blocks` residual blocks (layernorm, linear, gelu, add) chained, weights per block."""
+    args = ["%x: tensor<16x32xf32>"]
+    body = []
+    for i in range(blocks):
+        args += [f"%g{i}: tensor<32xf32>", f"%b{i}: tensor<32xf32>", f"%w{i}: tensor<32x32xf32>"]
+        body.append(BLOCK.format(i=i, x="%x" if i == 0 else f"%y{i - 1}"))
+    last = f"%y{blocks - 1}"
+    return (
+        f"func.func @m({', '.join(args)}) -> tensor<16x32xf32> {{"
+        + "".join(body)
+        + f"\n  func.return {last} : tensor<16x32xf32>\n}}\n"
+    )
+
+
+def test_segments_cut_at_single_live_values():
+    """Each residual block is one segment (x is read twice inside it); all hash alike."""
+    func = tgc.parse(model(4)).funcs[0]
+    chain = segments(live_ops(func.body))
+    assert len(chain) == 4
+    assert [seg.output.name_hint for seg in chain[:-1]] == ["y0", "y1", "y2"]
+    assert [seg.input.name_hint for seg in chain[1:]] == ["y0", "y1", "y2"]
+    keys = [segment_key(seg) for seg in chain[1:-1]]
+    assert len(set(keys)) == 1
+
+
+def test_no_cut_separates_two_reads_of_an_argument():
+    text = """
+func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %a = atomic.exp %x : (tensor<4xf32>) -> tensor<4xf32>
+  %b = atomic.neg %a : (tensor<4xf32>) -> tensor<4xf32>
+  %c = atomic.sin %b : (tensor<4xf32>) -> tensor<4xf32>
+  %d = atomic.add %c, %x : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  %e = atomic.abs %d : (tensor<4xf32>) -> tensor<4xf32>
+  func.return %e : tensor<4xf32>
+}
+"""
+    chain = segments(live_ops(tgc.parse(text).funcs[0].body))
+    assert [[op.name for op in seg.ops] for seg in chain] == [
+        ["atomic.exp", "atomic.neg", "atomic.sin", "atomic.add"],
+        ["atomic.abs"],
+    ]
+
+
+def test_shared_constants_are_cloned_into_each_segment_and_results_do_not_change():
+    text = """
+func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %c = atomic.constant {value = dense<2.0> : tensor<f32>} : () -> tensor<f32>
+  %k = atomic.mul %c, %c : (tensor<f32>, tensor<f32>) -> tensor<f32>
+  %a = atomic.mul %x, %k : (tensor<4xf32>, tensor<f32>) -> tensor<4xf32>
+  %b = atomic.exp %a : (tensor<4xf32>) -> tensor<4xf32>
+  %d = atomic.add %b, %k : (tensor<4xf32>, tensor<f32>) -> tensor<4xf32>
+  func.return %d : tensor<4xf32>
+}
+"""
+    module = tgc.parse(text)
+    func = module.funcs[0]
+    before = segments(live_ops(func.body))
+    assert len(before) == 3
+    assert localize_sources(func.body, live_ops(func.body))
+    tgc.verify(module)
+    after = segments(live_ops(func.body))
+    # each segment holds the constants it reads: segments share only cut values
+    for seg in after:
+        inside = set(seg.ops)
+        for op in seg.ops:
+            for v in op.operands:
+                d = v.defining_op
+                assert d is None or d in inside or v is seg.input
+    # the first and the last segment read %k: two copies of it and of its constant
+    assert sum(op.name == "atomic.constant" for op in func.body.ops) == 2
+    assert sum(op.name == "atomic.mul" for op in func.body.ops) == 3
+    inputs = random_inputs(func, 0)
+    want = run_function(tgc.parse(text).funcs[0], inputs, "f64")[0]
+    assert np.allclose(run_function(func, inputs, "f64")[0], want, rtol=1e-12)
+
+
+# -- planning once --------------------------------------------------------------------------------
+
+
+def _all_op_kernels(rng: random.Random):
+    """numpy and cuda kernels for every atomic and hl op, random times, random copies."""
+    kernels = [
+        Kernel(f"{b}.t.{name}", b, op=name)
+        for name in sorted(OPS)
+        if name.split(".")[0] in ("atomic", "hl")
+        for b in ("numpy", "cuda")
+    ]
+    table = {k.name: Cost(rng.uniform(1e-6, 2e-5), "measured") for k in kernels}
+    table |= {name: Cost(rng.uniform(1e-6, 2e-5), "measured") for name in COPY_KERNELS.values()}
+    return kernels, DictCostSource(table)
+
+
+@pytest.mark.parametrize("lowered", [False, True])
+@pytest.mark.parametrize("seed", range(4))
+def test_planning_with_reuse_gives_the_plan_found_without(seed, lowered):
+    rng = random.Random(seed)
+    kernels, costs = _all_op_kernels(rng)
+    plans = []
+    for reuse in (True, False):
+        module = tgc.parse(model(5))
+        if lowered:
+            tgc.run_pipeline(module, "lower-hl")
+        func = module.funcs[0]
+        prepare(func)
+        selection = plan_function(func, PlanContext(kernels), costs, reuse=reuse)
+        plans.append((str(selection.plan), selection.seconds, selection.distinct_segments))
+    (with_reuse, cost_reuse, distinct), (without, cost_without, every) = plans
+    assert with_reuse == without
+    assert cost_reuse == pytest.approx(cost_without, rel=1e-12)
+    assert every == 5 and distinct < every
+
+
+def test_repeated_blocks_are_planned_once():
+    """Five equal blocks: three kinds of segment (the first, the middle ones, the last, which
+    feeds the return), each solved once."""
+    kernels, costs = _all_op_kernels(random.Random(0))
+    func = tgc.parse(model(5)).funcs[0]
+    selection = plan_function(func, PlanContext(kernels), costs)
+    assert (selection.segments, selection.distinct_segments) == (5, 2)
+    assert selection.exact
