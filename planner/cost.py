@@ -149,8 +149,9 @@ DATA_MOVEMENT = frozenset(
 
 def kernel_flops(kernel: Kernel, operand_types: tuple, result_types: tuple) -> float:
     """Floating-point operations of one call: the op's count for an op kernel; for a graph
-    kernel the sum over its reference ops, scaled from the reference's shapes to the program's
-    by the number of result elements (exact for elementwise formulas)."""
+    kernel the sum over its reference ops (the largest over its alternatives), scaled from the
+    reference's shapes to the program's by the number of result elements (exact for
+    elementwise formulas)."""
     if kernel.op is not None:
         return op_flops(kernel.op, operand_types, result_types)
     per_element = _reference_flops_per_element(kernel)
@@ -198,7 +199,12 @@ def _op_instance_flops(op: Operation) -> float:
 
 @cache
 def _reference_flops_per_element(kernel: Kernel) -> float:
-    ref = canonical_references(kernel)[0]
+    """The largest over the kernel's reference alternatives: the work of a kernel does not
+    depend on which of its equivalent formulas the program was written in."""
+    return max(_flops_per_element(ref) for ref in canonical_references(kernel))
+
+
+def _flops_per_element(ref: FuncOp) -> float:
     total = sum(_op_instance_flops(op) for op in ref.body.ops if op is not ref.body.last)
     outputs = sum(v.type.num_elements for v in ref.body.last.operands)
     return total / max(outputs, 1)

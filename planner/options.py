@@ -18,7 +18,8 @@ their destination) so that they are costed through the same `CostSource` as any 
 
 `BlockOptions` holds, for one block, the ops a plan must cover (the *live* ops: those the
 terminator depends on, in block order), the options of each, the ops some option covers without
-being its root (*interior-able*), and the *regions*: the ops grouped so that no option spans two
+being its root (*interior*) or reads by value (a graph kernel's constants): the ops a plan may
+leave unrun (*optional*), and the *regions*: the ops grouped so that no option spans two
 groups (union of every multi-op option's ops). A plan is an exact cover of each region by
 options, and regions are independent (see `planner.paths`).
 """
@@ -290,6 +291,11 @@ class BlockOptions:
             found = ctx.options_at(op)
             self.options[op] = [o for o in found if all(x in self.position for x in o.ops)]
         self.interior = {x for opts in self.options.values() for o in opts for x in o.ops[:-1]}
+        # Ops a plan may leave out: covered inside another op's option, or constants that a
+        # graph kernel reads by value (run only if some other chosen kernel reads them).
+        self.optional = self.interior | {
+            c for opts in self.options.values() for o in opts if o.match for c in o.match.constants
+        }
         self.regions = self._regions()
 
     def _regions(self) -> list[list[Operation]]:

@@ -19,7 +19,8 @@ solved exactly: each value is bought once, by its one reader, with the copies it
 
 Shared values. A value read by several ops (or a multi-result op read more than once: a *unit*)
 would be paid once per reader. So the solver enumerates the unit states: for each unit, the
-mask it is available in (or "not computed", for an op some graph kernel may cover inside), pays
+mask it is available in (or "not computed", for an op some graph kernel may cover inside or
+read by value), pays
 each unit once in that state, and lets readers read it for free where it is available and not
 at all elsewhere; the rest is again one reader per value, solved by the recurrence. This is
 exact, and exponential in the number of units of one problem only; a problem whose search
@@ -227,13 +228,13 @@ class _Run:
         within `budget` (exact), none otherwise. `fixed` pins each unit to one state."""
         units_ops: dict[Operation, list[tuple]] = {}
         units_in: dict[Value, list[int]] = {}
-        interior = self.p.bo.interior
+        optional = self.p.bo.optional
         for op in self.p.ops:
             used = [r for r in op.results if self.readers.get(r)]
             if sum(self.readers.get(r, 0) for r in op.results) < 2:
                 continue
             states = list(itertools.product(self.sp.masks, repeat=len(used)))
-            if op in interior:
+            if op in optional:
                 states.append((0,) * len(used))
             units_ops[op] = states
         for v, vector in self.p.inputs.items():

@@ -283,6 +283,42 @@ def test_examples_run_and_match_the_float64_interpreter(example, lowered):
     _check_runs(module, text, rtol=2e-4)
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "pipeline"),
+    [
+        ("tanh", TANH, ""),
+        ("tanh lowered", TANH, "lower-hl"),
+        ("tanh formula", FORMULA, ""),
+        ("gelu_scale", "gelu_scale", ""),
+        ("gelu_scale lowered", "gelu_scale", "lower-hl"),
+        ("softmax lowered", "softmax", "lower-hl"),
+        ("layernorm lowered", "layernorm", "lower-hl"),
+        ("mlp lowered", "mlp", "lower-hl"),
+    ],
+)
+def test_dp_equals_brute_force_with_the_numpy_backend_and_the_roofline(name, text, pipeline):
+    """The real kernels (graph kernels reading constants by value included) and roofline
+    costs: the DP finds the cheapest of all paths."""
+    from pathlib import Path
+
+    from tgc.planner.cost import RooflineCostSource
+    from tgc.planner.select import prepare
+
+    load_backends()
+    if not text.lstrip().startswith("func.func"):
+        text = (Path(__file__).resolve().parent.parent / "examples" / f"{text}.tg").read_text()
+    module = tgc.parse(text)
+    if pipeline:
+        tgc.run_pipeline(module, pipeline)
+    func = module.funcs[0]
+    prepare(func)
+    ctx, costs = PlanContext(tolerance=1e-5), CachedCosts(RooflineCostSource())
+    selection = plan_function(func, ctx, costs)
+    assert count_paths(func, ctx) <= MAX_PLANS
+    assert selection.exact
+    assert selection.seconds == pytest.approx(_brute_force(func, ctx, costs), rel=1e-12)
+
+
 # -- the pass -----------------------------------------------------------------------------------------
 
 
