@@ -7,6 +7,7 @@ import re
 import sys
 from dataclasses import dataclass
 
+import tgc.planner.select  # noqa: F401  (registers select-kernels)
 from tgc.diagnostics import Location, TgcError
 from tgc.pass_manager import PASSES, Instrumentation, PassManager, PipelineError, parse_pipeline
 from tgc.tools._common import EXIT_INPUT, EXIT_OK, EXIT_USAGE, guarded, read_input

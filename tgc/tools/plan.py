@@ -1,0 +1,180 @@
+"""tgc-plan: the ways a function can run, what they cost, and the one select-kernels chooses.
+
+    tgc-plan FILE [--func NAME] [--list-paths N] [--explain [-k K]] [--tolerance T] [-p PIPE]
+
+The function (after `-p`, then the canonical form select-kernels plans: canonicalize, cse) is
+planned on every backend that loads here (numpy always). Without --list-paths or --explain, the
+chosen plan is printed on one line with its estimated time. `--list-paths N` prints the first N
+complete plans, one line each with its cost, and how many there are in all (counted, not
+enumerated). `--explain` prints, for each op the plan runs, its options ranked by cost (the
+chosen one marked `*`, the next K), with each kernel's own time and where that number came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import tgc.planner.select  # noqa: F401  (registers select-kernels for -p)
+from tgc.tools._common import EXIT_OK, EXIT_USAGE, guarded, read_input
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="tgc-plan",
+        description="List the execution plans of a function, their costs, and the chosen one.",
+    )
+    ap.add_argument("input", help="input .tg file ('-' for stdin)")
+    ap.add_argument("--func", default=None, help="function to plan (default: the only one)")
+    ap.add_argument(
+        "--list-paths",
+        type=int,
+        default=None,
+        metavar="N",
+        help="print the first N complete plans and the number of plans",
+    )
+    ap.add_argument(
+        "--explain",
+        action="store_true",
+        help="print each op's options ranked by cost beside the chosen one",
+    )
+    ap.add_argument(
+        "-k",
+        "--alternatives",
+        type=int,
+        default=3,
+        metavar="K",
+        help="alternatives shown per op by --explain (default 3)",
+    )
+    ap.add_argument(
+        "--tolerance",
+        type=float,
+        default=1e-5,
+        metavar="T",
+        help="largest stated kernel error allowed (default 1e-5)",
+    )
+    ap.add_argument("-p", "--passes", default="", help="pipeline to run before planning")
+    ap.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
+    return ap
+
+
+def usage_error(args) -> str | None:
+    if args.list_paths is not None and args.list_paths < 0:
+        return f"--list-paths needs N >= 0, got {args.list_paths}"
+    if args.alternatives < 0:
+        return f"--alternatives needs K >= 0, got {args.alternatives}"
+    if not args.tolerance >= 0:
+        return f"--tolerance needs T >= 0, got {args.tolerance}"
+    return None
+
+
+def run(args) -> int:
+    from tgc.parser import parse_module
+    from tgc.pass_manager import PassManager, parse_pipeline
+    from tgc.planner import load_backends
+    from tgc.planner.blocks import localize_sources
+    from tgc.planner.cost import CachedCosts, RooflineCostSource
+    from tgc.planner.options import PlanContext, live_ops
+    from tgc.planner.select import plan_function, prepare
+    from tgc.runtime.interpreter import select_function
+    from tgc.verifier import verify
+
+    problem = usage_error(args)
+    if problem is not None:
+        print(f"tgc-plan: error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    pipeline = parse_pipeline(args.passes)
+    text, name = read_input(args.input)
+    module = parse_module(text, name)
+    verify(module)
+    PassManager(pipeline).run(module)
+    func = select_function(module, args.func)
+    load_backends()
+    prepare(func)
+    localize_sources(func.body, live_ops(func.body))
+    ctx = PlanContext(tolerance=args.tolerance)
+    costs = CachedCosts(RooflineCostSource())
+    if args.list_paths is not None:
+        print_paths(func, ctx, costs, args.list_paths)
+    if args.explain or args.list_paths is None:
+        selection = plan_function(func, ctx, costs)
+        if args.explain:
+            print(explain(func, selection, costs, args.alternatives, args.tolerance))
+        else:
+            print(f"{format_seconds(selection.seconds)}  {selection.plan}")
+    return EXIT_OK
+
+
+def format_seconds(seconds: float) -> str:
+    return "inf s" if math.isinf(seconds) else f"{seconds:.3e} s"
+
+
+def print_paths(func, ctx, costs, n: int) -> None:
+    from tgc.planner.paths import count_paths, paths, plan_cost
+
+    total = count_paths(func, ctx)
+    width = len(str(min(n, total)))
+    for i, plan in zip(range(n), paths(func, ctx)):
+        print(f"{i + 1:>{width}}: {format_seconds(plan_cost(plan, costs))}  {plan}")
+    shown = min(n, total)
+    print(f"{shown} of {total} plan{'s' if total != 1 else ''} of @{func.sym_name}")
+
+
+# -- --explain ----------------------------------------------------------------------------------
+
+
+def explain(func, selection, costs, k: int, tolerance: float) -> str:
+    """The chosen plan, op by op, beside the k next-best options of each op."""
+    exact = "optimal" if selection.exact else "not proven optimal (shared values)"
+    header = (
+        f"@{func.sym_name}: {format_seconds(selection.seconds)} estimated, {exact}; "
+        f"tolerance {tolerance:g}; {selection.segments} segment(s), "
+        f"{selection.distinct_segments} planned"
+    )
+    note = (
+        "  (total: the cheapest way to have the op's results where they are read, inputs included)"
+    )
+    lines = [header, note]
+    for step in selection.plan.steps:
+        root = step.option.root
+        lines.append(f"{_describe(root)}")
+        for rank, (option, total) in enumerate(selection.alternatives[step][: k + 1]):
+            mark = "*" if rank == 0 else " "
+            lines.append(
+                f"  {mark} {option.label:<28} total {format_seconds(total):>12}"
+                f"  {_own_cost(option, costs)}"
+            )
+        if step.nested is not None:
+            kernels = step.nested.kernels()
+            lines.append(f"      decomposed into {len(kernels)} kernel(s): {', '.join(kernels)}")
+    return "\n".join(lines)
+
+
+def _describe(op) -> str:
+    results = ", ".join(f"%{r.name_hint}" if r.name_hint else "%_" for r in op.results)
+    operands = ", ".join(f"%{v.name_hint}" if v.name_hint else "%_" for v in op.operands)
+    return f"{results} = {op.name}({operands})"
+
+
+def _own_cost(option, costs) -> str:
+    """The kernel's own time and its source (a decomposition's is its plan's)."""
+    if option.kernel is None:
+        return "(its own plan)"
+    p = option.space
+    cost = costs.cost(
+        option.kernel,
+        [v.type.with_encoding(p) for v in option.inputs],
+        [v.type.with_encoding(p) for v in option.outputs],
+    )
+    spread = f" ±{cost.rel_uncertainty:.0%}" if cost.rel_uncertainty else ""
+    return f"kernel {format_seconds(cost.seconds)} {cost.source}{spread} on {option.kernel.backend}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_arg_parser().parse_args(argv)
+    return guarded("tgc-plan", lambda: run(args), args.debug)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
