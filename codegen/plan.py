@@ -143,9 +143,11 @@ def require_placed(func: FuncOp) -> None:
     first op of `func` that is not."""
     op = unplaced_op(func)
     if op is not None:
+        kernel = op.name.startswith("kernel.")
+        what = "computes in host memory" if kernel else "is not placed on the device"
         raise TgcError(
-            f"'{op.name}' is not placed on the device: the CUDA backend runs placed IR (run the "
-            "'cuda' pipeline, or end the pipeline with 'place-on-device')",
+            f"'{op.name}' {what}: the CUDA backend runs placed IR (run the 'cuda' pipeline, or "
+            "end the pipeline with 'place-on-device')",
             op.loc if op.loc is not None else func.loc,
         )
 

@@ -148,7 +148,9 @@ def _step_code(step) -> str:
         )
     if isinstance(step, Gemm):
         raise TgcError(
-            "the standalone file has no cuBLAS: matmuls must use the generated kernel", step.loc
+            "the standalone file has no cuBLAS: matmuls must use the generated kernel (place "
+            "with 'cuda-standalone' or 'place-on-device{library-gemm=false}')",
+            step.loc,
         )
     raise TypeError(step)
 

@@ -89,6 +89,27 @@ def test_standalone_inputs_are_reproducible_and_in_range():
         assert x.min() >= -1 and x.max() < 1
 
 
+GATHER = """func.func @emb(%table: tensor<50x8xf32>, %ids: tensor<64xi32>) -> tensor<64x8xf32> {
+  %y = atomic.gather %table, %ids {axis = 0} : (tensor<50x8xf32>, tensor<64xi32>) -> tensor<64x8xf32>
+  func.return %y : tensor<64x8xf32>
+}"""
+
+
+def test_standalone_gather_indices_follow_the_table_after_placement():
+    """main() draws gather indices below the gathered axis (50) although placement copies the
+    argument and a kernel reads the copy, and standalone_inputs draws the same on the placed or
+    the unplaced function."""
+    before = standalone_inputs(parse_module(GATHER).funcs[0], 0)
+    module = parse_module(GATHER)
+    func = placed(module, "cuda-standalone")
+    src = emit_standalone_cuda(module)
+    assert "(tgc_hash((unsigned int) i, seed) % 50u)" in src and "% 4u" not in src
+    after = standalone_inputs(func, 0)
+    for x, y in zip(before, after):
+        np.testing.assert_array_equal(x, y)
+    assert 4 <= after[1].max() < 50 and after[1].min() >= 0
+
+
 def test_template_parameters_reach_the_source():
     module = parse_module((ROOT / "examples" / "gelu_scale.tg").read_text())
     func = placed(module)

@@ -260,8 +260,12 @@ def test_generated_matmul_tile_parameters():
 # -- examples, the executor, the standalone file ---------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "pipeline", [[], ["-p", "cuda{attention-kernel=false library-gemm=false matmul-epilogue=true}"]]
+)
 @pytest.mark.parametrize("name", EXAMPLES)
-def test_tgc_run_cuda_check(name):
+def test_tgc_run_cuda_check(name, pipeline):
+    """The default route (`cuda`), and the route without the attention kernel and cuBLAS."""
     proc = subprocess.run(
         [
             sys.executable,
@@ -271,6 +275,7 @@ def test_tgc_run_cuda_check(name):
             "--backend",
             "cuda",
             "--check",
+            *pipeline,
         ],
         capture_output=True,
         text=True,
@@ -329,6 +334,30 @@ def test_compile_error_names_the_kernel_and_the_op():
         CudaPlanRunner(plan)
     text = e.value.render()
     assert "f_exp" in text and "failed to compile" in text and "broken.tg:2:" in text
+
+
+def test_a_kernel_name_with_a_newline_stays_on_one_line_of_the_error():
+    """IR names reach executor messages through display_name: the line naming the kernel is one
+    line (nvcc's own lines follow it)."""
+    from tgc.codegen.plan import build_plan
+    from tgc.runtime.cuda_executor import CudaPlanRunner
+
+    text = """func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %y = kernel.fused %x {name = "two\\nlines", template = "elementwise"} : (tensor<4xf32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<4xf32>):
+    %e = atomic.exp %a : (tensor<4xf32>) -> tensor<4xf32>
+    kernel.yield %e : tensor<4xf32>
+  }
+  func.return %y : tensor<4xf32>
+}"""
+    module = parse_module(text, "named.tg")
+    plan = build_plan(place(module))
+    assert "\n" in plan.kernels[0].ir_name
+    plan.kernels[0].source = plan.kernels[0].source.replace("expf(", "no_such_function(")
+    with pytest.raises(TgcError) as e:
+        CudaPlanRunner(plan)
+    first = e.value.message.splitlines()[0]
+    assert first.startswith("kernel 'two\\x0alines' (") and first.endswith("failed to compile:")
 
 
 @pytest.mark.parametrize("n", [1, 33, 1000, 4096, 5001])

@@ -232,3 +232,48 @@ def test_out_of_memory_outside_the_interpreter_is_one_line(capsys):
     assert err == "tgc-run: error: out of memory: Unable to allocate 3.00 GiB for an array\n"
     with pytest.raises(MemoryError):
         guarded("tgc-run", body, debug=True)
+
+
+# -- the CUDA route: a pipeline, placed IR, no environment ---------------------------------------
+
+
+def test_precision_f64_with_the_cuda_backend_is_a_usage_error():
+    proc = tool("run", str(EXAMPLES / "softmax.tg"), "--backend", "cuda", "--precision", "f64")
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("tgc-run: error: --precision f64 is not supported with --backend cuda")
+    # f64 stays a numpy-backend option.
+    proc = tool("run", str(EXAMPLES / "softmax.tg"), "--precision", "f64")
+    assert proc.returncode == 0 and proc.stdout.startswith("result 0: shape (256, 1024)")
+
+
+@pytest.mark.parametrize("tool_name", ["run", "translate"])
+def test_cuda_needs_placed_ir_after_the_users_pipeline(tool_name):
+    """-p replaces the CUDA route: a pipeline that stops before placement is a located error at
+    the first op that is not placed (before any GPU or PyCUDA is needed)."""
+    flags = ["--backend", "cuda"] if tool_name == "run" else ["--emit=cuda"]
+    proc = tool(tool_name, str(EXAMPLES / "mlp.tg"), *flags, "-p", "optimize")
+    assert proc.returncode == 1 and proc.stdout == "" and "Traceback" not in proc.stderr
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith(f"{EXAMPLES / 'mlp.tg'}:3:8: error: 'atomic.matmul' is not placed")
+    assert "run the 'cuda' pipeline" in first
+
+
+def test_no_environment_variable_changes_the_cuda_file():
+    """The attention kernel is a pipeline option; the variable that once switched it is ignored."""
+    import os
+
+    example = str(EXAMPLES / "attention.tg")
+    plain = tool("translate", example, "--emit=cuda")
+    env = dict(os.environ, TGC_ATTENTION_KERNEL="0")
+    with_env = subprocess.run(
+        [sys.executable, "-m", "tgc.tools.translate", example, "--emit=cuda"],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert plain.returncode == with_env.returncode == 0
+    assert with_env.stdout == plain.stdout and "fused attention" in plain.stdout
+    off = tool("translate", example, "--emit=cuda", "-p", "cuda-standalone{attention-kernel=false}")
+    assert off.returncode == 0 and "fused attention" not in off.stdout
