@@ -13,10 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tgc.builtin import FuncOp
-from tgc.ir import Block
 from tgc.pass_manager import Pass, PassStatistics, register_pass
-from tgc.patterns import is_trivially_dead
-from tgc.rewriter import Rewriter
+from tgc.patterns import erase_dead_ops
 
 
 @register_pass
@@ -31,15 +29,4 @@ class DCE(Pass):
     summary = "Erase dead pure ops"
 
     def run_on_func(self, func: FuncOp, stats: PassStatistics) -> None:
-        _dce_block(func.body, Rewriter(), stats)
-
-
-def _dce_block(block: Block, rewriter: Rewriter, stats: PassStatistics) -> None:
-    for op in block.ops_reversed():
-        if is_trivially_dead(op):
-            rewriter.erase_op(op)
-            stats.bump("erased-ops")
-            continue
-        for region in op.regions:
-            for nested in region.blocks:
-                _dce_block(nested, rewriter, stats)
+        erase_dead_ops(func.body, stats, "erased-ops")

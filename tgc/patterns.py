@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from tgc.ir import Operation, Value
+from tgc.ir import Block, Operation, Value
 from tgc.opdef import PURE
 from tgc.rewriter import RewriteListener, Rewriter
 
@@ -133,6 +133,38 @@ class PatternRewriter(Rewriter):
 def is_trivially_dead(op: Operation) -> bool:
     """A pure op with results, none of them used."""
     return bool(op.results) and PURE in op.traits and not any(r.uses for r in op.results)
+
+
+def erase_dead_ops(
+    block: Block,
+    stats: PassStatistics | None = None,
+    counter: str = "erased-ops",
+    *,
+    nested: bool = True,
+    only: Callable[[Operation], bool] | None = None,
+    rewriter: Rewriter | None = None,
+) -> int:
+    """Erase the trivially dead ops of `block` through the rewriter; returns how many (also
+    counted as `counter` in `stats`). `only` narrows which dead ops go; with `nested`, the
+    blocks of each op's regions are cleaned before the earlier ops of `block`.
+
+    One walk from the end, so linear time: erasing an op leaves its producers dead when the walk
+    reaches them, as they come earlier in a block in topological order.
+    """
+    rewriter = rewriter if rewriter is not None else Rewriter()
+    erased = 0
+    for op in block.ops_reversed():
+        if is_trivially_dead(op) and (only is None or only(op)):
+            rewriter.erase_op(op)
+            erased += 1
+            continue
+        if nested:
+            for region in op.regions:
+                for inner in region.blocks:
+                    erased += erase_dead_ops(inner, nested=True, only=only, rewriter=rewriter)
+    if stats is not None and erased:
+        stats.bump(counter, erased)
+    return erased
 
 
 @dataclass
