@@ -3,10 +3,10 @@
 Every value of a fused region is a function of its coordinates. `Emitter.value(v, coords)`
 returns a C variable (or literal) holding `v` at `coords` (C expressions, one per dim), emitting
 the statements that compute it on first use; a value is computed once per scope and coordinate
-tuple. Views (broadcast, transpose, reshape, slice, split) only transform coordinates, so a view
-of a kernel input becomes index arithmetic on its load. Templates decide where the statements go
-(scopes) and may supply values themselves through hooks (vector registers, reductions, the
-matmul accumulator).
+tuple. Views (ops with the VIEW trait) only transform coordinates, through their index map in
+`VIEW_INDEX_MAPS`, so a view of a kernel input becomes index arithmetic on its load. Templates
+decide where the statements go (scopes) and may supply values themselves through hooks (vector
+registers, reductions, the matmul accumulator).
 """
 
 from __future__ import annotations
@@ -15,18 +15,11 @@ from collections.abc import Callable
 
 from tgc.codegen.cuda_ops import COMPUTE_CTYPE, expression, has_code, literal, load_expression
 from tgc.diagnostics import TgcError
-from tgc.ir import Value
+from tgc.ir import Operation, Value
+from tgc.types import contiguous_strides
 
 Coords = tuple[str, ...]
 Hook = Callable[[Coords], "str | None"]
-
-
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= d
-    return tuple(reversed(strides))
 
 
 def canon(shape: tuple[int, ...], coords: Coords) -> Coords:
@@ -142,28 +135,9 @@ class Emitter:
         if name == "atomic.iota":
             axis = op.attr("axis") % len(shape)
             return f"(({COMPUTE_CTYPE[v.type.element_type]}) {coords[axis]})"
-        if name in ("atomic.broadcast",):
-            x = op.operands[0]
-            return self.value(x, broadcast_coords(x.type.shape, shape, coords))
-        if name == "atomic.transpose":
-            perm = op.attr("perm")
-            inner = [""] * len(perm)
-            for i, p in enumerate(perm):
-                inner[p] = coords[i]
-            return self.value(op.operands[0], tuple(inner))
-        if name == "atomic.reshape":
-            return self.value(op.operands[0], self.reshape_coords(op, coords))
-        if name == "atomic.slice":
-            inner = tuple(
-                _affine(c, step, start)
-                for c, start, step in zip(coords, op.attr("start"), op.attr("step"))
-            )
-            return self.value(op.operands[0], inner)
-        if name == "atomic.split":
-            axis = op.attr("axis") % len(shape)
-            offset = sum(op.attr("sizes")[: v.index])
-            inner = tuple(_affine(c, 1, offset) if d == axis else c for d, c in enumerate(coords))
-            return self.value(op.operands[0], inner)
+        index_map = VIEW_INDEX_MAPS.get(name)
+        if index_map is not None:
+            return self.value(op.operands[0], index_map(self, op, v, coords))
         if name == "atomic.concat":
             return self.concat(op, v, coords)
         if name == "atomic.gather":
@@ -210,6 +184,51 @@ class Emitter:
         index = self.value(indices, coords[axis : axis + k])
         inner = coords[:axis] + (f"((idx_t) {index})",) + coords[axis + k :]
         return self.value(table, inner)
+
+
+# -- the index map of each view op ------------------------------------------------------------------
+#
+# A view's value at `coords` is its operand's value at the coordinates its index map gives (C
+# expressions). One entry per op with the VIEW trait; test_registry requires it.
+
+IndexMap = Callable[[Emitter, Operation, Value, Coords], Coords]
+
+
+def _broadcast_map(em: Emitter, op: Operation, v: Value, coords: Coords) -> Coords:
+    return broadcast_coords(op.operands[0].type.shape, v.type.shape, coords)
+
+
+def _transpose_map(em: Emitter, op: Operation, v: Value, coords: Coords) -> Coords:
+    perm = op.attr("perm")
+    inner = [""] * len(perm)
+    for i, p in enumerate(perm):
+        inner[p] = coords[i]
+    return tuple(inner)
+
+
+def _reshape_map(em: Emitter, op: Operation, v: Value, coords: Coords) -> Coords:
+    return em.reshape_coords(op, coords)
+
+
+def _slice_map(em: Emitter, op: Operation, v: Value, coords: Coords) -> Coords:
+    return tuple(
+        _affine(c, step, start) for c, start, step in zip(coords, op.attr("start"), op.attr("step"))
+    )
+
+
+def _split_map(em: Emitter, op: Operation, v: Value, coords: Coords) -> Coords:
+    axis = op.attr("axis") % len(v.type.shape)
+    offset = sum(op.attr("sizes")[: v.index])
+    return tuple(_affine(c, 1, offset) if d == axis else c for d, c in enumerate(coords))
+
+
+VIEW_INDEX_MAPS: dict[str, IndexMap] = {
+    "atomic.broadcast": _broadcast_map,
+    "atomic.transpose": _transpose_map,
+    "atomic.reshape": _reshape_map,
+    "atomic.slice": _slice_map,
+    "atomic.split": _split_map,
+}
 
 
 def _affine(c: str, scale: int, offset: int) -> str:

@@ -30,6 +30,7 @@ from tgc.codegen.names import NameAllocator, c_identifier, display_name, identif
 from tgc.diagnostics import Location, TgcError
 from tgc.dialects.kernel import FusedOp
 from tgc.ir import Value
+from tgc.opdef import REDUCTION
 from tgc.types import ELEMENT_BYTES
 
 TEMPLATE_DIR = Path(__file__).resolve().parent
@@ -163,7 +164,7 @@ def generate_epilogue_kernel(
 
 
 def _reductions(op: FusedOp):
-    return [inner for inner in op.body.ops if inner.name in REDUCE_CODE]
+    return [inner for inner in op.body.ops if inner.has_trait(REDUCTION)]
 
 
 def _yields(op: FusedOp) -> list[Value]:
@@ -362,7 +363,7 @@ def _row_reduction(op: FusedOp, params: dict, symbol: str) -> KernelSource:
     for inner in op.body.ops:
         base = max((level.get(x, 0) for x in inner.operands), default=0)
         for r in inner.results:
-            if inner.name in REDUCE_CODE:
+            if inner.has_trait(REDUCTION):
                 level[r] = level[partner[r]] if r in partner else base + 1
             else:
                 level[r] = base
@@ -377,7 +378,7 @@ def _row_reduction(op: FusedOp, params: dict, symbol: str) -> KernelSource:
     def emit_ready_scalars():
         """Values with one element per row are computed once per row, as soon as known."""
         for inner in op.body.ops:
-            if inner.name in REDUCE_CODE or inner is op.body.last:
+            if inner.has_trait(REDUCTION) or inner is op.body.last:
                 continue
             for r in inner.results:
                 if (
@@ -639,7 +640,7 @@ def _depends_only_on(v: Value, reduction, op: FusedOp) -> bool:
             found = True
             continue
         d = x.defining_op
-        if d is None or d.name in REDUCE_CODE or d.name == "atomic.matmul":
+        if d is None or d.has_trait(REDUCTION) or d.name == "atomic.matmul":
             return False
         stack.extend(d.operands)
     return found

@@ -30,9 +30,13 @@ from tgc.opdef import (
     COMMUTATIVE,
     DENSE,
     ELEMENTWISE,
+    FREE,
     INT,
     INTS,
+    MOVE,
     PURE,
+    REDUCTION,
+    VIEW,
     Attr,
     Operand,
     VariadicOperand,
@@ -341,7 +345,7 @@ class ReduceOp(Operation):
 
     operand_defs = (Operand("x"),)
     attr_defs = attrs(Attr("axes", INTS), Attr("keepdims", BOOL, default=False))
-    traits = frozenset({PURE})
+    traits = frozenset({PURE, REDUCTION})
     # What the reduction is called in messages when it has no identity; None: it has one.
     needs_elements: str | None = None
 
@@ -430,7 +434,7 @@ class TransposeOp(Operation):
     name = "atomic.transpose"
     operand_defs = (Operand("x"),)
     attr_defs = attrs(Attr("perm", INTS))
-    traits = frozenset({PURE})
+    traits = frozenset({PURE, VIEW, MOVE})
 
     def infer(self):
         x = self.operands[0].type
@@ -450,7 +454,7 @@ class ReshapeOp(Operation):
 
     name = "atomic.reshape"
     operand_defs = (Operand("x"),)
-    traits = frozenset({PURE})
+    traits = frozenset({PURE, VIEW, MOVE, FREE})
 
     def verify_(self):
         x, out = self.operands[0].type, self.results[0].type
@@ -472,7 +476,7 @@ class BroadcastOp(Operation):
 
     name = "atomic.broadcast"
     operand_defs = (Operand("x"),)
-    traits = frozenset({PURE})
+    traits = frozenset({PURE, VIEW, MOVE, FREE})
 
     def verify_(self):
         x, out = self.operands[0].type, self.results[0].type
@@ -502,7 +506,7 @@ class ConcatOp(Operation):
     name = "atomic.concat"
     operand_defs = (VariadicOperand("xs"),)
     attr_defs = attrs(Attr("axis", INT))
-    traits = frozenset({PURE})
+    traits = frozenset({PURE, MOVE})
 
     def infer(self):
         types = [v.type for v in self.operands]
@@ -536,7 +540,7 @@ class SplitOp(Operation):
     name = "atomic.split"
     operand_defs = (Operand("x"),)
     attr_defs = attrs(Attr("axis", INT), Attr("sizes", INTS))
-    traits = frozenset({PURE})
+    traits = frozenset({PURE, VIEW, MOVE, FREE})
     num_results = None
 
     def infer(self):
@@ -564,7 +568,7 @@ class SliceOp(Operation):
     name = "atomic.slice"
     operand_defs = (Operand("x"),)
     attr_defs = attrs(Attr("start", INTS), Attr("stop", INTS), Attr("step", INTS))
-    traits = frozenset({PURE})
+    traits = frozenset({PURE, VIEW, MOVE})
 
     def infer(self):
         x = self.operands[0].type
@@ -597,7 +601,7 @@ class GatherOp(Operation):
     name = "atomic.gather"
     operand_defs = (Operand("table"), Operand("indices"))
     attr_defs = attrs(Attr("axis", INT, default=0))
-    traits = frozenset({PURE})
+    traits = frozenset({PURE, MOVE})
 
     def infer(self):
         table, indices = (v.type for v in self.operands)
@@ -658,7 +662,7 @@ class ConstantOp(Operation):
 
     name = "atomic.constant"
     attr_defs = attrs(Attr("value", DENSE))
-    traits = frozenset({PURE})
+    traits = frozenset({PURE, FREE})
 
     def infer(self):
         value: DenseAttr = self.attr("value")
@@ -675,7 +679,7 @@ class IotaOp(Operation):
 
     name = "atomic.iota"
     attr_defs = attrs(Attr("axis", INT))
-    traits = frozenset({PURE})
+    traits = frozenset({PURE, MOVE})
 
     def verify_(self):
         out = self.results[0].type

@@ -25,6 +25,7 @@ from tgc.evaluate import evaluate_block
 from tgc.ir import Operation
 from tgc.opdef import (
     ISOLATED,
+    MOVE,
     PURE,
     STR,
     TERMINATOR,
@@ -215,7 +216,7 @@ class CopyOp(Operation):
 
     name = "kernel.copy"
     operand_defs = (Operand("x"),)
-    traits = frozenset({PURE})
+    traits = frozenset({PURE, MOVE})
 
     def verify_(self):
         x, out = self.operands[0].type, self.results[0].type

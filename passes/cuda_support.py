@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from tgc.ir import Operation, Value
+from tgc.types import contiguous_strides
 
 ATTENTION_TYPES = ("f32", "bf16", "f16")
 MAX_HEAD_DIM = 128
@@ -39,14 +40,6 @@ def attention_supported(op: Operation) -> bool:
     return op.results[0].type.num_elements > 0
 
 
-def _contiguous(shape) -> list[int]:
-    strides, acc = [], 1
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= d
-    return strides[::-1]
-
-
 def _reshape_strides(old_shape, old_strides, new_shape) -> list[int] | None:
     """Strides of a reshape of a strided view without a copy (numpy's rule), or None."""
     old = [(d, s) for d, s in zip(old_shape, old_strides) if d != 1]
@@ -54,7 +47,7 @@ def _reshape_strides(old_shape, old_strides, new_shape) -> list[int] | None:
     if math.prod(old_shape) != math.prod(new_dims):
         return None
     if math.prod(new_dims) == 0:
-        return _contiguous(new_dims)
+        return list(contiguous_strides(new_dims))
     out = [0] * len(new_dims)
     nonunit = [i for i, d in enumerate(new_dims) if d != 1]
     oi = ni = 0
@@ -97,7 +90,7 @@ def strided_layout(v: Value, stop=None):
         x = op.operands[0]
     root = x
     shape = list(root.type.shape)
-    strides = _contiguous(shape)
+    strides = list(contiguous_strides(shape))
     offset = 0
     for op, result in reversed(chain):
         out_shape = list(result.type.shape)

@@ -12,10 +12,11 @@ Three kinds of kernel (the `template` attribute of the region):
 - `matmul`: one `atomic.matmul` and the elementwise ops on its result (bias, activation, scale,
   residual add): the epilogue runs on the accumulator before it is stored.
 
-Views (`broadcast`, `reshape`, `transpose`, `slice`, `split`) of a kernel input, splat
-constants, `iota` and small elementwise expressions of those alone (a causal mask) cost no
-memory traffic: they are cloned into every kernel that reads them and become index arithmetic. A plain matmul without an epilogue stays `atomic.matmul` (a
-library kernel is faster).
+Views (ops with the VIEW trait: `broadcast`, `reshape`, `transpose`, `slice`, `split`) of a
+kernel input, splat constants, `iota` and small elementwise expressions of those alone (a causal
+mask) cost no memory traffic: they are cloned into every kernel that reads them and become index
+arithmetic. A plain matmul without an epilogue stays `atomic.matmul` (a library kernel is
+faster).
 
 Legality. Merging two groups is allowed only when (1) their iteration spaces agree (above),
 (2) the merged group creates no cycle in the graph of kernels (no path between the two through
@@ -46,13 +47,10 @@ import networkx as nx
 from tgc.builtin import FuncOp, ModuleOp
 from tgc.dialects.kernel import FusedOp, YieldOp
 from tgc.ir import Block, Operation, Region, Value
-from tgc.opdef import ELEMENTWISE, TERMINATOR
+from tgc.opdef import ELEMENTWISE, REDUCTION, TERMINATOR, VIEW
 from tgc.pass_manager import Pass, PassStatistics, register_pass
+from tgc.patterns import erase_dead_ops
 
-VIEW_OPS = frozenset(
-    {"atomic.broadcast", "atomic.reshape", "atomic.transpose", "atomic.slice", "atomic.split"}
-)
-REDUCE_OPS = frozenset({"atomic.reduce_sum", "atomic.reduce_max", "atomic.reduce_min"})
 MAX_KERNEL_INPUTS = 64
 
 
@@ -68,7 +66,7 @@ def is_free(op: Operation, depth: int = 0) -> bool:
     mask `iota <= iota`): recomputing it where it is read costs less than a load."""
     if is_free_leaf(op):
         return True
-    if depth > 6 or not op.operands or not (is_elementwise(op) or op.name in VIEW_OPS):
+    if depth > 6 or not op.operands or not (is_elementwise(op) or op.has_trait(VIEW)):
         return False
     return all(v.defining_op is not None and is_free(v.defining_op, depth + 1) for v in op.operands)
 
@@ -79,7 +77,7 @@ def is_elementwise(op: Operation) -> bool:
 
 def reduced_suffix(op: Operation) -> int | None:
     """Number of reduced dims when `op` reduces a (non-empty) suffix of its operand's dims."""
-    if op.name not in REDUCE_OPS:
+    if not op.has_trait(REDUCTION):
         return None
     rank = op.operands[0].type.rank
     axes = sorted(op.axes())
@@ -432,7 +430,7 @@ def _summary(group: Group) -> str:
     names: list[str] = []
     for op in group.ops:
         short = op.name.split(".", 1)[1]
-        if short not in names and op.name not in VIEW_OPS:
+        if short not in names and not op.has_trait(VIEW):
             names.append(short)
     return "_".join(names[:3])
 
@@ -460,7 +458,7 @@ class Materializer:
                 return None
             if is_free_leaf(op):
                 return chain + [op]
-            if op.name not in VIEW_OPS:
+            if not op.has_trait(VIEW):
                 return chain if chain else None
             chain.append(op)
             v = op.operands[0]
@@ -474,7 +472,7 @@ class Materializer:
         if v in self.clones:
             return self.clones[v]
         op = v.defining_op
-        if op is not None and (is_free(op) or (op.name in VIEW_OPS and self.source_chain(v))):
+        if op is not None and (is_free(op) or (op.has_trait(VIEW) and self.source_chain(v))):
             operands = [self.resolve(x, block) for x in op.operands]
             clone = type(op)(
                 operands, [r.type for r in op.results], dict(op.attributes), None, op.loc
@@ -524,16 +522,9 @@ class Materializer:
         return fused
 
 
-def _erase_dead_leaves(func: FuncOp) -> None:
-    changed = True
-    while changed:
-        changed = False
-        for op in list(func.body.ops_reversed()):
-            if op.has_trait(TERMINATOR) or any(r.uses for r in op.results):
-                continue
-            if op.name in VIEW_OPS or is_free(op):
-                op.erase()
-                changed = True
+def _is_leaf(op: Operation) -> bool:
+    """Views and free values: what kernels clone, and so what they may leave dead outside."""
+    return op.has_trait(VIEW) or is_free(op)
 
 
 def _reorder(func: FuncOp, key: dict[Operation, int]) -> None:
@@ -600,5 +591,6 @@ class Fuse(Pass):
             stats.bump("ops fused", len(group.ops))
         for op in func.body.ops:
             key.setdefault(op, len(key))
-        _erase_dead_leaves(func)
+        # The views and free values cloned into kernels; dead ops of other kinds stay (dce's).
+        erase_dead_ops(func.body, nested=False, only=_is_leaf)
         _reorder(func, key)

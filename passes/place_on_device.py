@@ -30,13 +30,11 @@ from tgc.builder import Builder
 from tgc.builtin import FuncOp, ModuleOp, ReturnOp
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import CopyOp
-from tgc.ir import Block, Operation, Value
-from tgc.opdef import OPS, create
+from tgc.ir import Operation, Value
+from tgc.opdef import MOVE, OPS, REDUCTION, create
 from tgc.pass_manager import Pass, PassStatistics, register_pass
 from tgc.passes.cuda_support import attention_supported, cublas_can_run, strided_layout
 from tgc.passes.fuse import (
-    REDUCE_OPS,
-    VIEW_OPS,
     Group,
     Materializer,
     existing_kernel_names,
@@ -44,14 +42,13 @@ from tgc.passes.fuse import (
     is_free,
     unique_kernel_name,
 )
-from tgc.patterns import is_trivially_dead
+from tgc.patterns import erase_dead_ops
 from tgc.rewriter import Rewriter
 
 DEVICE = "cuda"
 KERNEL_OPS = ("kernel.fused", "kernel.call", "kernel.copy")
 # Ops a placed function holds outside kernels: aliases and host constants the runtime handles.
 UNWRAPPED_OPS = ("atomic.reshape", "atomic.constant")
-SINGLE_OP_KERNELS = VIEW_OPS | {"atomic.iota", "atomic.concat", "atomic.gather"}
 
 
 @register_pass
@@ -113,7 +110,7 @@ class PlaceOnDevice(Pass):
             return  # already placed
         _split_to_slices(func, stats)
         self.kernelize(func, taken, stats)
-        _erase_dead(func.body, stats)
+        erase_dead_ops(func.body, stats, "erased dead ops", nested=False)
         _to_device_types(func, stats)
 
     def kernelize(self, func: FuncOp, taken: set[str], stats: PassStatistics) -> None:
@@ -137,9 +134,9 @@ class PlaceOnDevice(Pass):
             return "cublas" if self.library_gemm and cublas_can_run(op) else "matmul"
         if op.name == "hl.attention" and self.attention_kernel and attention_supported(op):
             return "attention"
-        if op.name in REDUCE_OPS:
+        if op.has_trait(REDUCTION):
             return "row_reduction"
-        if is_elementwise(op) or op.name in SINGLE_OP_KERNELS:
+        if is_elementwise(op) or op.has_trait(MOVE):  # views, iota, concat, gather
             return "elementwise"
         if op.name == "hl.attention":
             why = "attention-kernel=false" if not self.attention_kernel else "unsupported"
@@ -205,16 +202,6 @@ def _to_cublas_call(op: Operation) -> None:
     call.results[0].name_hint = op.results[0].name_hint
     op.results[0].replace_all_uses_with(call.results[0])
     op.erase()
-
-
-def _erase_dead(body: Block, stats: PassStatistics) -> None:
-    """Views and free ops cloned into kernels leave their originals dead: from the end, so that
-    a dead user's producers are dead when the walk reaches them (one walk, linear time)."""
-    rewriter = Rewriter()
-    for op in body.ops_reversed():
-        if is_trivially_dead(op):
-            rewriter.erase_op(op)
-            stats.bump("erased dead ops")
 
 
 def _to_device_types(func: FuncOp, stats: PassStatistics) -> None:

@@ -46,6 +46,12 @@ COMMUTATIVE = "commutative"
 ASSOCIATIVE = "associative"
 TERMINATOR = "terminator"
 ISOLATED = "isolated_from_above"  # regions may not use values defined outside
+# What passes and codegen ask about an op's kind (never a list of op names; test_registry checks
+# that each codegen table has an entry for every op with the trait it serves):
+VIEW = "view"  # each result element is an element of operand 0 found by an index map; no math
+REDUCTION = "reduction"  # combines operand 0 along `axes` with one associative operator
+MOVE = "move"  # no arithmetic: results are made of operand elements or of coordinates (0 flops)
+FREE = "free"  # costs nothing when it runs: an alias read in place, or data known beforehand
 
 
 # -- memory spaces ---------------------------------------------------------------------------------

@@ -120,6 +120,15 @@ class TensorType:
         return TensorType.get(self.shape, self.element_type, encoding)
 
 
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides, in elements, of a row-major tensor of `shape` (the last dim's is 1)."""
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
 # ASCII only: Python's \d and \s would take other scripts' digits and U+2028 for whitespace.
 _TYPE_BODY = re.compile(
     r'tensor<\s*((?:\d+\s*x\s*)*)([a-z0-9]+)\s*(?:,\s*"([A-Za-z0-9_\-]*)"\s*)?>\Z', re.ASCII

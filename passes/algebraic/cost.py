@@ -2,12 +2,17 @@
 
 Every op is priced from its types alone (no measurements yet): the flops it performs, the bytes
 it reads and writes (each operand as stored, before broadcasting, plus each result) and one
-kernel launch. Some ops cost nothing:
+kernel launch. What kind of op it is comes from its traits (tgc/opdef.py), never from a list of
+names. Some ops cost nothing:
 
-- views: `atomic.split`, `atomic.reshape`, `atomic.broadcast` (a consumer reads the pieces, the
-  new shape or the broadcast operand in place, with strides);
-- data: `atomic.constant`, and any `atomic.concat` of constants (canonicalize folds it);
-- `func.return`.
+- ops with the FREE trait: views read in place (`atomic.split`, `atomic.reshape`,
+  `atomic.broadcast`: a consumer reads the pieces, the new shape or the broadcast operand with
+  strides) and data (`atomic.constant`); also any `atomic.concat` of constants (canonicalize
+  folds it);
+- the terminator (`func.return`).
+
+Ops with the MOVE trait (transpose, slice, concat, gather, iota, kernel.copy) move bytes but do
+no arithmetic; a REDUCTION does one operation per input element rather than per output element.
 
 The weights default to an H100 in round numbers: 50 TFLOP/s, 3 TB/s, 5 µs per launch.
 """
@@ -19,23 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tgc.ir import Operation
-
-FREE_OPS = frozenset(
-    {"atomic.split", "atomic.reshape", "atomic.broadcast", "atomic.constant", "func.return"}
-)
-# Ops that move data without arithmetic (flops 0).
-MOVE_OPS = frozenset(
-    {
-        "atomic.transpose",
-        "atomic.concat",
-        "atomic.slice",
-        "atomic.gather",
-        "atomic.iota",
-        "kernel.copy",
-    }
-)
-# Ops whose work is one operation per input element rather than per output element.
-REDUCE_OPS = frozenset({"atomic.reduce_sum", "atomic.reduce_max", "atomic.reduce_min"})
+from tgc.opdef import FREE, MOVE, REDUCTION, TERMINATOR
 
 
 @dataclass(frozen=True)
@@ -85,7 +74,7 @@ def _is_constant(value) -> bool:
 def op_cost(op: Operation) -> Cost:
     """The cost of one op (its nested ops, if any, are priced as one kernel)."""
     name = op.name
-    if name in FREE_OPS:
+    if op.has_trait(FREE) or op.has_trait(TERMINATOR):
         return ZERO
     if name == "atomic.concat" and all(_is_constant(v) for v in op.operands):
         return ZERO
@@ -95,9 +84,9 @@ def op_cost(op: Operation) -> Cost:
         flops = matmul_flops(
             a.type.shape, b.type.shape, op.results[0].type.shape, op.attr("transpose_a")
         )
-    elif name in MOVE_OPS:
+    elif op.has_trait(MOVE):
         flops = 0
-    elif name in REDUCE_OPS:
+    elif op.has_trait(REDUCTION):  # one operation per input element, not per output element
         flops = op.operands[0].type.num_elements
     else:
         flops = sum(r.type.num_elements for r in op.results)
