@@ -432,8 +432,9 @@ class _Run:
 
 
 def first_unplannable(solver: Solver, problem: Problem) -> Operation | None:
-    """The first op (block order) that no option can run, given its operands' costs."""
+    """The first op (block order) that no option can run, its operands free everywhere."""
     run = _Run(solver, problem)
+    run.vec.update({v: [0.0] * solver.spaces.count for v in problem.inputs})
     for op in problem.ops:
         evals = run.evaluate(op)
         for r in op.results:
