@@ -1,10 +1,9 @@
 """The numpy interpreter: runs a verified function op by op on each op's `reference`.
 
 This is tgc's definition of what a program means; every pass and every kernel is checked
-against it. Two precisions:
-- "native": each result is stored in its declared element type (f16/bf16 are computed in f32
-  and rounded, as the GPU kernels do);
-- "f64": every float is computed and kept in float64 (the reference for equivalence checks).
+against it. The evaluation itself (precisions "native" and "f64", 16-bit floats computed in f32,
+ops whose meaning is a region, out-of-memory errors) is `tgc.evaluate`; this module adds what
+running a function needs: checking its inputs, choosing it in a module, drawing random inputs.
 
 Floats follow IEEE 754: overflow gives inf, 0/0 gives NaN, and no numpy warning is printed (the
 values themselves say what happened; tgc-run reports them). A tensor too large for this machine's
@@ -14,114 +13,19 @@ memory is one located error that says how many bytes were asked for.
 from __future__ import annotations
 
 import math
-import sys
-from collections.abc import Callable
 from functools import partial
-from typing import TypeVar
 
 import numpy as np
 
-from tgc.builtin import FuncOp, ModuleOp, ReturnOp
-from tgc.diagnostics import Location, TgcError
+from tgc.builtin import FuncOp, ModuleOp
+from tgc.diagnostics import TgcError
 from tgc.dialects.atomic import gather_index_bound
-from tgc.dialects.kernel import CallOp
-from tgc.ir import Block, Operation, Value
+from tgc.evaluate import PRECISIONS, allocating, evaluate_block, storage_dtype
+from tgc.ir import Value
 from tgc.types import TensorType
 
-T = TypeVar("T")
-
-PRECISIONS = ("native", "f64")
-_WIDENED = {np.dtype(np.float16), np.dtype("bfloat16")}
-
-
-def storage_dtype(t: TensorType, precision: str) -> np.dtype:
-    if precision == "f64" and t.is_float:
-        return np.dtype(np.float64)
-    return t.dtype
-
-
-def _compute_view(a: np.ndarray) -> np.ndarray:
-    """16-bit floats are widened to f32 before an op computes on them."""
-    return a.astype(np.float32) if a.dtype in _WIDENED else a
-
-
-def format_bytes(n: int) -> str:
-    """`n` bytes in words: '80000000000000 bytes (72.8 TiB)'."""
-    size, unit = float(n), "bytes"
-    for name in ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
-        if size < 1024:
-            break
-        size, unit = size / 1024, name
-    return f"{n} bytes" if unit == "bytes" else f"{n} bytes ({size:.1f} {unit})"
-
-
-def nbytes(types: list[TensorType], precision: str) -> int:
-    """The bytes that values of `types` take when stored at `precision`."""
-    return sum(math.prod(t.shape) * storage_dtype(t, precision).itemsize for t in types)
-
-
-def allocating(
-    make: Callable[[], T],
-    types: list[TensorType],
-    what: str,
-    precision: str,
-    loc: Location | None = None,
-) -> T:
-    """`make()`, with running out of memory turned into one located error naming the size.
-
-    Sizes no address can hold are refused before numpy sees them (it would say 'array is too
-    big' or 'maximum supported dimension')."""
-    size = nbytes(types, precision)
-    listed = ", ".join(map(str, types))
-    message = f"cannot allocate {format_bytes(size)} for {what} ({listed}): out of memory"
-    if size > sys.maxsize:
-        raise TgcError(message, loc)
-    try:
-        return make()
-    except MemoryError:
-        raise TgcError(message, loc) from None
-
-
-def run_block(block: Block, args: list[np.ndarray], precision: str = "native") -> list[np.ndarray]:
-    """Interpret `block` with its arguments bound to `args`; returns the terminator's operands."""
-    env: dict[Value, np.ndarray] = dict(zip(block.args, args))
-    for op in block.ops:
-        inputs = [env[v] for v in op.operands]
-        if op is block.last and (isinstance(op, ReturnOp) or op.has_trait("terminator")):
-            return inputs
-        types = [r.type for r in op.results]
-        what = f"the result of '{op.name}'"
-        outs = allocating(partial(_run_op, op, inputs, precision), types, what, precision, op.loc)
-        env.update(zip(op.results, outs))
-    raise TgcError("block has no terminator", block.last.loc if block.last else None)
-
-
-def _run_op(op: Operation, inputs: list[np.ndarray], precision: str) -> list[np.ndarray]:
-    """The op's values, each checked against its declared shape and stored at `precision`."""
-    raw = _evaluate(op, [_compute_view(a) for a in inputs], precision)
-    outs = []
-    for result, value in zip(op.results, raw if isinstance(raw, tuple) else (raw,)):
-        value = np.asarray(value)
-        if value.shape != result.type.shape:
-            raise TgcError(
-                f"internal error: '{op.name}' reference produced shape {value.shape}, "
-                f"declared {result.type}",
-                op.loc,
-            )
-        outs.append(value.astype(storage_dtype(result.type, precision), copy=False))
-    return outs
-
-
-def _evaluate(op, inputs: list[np.ndarray], precision: str):
-    """An op's numpy meaning; a `kernel.call` holding its subgraph means its region."""
-    if isinstance(op, CallOp) and op.regions:
-        return tuple(run_block(op.body, inputs, precision))
-    return op.reference(*inputs, **_region_kwargs(op, precision))
-
-
-def _region_kwargs(op, precision: str) -> dict:
-    """Ops with regions (kernel.fused) interpret their body with the same precision."""
-    return {"precision": precision} if op.regions else {}
+# The block evaluator of tgc.evaluate, under the name the planner's executor knows.
+run_block = evaluate_block
 
 
 def check_inputs(func: FuncOp, inputs: list[np.ndarray], precision: str) -> list[np.ndarray]:
@@ -157,7 +61,7 @@ def run_function(
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}")
     with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are the meaning, not a warning
-        return run_block(func.body, check_inputs(func, inputs, precision), precision)
+        return evaluate_block(func.body, check_inputs(func, inputs, precision), precision)
 
 
 def select_function(module: ModuleOp, name: str | None) -> FuncOp:
