@@ -126,24 +126,27 @@ def print_paths(func, ctx, costs, n: int) -> None:
 
 def explain(func, selection, costs, k: int, tolerance: float) -> str:
     """The chosen plan, op by op, beside the k next-best options of each op."""
+    from tgc.planner.paths import value_names
+
     exact = "optimal" if selection.exact else "not proven optimal (shared values)"
     header = (
         f"@{func.sym_name}: {format_seconds(selection.seconds)} estimated, {exact}; "
         f"tolerance {tolerance:g}; {selection.segments} segment(s), "
         f"{selection.distinct_segments} planned"
     )
-    note = (
-        "  (total: the cheapest way to have the op's results where they are read, inputs included)"
-    )
-    lines = [header, note]
+    notes = [
+        "  total: the cheapest way to have the op's results where they are read, inputs included",
+        "  n/a: the option reads a value this plan leaves uncomputed (inside another kernel)",
+    ]
+    lines = [header, *notes]
+    names = value_names(selection.plan)
     for step in selection.plan.steps:
-        root = step.option.root
-        lines.append(f"{_describe(root)}")
+        lines.append(_describe(step.option.root, names))
         for rank, (option, total) in enumerate(selection.alternatives[step][: k + 1]):
             mark = "*" if rank == 0 else " "
+            shown = "n/a" if math.isinf(total) else format_seconds(total)
             lines.append(
-                f"  {mark} {option.label:<28} total {format_seconds(total):>12}"
-                f"  {_own_cost(option, costs)}"
+                f"  {mark} {option.label:<28} total {shown:>12}  {_own_cost(option, costs)}"
             )
         if step.nested is not None:
             kernels = step.nested.kernels()
@@ -151,9 +154,10 @@ def explain(func, selection, costs, k: int, tolerance: float) -> str:
     return "\n".join(lines)
 
 
-def _describe(op) -> str:
-    results = ", ".join(f"%{r.name_hint}" if r.name_hint else "%_" for r in op.results)
-    operands = ", ".join(f"%{v.name_hint}" if v.name_hint else "%_" for v in op.operands)
+def _describe(op, names: dict) -> str:
+    """`%y = hl.tanh(%x)`, values named as in the printed plans (`%_`: inside a kernel)."""
+    results = ", ".join(names.get(r, "%_") for r in op.results)
+    operands = ", ".join(names.get(v, "%_") for v in op.operands)
     return f"{results} = {op.name}({operands})"
 
 
