@@ -29,7 +29,7 @@ from typing import Protocol
 from tgc.builder import Builder
 from tgc.builtin import FuncOp
 from tgc.ir import Operation
-from tgc.opdef import OPS
+from tgc.opdef import FREE, MOVE, OPS, REDUCTION
 from tgc.planner.kernel import Kernel, canonical_references
 from tgc.types import TensorType
 
@@ -129,23 +129,6 @@ class RooflineCostSource:
 
 # -- flops --------------------------------------------------------------------------------------
 
-REDUCTIONS = frozenset({"atomic.reduce_sum", "atomic.reduce_max", "atomic.reduce_min"})
-# Ops that move or reinterpret data and compute nothing.
-DATA_MOVEMENT = frozenset(
-    {
-        "atomic.reshape",
-        "atomic.transpose",
-        "atomic.broadcast",
-        "atomic.slice",
-        "atomic.split",
-        "atomic.concat",
-        "atomic.gather",
-        "atomic.constant",
-        "atomic.iota",
-        "kernel.copy",
-    }
-)
-
 
 def kernel_flops(kernel: Kernel, operand_types: tuple, result_types: tuple) -> float:
     """Floating-point operations of one call: the op's count for an op kernel; for a graph
@@ -162,13 +145,14 @@ def op_flops(name: str, operand_types: tuple, result_types: tuple) -> float:
     """1 per result element for an elementwise op, 2*M*N*K for a matmul, 1 per input element
     for a reduction, 0 for data movement; an hl op counts its decomposition."""
     results = sum(t.num_elements for t in result_types)
-    if name in DATA_MOVEMENT:
+    cls = OPS.get(name)
+    traits = cls.traits if cls is not None else frozenset()
+    if traits & {MOVE, FREE}:  # moves or reinterprets data, computes nothing
         return 0.0
-    if name in REDUCTIONS:
+    if REDUCTION in traits:
         return float(operand_types[0].num_elements)
     if name == "atomic.matmul":
         return 2.0 * results * operand_types[0].shape[-1]
-    cls = OPS.get(name)
     if cls is not None and callable(getattr(cls, "decompose", None)):
         found = _decomposed_flops(name, operand_types, result_types)
         if found is not None:
