@@ -18,13 +18,15 @@ operand is the hash of its defining op and result index, or the type of the argu
 input it reads. A segment's hash covers the multiset of its ops' hashes, how each outside value
 is shared (the multiset of its use sites), which values leave the segment and how. Value names
 and the order of independent ops do not enter it; one op or one attribute more or less, or a
-type, changes it. Two segments with equal hashes are planned once (`correspondence` maps one
-onto the other, op for op).
+type, changes it. The planner adds each op's options (kernel, covered ops, inputs, named
+structurally), so that two segments with equal hashes have corresponding options and are
+planned once (`correspondence` maps one onto the other, op for op).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tgc.attributes import DenseAttr
@@ -239,9 +241,13 @@ def op_hashes(ops: list[Operation], inputs: dict[Value, str] | None = None) -> d
     return hashes
 
 
-def segment_key(seg: Segment, required: dict[Value, int] | None = None) -> str:
+def segment_key(
+    seg: Segment, required: dict[Value, int] | None = None, describe: Callable | None = None
+) -> str:
     """The structural hash of a segment (module doc); `required` are the values the terminator
-    reads with the placement mask each needs (last segment)."""
+    reads with the placement mask each needs (last segment). `describe(op, ref)` adds what else
+    must agree between equal segments (the planner: each op's options, `ref` naming values
+    structurally)."""
     inputs = {seg.input: f"input:{seg.input.type}"} if seg.input is not None else {}
     hashes = op_hashes(seg.ops, inputs)
     seg.op_hash = hashes
@@ -263,7 +269,13 @@ def segment_key(seg: Segment, required: dict[Value, int] | None = None) -> str:
         (required or {}).items(), key=lambda item: _value_ref(item[0], hashes, inputs)
     ):
         leaving.append(f"ret:{_value_ref(v, hashes, inputs)}:{mask}")
-    text = "|".join(sorted(hashes.values())) + "||" + "|".join(sharing) + "||" + "|".join(leaving)
+    ops = sorted(hashes.values())
+    if describe is not None:
+        ops = sorted(
+            f"{hashes[op]}{{{describe(op, lambda v: _value_ref(v, hashes, inputs))}}}"
+            for op in seg.ops
+        )
+    text = "|".join(ops) + "||" + "|".join(sharing) + "||" + "|".join(leaving)
     seg.key = _digest(text)
     return seg.key
 

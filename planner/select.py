@@ -145,7 +145,7 @@ class _Chain:
         entries, tables = [], {}
         for k, seg in enumerate(chain):
             required = self.required if k == len(chain) - 1 else {}
-            key = segment_key(seg, required) if self.reuse else f"segment {k}"
+            key = segment_key(seg, required, self._describe) if self.reuse else f"segment {k}"
             if key not in tables:
                 tables[key] = (seg, self._tables(seg, required))
             entries.append((seg, *tables[key]))
@@ -161,6 +161,14 @@ class _Chain:
         seconds = total if exact else plan_cost(plan, self.s.costs)
         return Selection(
             plan, seconds, total, exact, len(chain), len(tables), alternatives, self.s.spaces
+        )
+
+    def _describe(self, op: Operation, ref) -> str:
+        """An op's options, named structurally: equal segments must have corresponding ones."""
+        return ";".join(
+            f"{o.label}[{','.join(sorted(ref(x.results[0]) for x in o.ops))}]"
+            f"({','.join(ref(v) for v in o.inputs)})"
+            for o in self.bo.options[op]
         )
 
     def _first_input(self, chain: list[Segment]) -> Value | None:
@@ -228,11 +236,18 @@ class _Chain:
             if rec is None:
                 rec = self.s.reconstruct(problem, solution.states[a_out], a_out)
                 self.reconstructions[key] = rec
+            pairs = None if rep is seg else _transfer(rec.steps, rep, seg, self.bo)
+            if rep is not seg and pairs is None:
+                # Ops with equal hashes (duplicates CSE would merge) map ambiguously: solve this
+                # copy itself (its tables equal the representative's, so the chain holds).
+                problem, solution = self._tables(seg, problem.required)[a_in]
+                rec = self.s.reconstruct(problem, solution.states[a_out], a_out)
+                rep = seg
             if rep is seg:
                 steps += rec.steps
                 alternatives.update(rec.alternatives)
             else:
-                for old, new in _transfer(rec.steps, rep, seg, self.bo):
+                for old, new in pairs:
                     steps.append(new)
                     alternatives[new] = rec.alternatives[old]
             a_out = a_in
@@ -257,18 +272,23 @@ def _no_kernel(op: Operation, ctx: PlanContext) -> TgcError:
 
 
 def _transfer(steps: list[Step], rep: Segment, seg: Segment, bo: BlockOptions):
-    """The steps of `rep`'s plan mapped onto the equal segment `seg`: (old step, new step)."""
+    """The steps of `rep`'s plan mapped onto the equal segment `seg`, as (old step, new step)
+    pairs; None when some option has no counterpart (ambiguous duplicate ops)."""
     mapping = correspondence(rep, seg)
+    pairs = []
     for step in steps:
         o = step.option
         covered = {mapping[x] for x in o.ops}
+        found = None
         for cand in bo.options[mapping[o.root]]:
             same = cand.kind == o.kind and cand.label == o.label and set(cand.ops) == covered
             if same and _same_inner_inputs(cand, o, mapping):
-                yield step, Step(cand, step.nested)
+                found = cand
                 break
-        else:
-            raise AssertionError(f"no option of {o.label} in the repeated segment")
+        if found is None:
+            return None
+        pairs.append((step, Step(found, step.nested)))
+    return pairs
 
 
 def _same_inner_inputs(cand: Option, o: Option, mapping: dict) -> bool:

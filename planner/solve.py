@@ -126,7 +126,7 @@ class Solver:
 
     def spread(self, space, t) -> list[float]:
         """Per mask A: the copies from `space` to every other space of A, for a value of type t."""
-        key = (space, t.with_encoding(None))
+        key = (space, t)
         found = self._spread.get(key)
         if found is None:
             found = [0.0] * self.spaces.count
@@ -382,9 +382,19 @@ class _Run:
         return min((self.option_cost(ev, op, masks) for ev in evals), default=INF)
 
     def result_vector(self, op: Operation, evals: list, r: Value) -> list[float]:
+        """best[r][A] for every mask A: the cheapest option, copies to A included (the hot
+        loop of the search: whole vectors at a time)."""
         vector = [INF] * self.sp.count
-        for mask in self.sp.masks:
-            vector[mask] = min((self.option_cost(ev, op, [(r, mask)]) for ev in evals), default=INF)
+        for ev in evals:
+            if ev[0] == "d":
+                candidate = ev[2]
+            else:
+                base = ev[3]
+                if base == INF:
+                    continue
+                candidate = [base + c for c in self.s.spread(ev[2], r.type)]
+            vector = list(map(min, vector, candidate))
+        vector[0] = INF
         return vector
 
     # -- the backward pass ------------------------------------------------------------------------

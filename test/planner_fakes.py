@@ -154,8 +154,12 @@ def _cone(root: Operation, limit: int) -> list[Operation]:
 
 def _tile_match(kernel: Kernel, root: Operation, tile: list[Operation]) -> Match:
     members = set(tile)
-    order = {op: i for i, op in enumerate(root.block.ops)}
-    ops = tuple(sorted(tile, key=order.__getitem__))
+    ops, op = [], root  # block order: walk back from the root (the tile precedes it)
+    while len(ops) < len(tile):
+        if op in members:
+            ops.append(op)
+        op = op.prev
+    ops = tuple(reversed(ops))
     inputs = []
     for op in ops:
         for v in op.operands:
