@@ -219,3 +219,64 @@ def test_repeated_blocks_are_planned_once():
     selection = plan_function(func, PlanContext(kernels), costs)
     assert (selection.segments, selection.distinct_segments) == (5, 2)
     assert selection.exact
+
+
+def _count_evaluations(monkeypatch) -> list[int]:
+    from tgc.planner import solve
+
+    calls = [0]
+    original = solve._Run.evaluate
+
+    def counting(self, op):
+        calls[0] += 1
+        return original(self, op)
+
+    monkeypatch.setattr(solve._Run, "evaluate", counting)
+    return calls
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_planning_work_is_linear_and_constant_with_reuse(monkeypatch, reuse):
+    """Op evaluations of the DP (counted, not timed) for 4, 8 and 16 blocks: planning every
+    segment anew, the work grows by equal steps per block (linear; the decomposition tables are
+    shared by op signature either way); with reuse it does not grow at all."""
+    kernels, costs = _all_op_kernels(random.Random(1))
+    calls = _count_evaluations(monkeypatch)
+    work = []
+    for blocks in (4, 8, 16):
+        calls[0] = 0
+        func = tgc.parse(model(blocks)).funcs[0]
+        plan_function(func, PlanContext(kernels), costs, reuse=reuse)
+        work.append(calls[0])
+    if reuse:
+        assert work[0] == work[1] == work[2]
+    else:
+        per_block = (work[1] - work[0]) / 4
+        assert per_block > 0
+        assert work[2] - work[1] == pytest.approx(8 * per_block, rel=0.05)
+
+
+DUPLICATES = """
+  %p{i} = atomic.exp {x} : (tensor<16x32xf32>) -> tensor<16x32xf32>
+  %q{i} = atomic.exp {x} : (tensor<16x32xf32>) -> tensor<16x32xf32>
+  %r{i} = atomic.sub %p{i}, {x} : (tensor<16x32xf32>, tensor<16x32xf32>) -> tensor<16x32xf32>
+  %y{i} = atomic.mul %r{i}, %q{i} : (tensor<16x32xf32>, tensor<16x32xf32>) -> tensor<16x32xf32>"""
+
+
+def test_repeated_segments_with_duplicate_ops_give_the_plan_found_without_reuse():
+    """Two equal exps in a block (CSE would merge them) map ambiguously between blocks: the
+    plan is still the one found planning each block anew."""
+    kernels, costs = _all_op_kernels(random.Random(3))
+    body = "".join(DUPLICATES.format(i=i, x="%x" if i == 0 else f"%y{i - 1}") for i in range(4))
+    text = (
+        "func.func @d(%x: tensor<16x32xf32>) -> tensor<16x32xf32> {"
+        + body
+        + "\n  func.return %y3 : tensor<16x32xf32>\n}\n"
+    )
+    found = []
+    for reuse in (True, False):
+        func = tgc.parse(text).funcs[0]
+        selection = plan_function(func, PlanContext(kernels), costs, reuse=reuse)
+        found.append((str(selection.plan), selection.seconds))
+    assert found[0][0] == found[1][0]
+    assert found[0][1] == pytest.approx(found[1][1], rel=1e-12)
