@@ -100,15 +100,24 @@ def format_plan(plan: Plan) -> str:
 
 
 def count_paths(func: FuncOp | Block, ctx: PlanContext | None = None) -> int:
-    """The number of complete plans of `func` (see the module doc); never enumerates."""
-    ctx = ctx or PlanContext()
+    """The number of complete plans of `func` (see the module doc); never enumerates. Without
+    `ctx`: every backend that loads, no tolerance."""
+    ctx = ctx or default_context()
     return _Counter(ctx).block(_block(func))
 
 
 def paths(func: FuncOp | Block, ctx: PlanContext | None = None) -> Iterator[Plan]:
     """Every complete plan of `func`, lazily, in a deterministic order."""
-    ctx = ctx or PlanContext()
+    ctx = ctx or default_context()
     yield from _block_plans(_block(func), ctx)
+
+
+def default_context() -> PlanContext:
+    """Every backend that loads here, no tolerance."""
+    from tgc.planner import load_backends
+
+    load_backends()
+    return PlanContext()
 
 
 def _block(func: FuncOp | Block) -> Block:

@@ -45,7 +45,7 @@ from tgc.planner.options import (
     copy_kernel,
     live_ops,
 )
-from tgc.planner.paths import Plan, Step, plan_cost
+from tgc.planner.paths import Plan, Step, default_context, plan_cost
 from tgc.planner.solve import (
     EXACT_BUDGET,
     INF,
@@ -98,8 +98,9 @@ def plan_function(
 ) -> Selection:
     """The cheapest plan of `func`. The only change to `func`: a source (constant) read by
     several segments is cloned into each. `reuse`: plan segments with equal hashes once.
-    Raises TgcError when some op has no option within the tolerance."""
-    ctx = ctx or PlanContext()
+    Raises TgcError when some op has no option within the tolerance. Without `ctx`: every
+    backend that loads, no tolerance."""
+    ctx = ctx or default_context()
     costs = (
         cost_source
         if isinstance(cost_source, CachedCosts)
