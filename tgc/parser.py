@@ -13,9 +13,12 @@ its type; `inf`/`nan` are written as keywords.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import math
+import os
 import re
 import struct
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -182,17 +185,65 @@ class _ToTuples(Transformer):
         return ("dense_list", [x for x in c if x is not None])
 
 
+# How the grammar is compiled; part of the parser cache's key.
+_LARK_OPTIONS = {"parser": "lalr", "lexer": "contextual", "maybe_placeholders": True}
+
+
 @cache
 def _lark() -> lark.Lark:
     grammar = (Path(__file__).with_name("tg.lark")).read_text()
-    return lark.Lark(
-        grammar,
-        parser="lalr",
-        lexer="contextual",
-        transformer=_ToTuples(),
-        maybe_placeholders=True,
-        cache=False,
-    )
+    return load_or_build_parser(grammar, parser_cache_dir())
+
+
+def parser_cache_dir() -> Path | None:
+    """Where the built parser is kept: $XDG_CACHE_HOME/tgc, else ~/.cache/tgc (None: no home)."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # unset, empty or relative: the XDG spec says ignore it
+        try:
+            base = os.path.join(Path.home(), ".cache")
+        except RuntimeError:
+            return None
+    return Path(base) / "tgc"
+
+
+def load_or_build_parser(grammar: str, cache_dir: Path | None) -> lark.Lark:
+    """The LALR parser of `grammar`, loaded from `cache_dir` when built there before.
+
+    Building the LALR tables takes about as long as everything else a small run does, so the
+    built parser is kept in a file (Lark's `cache=` format) named by a hash of the grammar, the
+    options, Lark's version and Python's. It is only a speed cache: a directory that cannot be
+    made or written means building every time, and a corrupt or stale file is rebuilt (Lark
+    checks the grammar hash stored inside); neither prints anything. A new file is written
+    under a temporary name and then renamed, so a tool started meanwhile never reads half of it.
+    """
+    path = _parser_cache_file(grammar, cache_dir)
+    if path is None:
+        return _new_lark(grammar, cache=False)
+    if path.is_file():
+        return _new_lark(grammar, cache=str(path))
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    parser = _new_lark(grammar, cache=str(temporary))  # Lark writes the file, or quietly not
+    try:
+        os.replace(temporary, path)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+    return parser
+
+
+def _parser_cache_file(grammar: str, cache_dir: Path | None) -> Path | None:
+    if cache_dir is None:
+        return None
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    key = "\n".join([grammar, repr(sorted(_LARK_OPTIONS.items())), lark.__version__, sys.version])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+    return cache_dir / f"tg-parser-{digest}.lark"
+
+
+def _new_lark(grammar: str, cache: bool | str) -> lark.Lark:
+    return lark.Lark(grammar, transformer=_ToTuples(), cache=cache, **_LARK_OPTIONS)
 
 
 def _describe_expected(expected: set[str]) -> str:
@@ -622,15 +673,23 @@ def _shorten(literal: str) -> str:
 
 def _unknown_op_message(name: str) -> str:
     close = difflib.get_close_matches(name, OPS.keys(), n=1)
-    hint = f"; did you mean '{close[0]}'?" if close else ""
-    return f"unknown op '{name}'{hint}"
+    if close:
+        return f"unknown op '{name}'; did you mean '{close[0]}'?"
+    dialect = name.partition(".")[0]
+    if not any(known.startswith(dialect + ".") for known in OPS):
+        # Also what the core says when used before `tgc.load_all()` registered the dialects.
+        return f"unknown op '{name}' (no dialect '{dialect}' is loaded)"
+    return f"unknown op '{name}'"
 
 
 # -- entry points ----------------------------------------------------------------------------------
 
 
 def parse_module(text: str, file: str = "<string>") -> ModuleOp:
-    """Parse text into a module (a file without `module` is wrapped in one). Not verified."""
+    """Parse text into a module (a file without `module` is wrapped in one). Not verified.
+
+    Only registered ops parse: whoever wires the parts together (the tools, the `tgc` API)
+    registers the dialects first, with `tgc.load_all()`."""
     import tgc.dialects  # noqa: F401  (registers every dialect's ops)
 
     text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark: columns count after it
