@@ -77,11 +77,13 @@ def copy_bandwidth(stream) -> float:
 
 
 def tgc_runner(text: str, pipeline: str = "", params: dict | None = None):
+    import tgc
     from tgc.codegen.plan import build_plan
     from tgc.parser import parse_module
     from tgc.pass_manager import PassManager
     from tgc.runtime.cuda_executor import CudaPlanRunner
 
+    tgc.load_all()
     module = parse_module(text)
     params = dict(params or {})
     # The `cuda` route's options (tgc-run --backend cuda's pipeline); the rest are template

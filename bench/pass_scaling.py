@@ -38,9 +38,12 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import tgc
 from tgc.parser import parse_module
 from tgc.pass_manager import PassManager, parse_pipeline
 from tgc.verifier import verify
+
+tgc.load_all()  # the dialects and passes the benchmarks parse and run
 
 BLOCK = (Path(__file__).resolve().parent.parent / "examples" / "gpt2_block.tg").read_text()
 PARAMS = [

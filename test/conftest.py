@@ -1,10 +1,14 @@
-"""Shared pytest setup: tests marked `cuda` are skipped, with the reason, where there is no GPU."""
+"""Shared pytest setup: tgc's dialects and passes are registered before any test module is
+collected (tests use the core modules, which know only what is registered, directly), and tests
+marked `cuda` are skipped, with the reason, where there is no GPU."""
 
 from __future__ import annotations
 
 import functools
 
 import pytest
+
+import tgc
 
 
 @functools.lru_cache(maxsize=1)
@@ -20,6 +24,10 @@ def cuda_unavailable_reason() -> str | None:
     except Exception as e:  # noqa: BLE001  (driver missing or broken: skip, saying why)
         return f"the CUDA driver is not usable ({e})"
     return None
+
+
+def pytest_configure(config):
+    tgc.load_all()
 
 
 def pytest_collection_modifyitems(config, items):

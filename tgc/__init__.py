@@ -11,11 +11,17 @@ The Python API in one screen:
     fb = tgc.FunctionBuilder("f", [tgc.tensor("4x8xf32")], ["x"])
     (x,) = fb.args
     m = fb.ret(fb.hl.softmax(x, axis=-1))    # one builder method per registered op
+
+This module wires the parts together: the core (tgc.parser, tgc.builder, tgc.pass_manager, ...)
+knows no dialect or pass, only what is registered. `load_all()` registers tgc's dialects and
+passes; every function here calls it first, as every tool does at start. Code that uses the core
+modules directly calls `tgc.load_all()` once itself.
 """
 
 from __future__ import annotations
 
-from tgc.builder import Builder, FunctionBuilder, tensor
+from tgc.builder import Builder, tensor
+from tgc.builder import FunctionBuilder as _FunctionBuilder
 from tgc.builtin import FuncOp, ModuleOp
 from tgc.diagnostics import TgcError
 from tgc.parser import parse_file as _parse_file
@@ -25,19 +31,49 @@ from tgc.types import TensorType
 from tgc.verifier import verify
 
 __all__ = [
-    "Builder", "FunctionBuilder", "FuncOp", "ModuleOp", "TensorType", "TgcError", "parse",
-    "parse_file", "print_ir", "run", "run_pipeline", "tensor", "verify",
+    "Builder",
+    "FuncOp",
+    "FunctionBuilder",
+    "ModuleOp",
+    "TensorType",
+    "TgcError",
+    "load_all",
+    "parse",
+    "parse_file",
+    "print_ir",
+    "run",
+    "run_pipeline",
+    "tensor",
+    "verify",
 ]
+
+_loaded = False
+
+
+def load_all() -> None:
+    """Register tgc's dialects (hl, atomic, kernel), its passes and the planner's
+    select-kernels pass. Idempotent: after the first call it returns at once."""
+    global _loaded
+    if _loaded:
+        return
+    # Importing a module registers what it defines.
+    import tgc.dialects
+    import tgc.passes
+    import tgc.planner.select  # noqa: F401  (the select-kernels pass)
+
+    _loaded = True
 
 
 def parse(text: str, filename: str = "<string>") -> ModuleOp:
     """Parse and verify .tg text. Raises TgcError with file:line:col on bad input."""
+    load_all()
     module = _parse_module(text, filename)
     verify(module)
     return module
 
 
 def parse_file(path) -> ModuleOp:
+    load_all()
     module = _parse_file(path)
     verify(module)
     return module
@@ -51,6 +87,7 @@ def run_pipeline(module: ModuleOp, pipeline: str, **instrumentation) -> ModuleOp
     """Run a textual pipeline (`-p` or `--pass-pipeline` syntax) in place; returns the module."""
     from tgc.pass_manager import PassManager
 
+    load_all()
     return PassManager.from_text(pipeline, **instrumentation).run(module)
 
 
@@ -58,4 +95,13 @@ def run(module: ModuleOp, inputs, func: str | None = None, precision: str = "nat
     """Run a function on numpy inputs with the numpy interpreter; returns a list of arrays."""
     from tgc.runtime.interpreter import run_function, select_function
 
+    load_all()
     return run_function(select_function(module, func), list(inputs), precision)
+
+
+class FunctionBuilder(_FunctionBuilder):
+    __doc__ = _FunctionBuilder.__doc__
+
+    def __init__(self, name: str, arg_types: list[TensorType], arg_names: list[str] | None = None):
+        load_all()  # the builder offers one method per registered op
+        super().__init__(name, arg_types, arg_names)

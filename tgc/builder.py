@@ -34,7 +34,9 @@ class _DialectNamespace:
     def __getattr__(self, op: str):
         name = f"{self._dialect}.{op}"
         if name not in OPS:
-            raise AttributeError(f"no op named '{name}'")
+            loaded = any(known.startswith(self._dialect + ".") for known in OPS)
+            why = "" if loaded else f" (no dialect '{self._dialect}' is loaded: tgc.load_all())"
+            raise AttributeError(f"no op named '{name}'{why}")
 
         def build(*operands: Value, result_type=None, result_types=None, **attributes):
             if result_type is not None:
@@ -52,8 +54,13 @@ class _DialectNamespace:
 class Builder:
     """Creates ops at an insertion point: the end of a block, or before an op."""
 
-    def __init__(self, block: Block, before: Operation | None = None, loc: Location = UNKNOWN_LOC,
-                 on_insert=None):
+    def __init__(
+        self,
+        block: Block,
+        before: Operation | None = None,
+        loc: Location = UNKNOWN_LOC,
+        on_insert=None,
+    ):
         self.block = block
         self.before = before
         self.loc = loc
@@ -78,8 +85,14 @@ class Builder:
             self.on_insert(op)
         return op
 
-    def create(self, op_name: str, operands: list[Value], attributes: dict | None = None,
-               result_types: list[TensorType] | None = None, regions=None) -> Operation:
+    def create(
+        self,
+        op_name: str,
+        operands: list[Value],
+        attributes: dict | None = None,
+        result_types: list[TensorType] | None = None,
+        regions=None,
+    ) -> Operation:
         op = create(OPS[op_name], operands, attributes, result_types, regions, self.loc)
         return self.insert(op)
 
@@ -93,8 +106,6 @@ class FunctionBuilder(Builder):
     """Builds one function in a fresh module; `ret(...)` finishes it and returns the module."""
 
     def __init__(self, name: str, arg_types: list[TensorType], arg_names: list[str] | None = None):
-        import tgc.dialects  # noqa: F401  (registers the ops the builder offers)
-
         self.func = FuncOp.build(name, arg_types, [], arg_names)
         self.module = ModuleOp.empty()
         self.module.body.append(self.func)

@@ -690,8 +690,6 @@ def parse_module(text: str, file: str = "<string>") -> ModuleOp:
 
     Only registered ops parse: whoever wires the parts together (the tools, the `tgc` API)
     registers the dialects first, with `tgc.load_all()`."""
-    import tgc.dialects  # noqa: F401  (registers every dialect's ops)
-
     text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark: columns count after it
     SOURCES.add(file, text)
     parser = _lark()

@@ -60,7 +60,9 @@ class Pass:
             self.run_on_func(func, stats)
 
     def run_on_func(self, func: FuncOp, stats: PassStatistics) -> None:
-        raise NotImplementedError(f"pass '{self.name}' implements neither run_on_func nor run_on_module")
+        raise NotImplementedError(
+            f"pass '{self.name}' implements neither run_on_func nor run_on_module"
+        )
 
     @property
     def display_name(self) -> str:
@@ -125,8 +127,7 @@ def make_pass(name: str, options: dict[str, str]) -> Pass:
     cls = PASSES.get(name)
     if cls is None:
         raise PipelineError(
-            f"'{name}' does not refer to a registered pass or pass pipeline "
-            f"(see --list-passes)"
+            f"'{name}' does not refer to a registered pass or pass pipeline (see --list-passes)"
         )
     fields = {_kebab(f.name): f for f in dataclasses.fields(cls)}
     kwargs = {}
@@ -220,9 +221,8 @@ class _PipelineParser:
 
 
 def parse_pipeline(text: str) -> list[Pass]:
-    """Parse pipeline text into passes (aliases such as `optimize` stay one pass)."""
-    import tgc.passes  # noqa: F401  (registers every pass)
-
+    """Parse pipeline text into passes (aliases such as `optimize` stay one pass). Only
+    registered passes are known: `tgc.load_all()` registers tgc's own."""
     text = text.strip()
     if not text:
         return []
@@ -306,7 +306,7 @@ class PassManager:
         print("  ... Execution time report ...".ljust(79), file=out)
         print("===" + "-" * 73 + "===", file=out)
         print(f"  Total Execution Time: {total:.4f} seconds", file=out)
-        print("", file=out)
+        print(file=out)
         print("  ----Wall Time----  ----Name----", file=out)
         for name, t in self.timings:
             print(f"  {t:.4f} ({100 * t / total:5.1f}%)  {name}", file=out)

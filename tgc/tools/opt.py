@@ -7,7 +7,7 @@ import re
 import sys
 from dataclasses import dataclass
 
-import tgc.planner.select  # noqa: F401  (registers select-kernels)
+import tgc
 from tgc.diagnostics import Location, TgcError
 from tgc.pass_manager import PASSES, Instrumentation, PassManager, PipelineError, parse_pipeline
 from tgc.tools._common import EXIT_INPUT, EXIT_OK, EXIT_USAGE, guarded, read_input
@@ -70,8 +70,6 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 def list_passes() -> str:
     import dataclasses
-
-    import tgc.passes  # noqa: F401
 
     lines = ["Available passes:"]
     for name in sorted(PASSES):
@@ -241,6 +239,7 @@ def write_output(path: str, text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_arg_parser().parse_args(argv)
+    tgc.load_all()
     return guarded("tgc-opt", lambda: run(args), args.debug)
 
 

@@ -16,7 +16,7 @@ import argparse
 import math
 import sys
 
-import tgc.planner.select  # noqa: F401  (registers select-kernels for -p)
+import tgc
 from tgc.tools._common import EXIT_OK, EXIT_USAGE, guarded, read_input
 
 
@@ -177,6 +177,7 @@ def _own_cost(option, costs) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_arg_parser().parse_args(argv)
+    tgc.load_all()
     return guarded("tgc-plan", lambda: run(args), args.debug)
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import tgc
 from tgc.diagnostics import TgcError
 from tgc.tools._common import EXIT_OK, guarded, read_input
 
@@ -295,6 +296,7 @@ def _index(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
 def main(argv: list[str] | None = None) -> int:
     parser = build_arg_parser()
     args = parser.parse_args(argv)
+    tgc.load_all()
     if args.backend == "cuda" and args.precision != "native":
         # The kernels compute in the element types of the IR; --check compares with float64.
         parser.error(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+import tgc
 from tgc.tools._common import EXIT_OK, guarded, read_input
 from tgc.tools.opt import write_output
 
@@ -53,6 +54,7 @@ def run(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_arg_parser().parse_args(argv)
+    tgc.load_all()
     return guarded("tgc-translate", lambda: run(args), args.debug)
 
 
