@@ -42,8 +42,6 @@ import re
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 
-import networkx as nx
-
 from tgc.builtin import FuncOp, ModuleOp
 from tgc.dialects.kernel import FusedOp, YieldOp
 from tgc.ir import Block, Operation, Region, Value
@@ -529,6 +527,8 @@ def _is_leaf(op: Operation) -> bool:
 
 def _reorder(func: FuncOp, key: dict[Operation, int]) -> None:
     """Put the body into a topological order, as close to the original order as possible."""
+    import networkx as nx  # here, not at the top: importing it costs a third of a tool's start
+
     body = func.body
     term = body.last
     ops = [op for op in body.ops if op is not term]
