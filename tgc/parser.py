@@ -22,6 +22,11 @@ import sys
 from functools import cache
 from pathlib import Path
 
+try:
+    import fcntl  # the parser cache's lock (POSIX)
+except ImportError:
+    fcntl = None
+
 import lark
 import ml_dtypes
 import numpy as np
@@ -210,24 +215,27 @@ def load_or_build_parser(grammar: str, cache_dir: Path | None) -> lark.Lark:
     """The LALR parser of `grammar`, loaded from `cache_dir` when built there before.
 
     Building the LALR tables takes about as long as everything else a small run does, so the
-    built parser is kept in a file (Lark's `cache=` format) named by a hash of the grammar, the
+    built parser is kept in a file (Lark's `cache=` option) named by a hash of the grammar, the
     options, Lark's version and Python's. It is only a speed cache: a directory that cannot be
-    made or written means building every time, and a corrupt or stale file is rebuilt (Lark
-    checks the grammar hash stored inside); neither prints anything. A new file is written
-    under a temporary name and then renamed, so a tool started meanwhile never reads half of it.
+    made or written means building every time, and a corrupt file is rebuilt and written anew
+    (Lark checks the hash stored inside and ignores a file it cannot read); neither prints
+    anything. Lark writes the file in place, so reading and writing it happen under an
+    exclusive lock (`flock`): a tool started meanwhile never reads half a file, and two never
+    write one at once. Without `flock` (not POSIX) there is no cache.
     """
     path = _parser_cache_file(grammar, cache_dir)
-    if path is None:
+    if path is None or fcntl is None:
         return _new_lark(grammar, cache=False)
-    if path.is_file():
-        return _new_lark(grammar, cache=str(path))
-    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    parser = _new_lark(grammar, cache=str(temporary))  # Lark writes the file, or quietly not
     try:
-        os.replace(temporary, path)
+        lock = open(path.with_suffix(".lock"), "a")  # noqa: SIM115  (closed below)
     except OSError:
-        temporary.unlink(missing_ok=True)
-    return parser
+        return _new_lark(grammar, cache=False)
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process ends
+        except OSError:  # e.g. a file system without locks
+            return _new_lark(grammar, cache=False)
+        return _new_lark(grammar, cache=str(path))
 
 
 def _parser_cache_file(grammar: str, cache_dir: Path | None) -> Path | None:
