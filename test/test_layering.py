@@ -120,7 +120,6 @@ def forbidden_arrows(rel: Path, source: str) -> list[str]:
     return bad
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11: the arrows it lists are being removed")
 def test_every_import_follows_the_layers():
     bad = []
     for path in source_files():
