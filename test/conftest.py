@@ -5,6 +5,7 @@ marked `cuda` are skipped, with the reason, where there is no GPU."""
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
 
@@ -27,6 +28,10 @@ def cuda_unavailable_reason() -> str | None:
 
 
 def pytest_configure(config):
+    # The planner with the numpy backend alone, whatever is installed (PyTorch, PyCUDA): plans,
+    # path counts and brute-force sizes do not depend on the machine. Tests of the other
+    # backends register them themselves (test_planner_torch.py, test_planner_cuda.py).
+    os.environ.setdefault("TGC_PLANNER_BACKENDS", "numpy")
     tgc.load_all()
 
 

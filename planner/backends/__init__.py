@@ -1,12 +1,25 @@
 """Backends: how the executor runs each backend's kernels and moves values between spaces.
 
-A backend module (`numpy.py`; `cuda.py` and `torch.py` to come) registers its kernels in
-`planner.kernel.KERNELS` and one `Backend` here. Values live in memory spaces (`None` = host,
-`"cuda"`), each with one representation the executor keeps between kernels (`Space`): numpy
-arrays on the host. A backend whose own representation differs from its space's (torch tensors
-on the host) converts on the way in and out (`adopt`, `release`: zero-copy where it can, e.g.
-`torch.from_numpy`, DLPack). `kernel.copy` goes through the host: `to_host` of the source space,
-`from_host` of the destination (a space may later register a direct path).
+A backend module (`numpy.py`, `torch.py`, `cuda.py`) registers its kernels in
+`planner.kernel.KERNELS` and one `Backend` here per backend it provides. Values live in memory
+spaces (`None` = host, `"cuda"`), each with one representation the executor keeps between
+kernels (`Space`): numpy arrays on the host; on the device, any object exposing
+`__cuda_array_interface__` (a PyCUDA buffer of the cuda backend, a torch CUDA tensor). A backend
+whose own representation differs from its space's (torch tensors on the host) converts on the
+way in and out (`adopt`, `release`: zero-copy where it can, `torch.from_numpy`,
+`__cuda_array_interface__`). `kernel.copy` goes through the host: `to_host` of the source space,
+`from_host` of the destination.
+
+Every kernel's `run` takes and returns host numpy arrays (`run(inputs, attrs, result_types)`,
+see planner/backends/numpy.py), whatever its backend: so any kernel can be checked against its
+reference the same way. The executor calls `Backend.call` instead, on values in the backend's
+own representation (numpy's is `run` itself; torch's runs on tensors, with no conversion).
+
+*Generated kernels* (`Template`): a family of kernels made per call, such as the CUDA
+templates. A call of one names the family (`callee = "cuda.elementwise"`) and holds the code it
+stands for in its region; the backend's `run_region(op, inputs)` generates, compiles (cached) and
+runs it. The planner offers them through the fused-kernel hook (`planner.options.FUSED_OPTIONS`),
+never by matching, so they are not in `KERNELS`.
 """
 
 from __future__ import annotations
@@ -32,12 +45,16 @@ class Backend:
     """How the executor calls one backend's kernels.
 
     `call(kernel, inputs, attrs, result_types) -> outputs` runs a kernel on values in the
-    backend's own representation (default: `kernel.run(inputs, attrs, result_types)`)."""
+    backend's own representation (default: `kernel.run(inputs, attrs, result_types)`);
+    `run_region(op, inputs) -> outputs` runs a generated kernel: `op` is the `kernel.call`
+    naming a `Template` (or a `kernel.fused`) whose region it computes (None: the backend has
+    no generated kernels)."""
 
     name: str  # a key of planner.kernel.BACKEND_SPACE
     call: Callable[..., list] = _run_kernel
     adopt: Callable = _same  # the space's representation -> the backend's
     release: Callable = _same  # the backend's representation -> the space's
+    run_region: Callable[..., list] | None = None
 
 
 @dataclass(frozen=True)
@@ -49,8 +66,20 @@ class Space:
     from_host: Callable[[np.ndarray, TensorType], object]
 
 
+@dataclass(frozen=True)
+class Template:
+    """A family of generated kernels (see the module doc): `name` is the callee a call writes,
+    `backend` runs it, `max_rel_error` bounds every kernel of the family (as a Kernel's does)."""
+
+    name: str
+    backend: str
+    max_rel_error: float = 0.0
+    doc: str = ""
+
+
 BACKENDS: dict[str, Backend] = {}
 SPACES: dict[str | None, Space] = {None: Space(None, np.asarray, lambda array, type: array)}
+TEMPLATES: dict[str, Template] = {}
 
 
 def register_backend(backend: Backend) -> Backend:
@@ -61,3 +90,8 @@ def register_backend(backend: Backend) -> Backend:
 def register_space(space: Space) -> Space:
     SPACES[space.name] = space
     return space
+
+
+def register_template(template: Template) -> Template:
+    TEMPLATES[template.name] = template
+    return template
