@@ -6,15 +6,20 @@
   see planner/backends/__init__.py): the operands, kept in their memory space's representation,
   are adopted by the backend, `call(kernel, inputs, attrs, result_types)` runs it (attrs: the
   op attributes of an op kernel's call, `{}` for a graph kernel's), and the results are released
-  back to the space's representation;
+  back to the space's representation. A callee naming a generated-kernel family (`TEMPLATES`,
+  e.g. "cuda.elementwise") runs through its backend's `run_region(op, inputs)`, which makes the
+  kernel from the call's region;
 - `kernel.copy`: the value moves to the result type's space (through the host);
-- `kernel.fused`: its region, interpreted on the host (a cuda backend will run it compiled);
+- `kernel.fused`: on the host, its region interpreted; in another space, compiled and run by
+  the backend of that space that runs generated kernels (cuda);
 - any other op left in the function (`atomic.constant`, `atomic.reshape`, ...): its numpy
   meaning on the host, as the interpreter's "native" precision computes it.
 
-Inputs and results are host numpy arrays; a function argument typed in another space is moved
-there first, and results are brought back. Errors (a callee no kernel has, a backend that is not
-available here, a kernel whose operands live in another space) are TgcErrors at the op.
+So one run mixes numpy, torch and CUDA kernels, with copies between host and device where the
+plan has them. Inputs and results are host numpy arrays; a function argument typed in another
+space is moved there first, and results are brought back. Errors (a callee no kernel has, a
+backend that is not available here, a kernel whose operands live in another space) are
+TgcErrors at the op.
 """
 
 from __future__ import annotations
@@ -24,12 +29,13 @@ from collections.abc import Mapping
 import numpy as np
 
 from tgc.builtin import FuncOp, ReturnOp
-from tgc.diagnostics import TgcError
+from tgc.diagnostics import UNKNOWN_LOC, TgcError
 from tgc.dialects.kernel import CallOp, CopyOp, FusedOp
+from tgc.evaluate import allocating
 from tgc.ir import Operation
 from tgc.planner import load_backends
-from tgc.planner.backends import BACKENDS, SPACES, Backend, Space
-from tgc.planner.kernel import KERNELS, Kernel
+from tgc.planner.backends import BACKENDS, SPACES, TEMPLATES, Backend, Space, Template
+from tgc.planner.kernel import BACKEND_SPACE, KERNELS, Kernel
 from tgc.runtime.interpreter import check_inputs, run_block
 
 
@@ -48,9 +54,22 @@ def run_plan(
         values = [env[v] for v in op.operands]
         if isinstance(op, ReturnOp):
             return [_space(v.type.encoding, op).to_host(x) for v, x in zip(op.operands, values)]
-        for result, value in zip(op.results, _run_op(op, values, table)):
+        for result, value in zip(op.results, _run_located(op, values, table)):
             env[result] = value
     raise TgcError(f"@{func.sym_name} has no 'func.return'", func.loc)
+
+
+def _run_located(op: Operation, values: list, backends: dict[str, Backend]) -> list:
+    """`_run_op`, its errors at the op: a kernel's own error (an index out of range) and
+    running out of memory."""
+    what = f"the result of '{op.attr('callee') if isinstance(op, CallOp) else op.name}'"
+    types = [r.type for r in op.results]
+    try:
+        return allocating(lambda: _run_op(op, values, backends), types, what, "native", op.loc)
+    except TgcError as e:
+        if e.loc is None or e.loc == UNKNOWN_LOC:  # a kernel's own op has no place in the file
+            e.loc = op.loc
+        raise
 
 
 def _run_op(op: Operation, values: list, backends: dict[str, Backend]) -> list:
@@ -61,6 +80,8 @@ def _run_op(op: Operation, values: list, backends: dict[str, Backend]) -> list:
         target = op.results[0].type
         return [_space(target.encoding, op).from_host(source.to_host(values[0]), target)]
     spaces = {v.type.encoding for v in op.operands} | {r.type.encoding for r in op.results}
+    if isinstance(op, FusedOp) and spaces - {None}:
+        return _run_fused_on_device(op, values, backends, spaces)
     if spaces - {None}:
         raise TgcError(
             f"'{op.name}' on values in {', '.join(sorted(s for s in spaces if s))} memory has no "
@@ -76,6 +97,28 @@ def _run_op(op: Operation, values: list, backends: dict[str, Backend]) -> list:
 
 def _run_call(op: CallOp, values: list, backends: dict[str, Backend]) -> list:
     kernel = _kernel(op)
+    backend = _backend(kernel, backends, op)
+    space = BACKEND_SPACE[kernel.backend]
+    spaces = {v.type.encoding for v in op.operands} | {r.type.encoding for r in op.results}
+    if spaces - {space}:
+        where = ", ".join(sorted(str(s or "host") for s in spaces))
+        raise TgcError(
+            f"kernel '{kernel.name}' works in {space or 'host'} memory, but the call's "
+            f"values are in {where} memory (insert kernel.copy)",
+            op.loc,
+        )
+    inputs = [backend.adopt(v) for v in values]
+    if isinstance(kernel, Template):
+        outs = backend.run_region(op, inputs)
+    else:
+        attrs = op.op_attributes() if kernel.op is not None else {}
+        outs = backend.call(kernel, inputs, attrs, [r.type for r in op.results])
+    outs = [backend.release(v) for v in outs]
+    _check_results(op, kernel, outs)
+    return outs
+
+
+def _backend(kernel: Kernel | Template, backends: dict[str, Backend], op: Operation) -> Backend:
     backend = backends.get(kernel.backend)
     if backend is None:
         raise TgcError(
@@ -83,23 +126,36 @@ def _run_call(op: CallOp, values: list, backends: dict[str, Backend]) -> list:
             f"available here",
             op.loc,
         )
-    spaces = {v.type.encoding for v in op.operands} | {r.type.encoding for r in op.results}
-    if spaces - {kernel.space}:
-        where = ", ".join(sorted(str(s or "host") for s in spaces))
+    if isinstance(kernel, Template) and backend.run_region is None:
         raise TgcError(
-            f"kernel '{kernel.name}' works in {kernel.space or 'host'} memory, but the call's "
-            f"values are in {where} memory (insert kernel.copy)",
-            op.loc,
+            f"the {kernel.backend} backend here runs no generated kernel ('{kernel.name}')", op.loc
         )
-    attrs = op.op_attributes() if kernel.op is not None else {}
-    result_types = [r.type for r in op.results]
-    outs = backend.call(kernel, [backend.adopt(v) for v in values], attrs, result_types)
-    outs = [backend.release(v) for v in outs]
-    _check_results(op, kernel, outs)
-    return outs
+    return backend
 
 
-def _kernel(op: CallOp) -> Kernel:
+def _run_fused_on_device(op: FusedOp, values: list, backends: dict[str, Backend], spaces) -> list:
+    """A `kernel.fused` in device memory: compiled and run by that space's generated kernels."""
+    found = [
+        b
+        for b in backends.values()
+        if b.run_region is not None and {BACKEND_SPACE.get(b.name)} == spaces
+    ]
+    if not found:
+        where = ", ".join(sorted(str(s or "host") for s in spaces))
+        raise TgcError(f"no backend here runs a 'kernel.fused' on values in {where} memory", op.loc)
+    backend = found[0]
+    outs = backend.run_region(op, [backend.adopt(v) for v in values])
+    return [backend.release(v) for v in outs]
+
+
+def _kernel(op: CallOp) -> Kernel | Template:
+    template = TEMPLATES.get(op.attr("callee"))
+    if template is not None:
+        if not op.regions:
+            raise TgcError(
+                f"generated kernel '{template.name}' needs the code it runs in a region", op.loc
+            )
+        return template
     kernel = KERNELS.get(op.attr("callee"))
     if kernel is None:
         raise TgcError(f"'kernel.call' names no registered kernel '{op.attr('callee')}'", op.loc)
@@ -112,7 +168,7 @@ def _kernel(op: CallOp) -> Kernel:
     return kernel
 
 
-def _check_results(op: CallOp, kernel: Kernel, outs: list) -> None:
+def _check_results(op: CallOp, kernel: Kernel | Template, outs: list) -> None:
     """A kernel that returns the wrong number or shapes of results is a broken kernel: say so
     here rather than let a later op fail on it."""
     if len(outs) != len(op.results):
@@ -136,3 +192,19 @@ def _space(name: str | None, where: Operation) -> Space:
     if space is None:
         raise TgcError(f"no backend that can hold values in {name} memory is loaded", where.loc)
     return space
+
+
+PLANNED_OPS = ("kernel.call", "kernel.copy")
+
+
+def require_planned(func: FuncOp) -> None:
+    """`tgc-run --backend auto` runs planned IR (what select-kernels writes: every op a
+    kernel.call or a kernel.copy): a diagnostic at the first op of `func` that is not."""
+    for op in func.body.ops:
+        if op is func.body.last or op.name in PLANNED_OPS:
+            continue
+        raise TgcError(
+            f"'{op.name}' is not planned: --backend auto runs planned IR (leave -p out, or end "
+            "the pipeline with 'select-kernels')",
+            op.loc if op.loc is not None else func.loc,
+        )

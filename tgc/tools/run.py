@@ -16,6 +16,8 @@ from tgc.tools._common import EXIT_OK, guarded, read_input
 
 # The route of --backend cuda when -p does not give one: it ends in placed IR.
 CUDA_PIPELINE = "cuda"
+# The route of --backend auto when -p does not give one: it ends in planned IR.
+AUTO_PIPELINE = "select-kernels"
 
 # Tolerances of --check, by element type: relative to the largest finite magnitude of the
 # reference (at least 1). Integers and i1 compare exactly.
@@ -76,10 +78,13 @@ def build_arg_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--backend",
-        choices=["numpy", "cuda"],
+        choices=["numpy", "cuda", "auto"],
         default="numpy",
         help="cuda: run the 'cuda' pipeline (unless -p is given; it must end in placed IR, e.g. "
-        "'cuda{attention-kernel=false}'), then the placed function on the GPU",
+        "'cuda{attention-kernel=false}'), then the placed function on the GPU; auto: run "
+        "'select-kernels' (unless -p is given; it must end in planned IR, e.g. "
+        "'lower-hl,select-kernels{tolerance=1e-4}'), then the planned function on the kernels "
+        "it chose, on every backend that loads here (numpy, torch, cuda)",
     )
     ap.add_argument(
         "--precision",
@@ -92,7 +97,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
         "--passes",
         default=None,
         help="pipeline to run before executing (default: none; with --backend cuda: "
-        f"'{CUDA_PIPELINE}')",
+        f"'{CUDA_PIPELINE}'; with --backend auto: '{AUTO_PIPELINE}')",
     )
     ap.add_argument(
         "--check",
@@ -166,6 +171,10 @@ def _stats(f: np.ndarray) -> str:
 
 
 def execute(func, inputs, backend: str, precision: str) -> list[np.ndarray]:
+    if backend == "auto":
+        from tgc.planner.executor import run_plan
+
+        return run_plan(func, inputs)
     if backend == "cuda":
         try:
             from tgc.runtime.cuda_executor import run_on_cuda
@@ -206,7 +215,7 @@ def run(args) -> int:
 
     passes = args.passes
     if passes is None:
-        passes = CUDA_PIPELINE if args.backend == "cuda" else ""
+        passes = {"cuda": CUDA_PIPELINE, "auto": AUTO_PIPELINE}.get(args.backend, "")
     pipeline = parse_pipeline(passes)
     if args.output_dir is not None:
         make_output_dir(args.output_dir)
@@ -222,6 +231,10 @@ def run(args) -> int:
         from tgc.codegen.plan import require_placed
 
         require_placed(func)  # before the GPU is touched: a -p that stops short of placed IR
+    if args.backend == "auto":
+        from tgc.planner.executor import require_planned
+
+        require_planned(func)  # a -p that stops short of planned IR
     results = execute(func, inputs, args.backend, args.precision)
     if args.check:
         expected = run_function(select_function(reference_module, args.func), inputs, "f64")
@@ -297,11 +310,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_arg_parser()
     args = parser.parse_args(argv)
     tgc.load_all()
-    if args.backend == "cuda" and args.precision != "native":
+    if args.backend in ("cuda", "auto") and args.precision != "native":
         # The kernels compute in the element types of the IR; --check compares with float64.
         parser.error(
-            f"--precision {args.precision} is not supported with --backend cuda (the kernels "
-            "compute in the program's element types; use --check to compare with float64)"
+            f"--precision {args.precision} is not supported with --backend {args.backend} (the "
+            "kernels compute in the program's element types; use --check to compare with "
+            "float64)"
         )
     with np.errstate(all="ignore"):  # non-finite values are reported, not warned about
         return guarded("tgc-run", lambda: run(args), args.debug)
