@@ -1,0 +1,153 @@
+"""The matmul template: one `atomic.matmul` of two kernel inputs, tiled over shared memory, with
+the rest of the region as its epilogue (computed per output element from the accumulator).
+
+Template parameters: `block_m`, `block_n`, `block_k` (the tile of C a block computes and the
+depth of one shared-memory step), `thread_m`, `thread_n` (the C elements of one thread).
+`generate_epilogue_kernel` gives the epilogue alone, for a library matmul.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tgc.codegen.cuda_ops import COMPUTE_CTYPE, load_expression, store_value
+from tgc.codegen.elementwise import generate_elementwise
+from tgc.codegen.emitter import Coords, Emitter, broadcast_coords, delinearize, linear_offset
+from tgc.codegen.render import KernelSource, idx_type, kernel_label, params_decl, render, yields_of
+from tgc.diagnostics import TgcError
+from tgc.dialects.kernel import FusedOp
+from tgc.ir import Operation, Value
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """The problem: C[m, n] = A[m, k] B[k, n] per batch entry, and where each operand starts."""
+
+    out: tuple[int, ...]
+    m: int
+    n: int
+    k: int
+    batch: int
+    bcoords: Coords  # batch coordinates of the flat batch index z
+    a_offset: str  # start of A and B for batch entry z (C expressions)
+    b_offset: str
+
+
+def matmul_of(op: FusedOp) -> Operation:
+    """The atomic.matmul of a matmul kernel."""
+    found = [inner for inner in op.body.ops if inner.name == "atomic.matmul"]
+    if len(found) != 1:
+        raise TgcError(
+            f"matmul kernel '{kernel_label(op)}' needs exactly one atomic.matmul", op.loc
+        )
+    return found[0]
+
+
+def generate_matmul(op: FusedOp, params: dict, symbol: str) -> KernelSource:
+    """The matmul kernel of `op`, with the region's other ops as its epilogue."""
+    decls, ptrs, outs = params_decl(op)
+    mm = matmul_of(op)
+    a, b = mm.operands
+    for x in (a, b):
+        if x not in ptrs:
+            raise TgcError("matmul operands must be kernel inputs", mm.loc)
+    ta, tb = mm.attr("transpose_a"), mm.attr("transpose_b")
+    shape = _shape(mm)
+    m, n, k = shape.m, shape.n, shape.k
+    sam, sak = (1, m) if ta else (k, 1)
+    sbk, sbn = (1, k) if tb else (n, 1)
+    tiles = _tiles(params)
+    source = render(
+        "matmul.cu.j2",
+        name=symbol,
+        params=decls,
+        idx_t=idx_type(op),
+        acc_t=COMPUTE_CTYPE[mm.results[0].type.element_type],
+        m=m,
+        n=n,
+        k=k,
+        batch=shape.batch,
+        **tiles,
+        a_batch_offset=shape.a_offset,
+        b_batch_offset=shape.b_offset,
+        a_k_contiguous=not ta,
+        b_n_contiguous=not tb,
+        a_load=_load(ptrs, a, "m", sam, "kx", sak, "a_base"),
+        b_load=_load(ptrs, b, "kx", sbk, "n", sbn, "b_base"),
+        epilogue=_epilogue(op, mm, shape, ptrs, outs),
+    )
+    grid = (math.ceil(n / tiles["bn"]), math.ceil(m / tiles["bm"]), shape.batch)
+    return KernelSource(
+        symbol,
+        source,
+        "matmul",
+        len(op.operands),
+        len(op.results),
+        grid,
+        (tiles["threads"], 1, 1),
+        params,
+        op.loc,
+        op.attr("name"),
+    )
+
+
+def generate_epilogue_kernel(op: FusedOp, params: dict, symbol: str) -> KernelSource:
+    """The epilogue of a matmul kernel alone, as an elementwise kernel that reads the matmul's
+    result as one more input (after the region's inputs)."""
+    return generate_elementwise(op, params, symbol, extra=(matmul_of(op).results[0],))
+
+
+def _shape(mm: Operation) -> _Shape:
+    """Sizes of the product and the batch offsets of its operands (batch dims broadcast)."""
+    a, b = mm.operands
+    out = mm.results[0].type.shape
+    k = a.type.shape[-2] if mm.attr("transpose_a") else a.type.shape[-1]
+    batch_shape = out[:-2]
+    bcoords = delinearize("z", batch_shape)
+    a_batch = broadcast_coords(a.type.shape[:-2], batch_shape, bcoords)
+    b_batch = broadcast_coords(b.type.shape[:-2], batch_shape, bcoords)
+    return _Shape(
+        out=out,
+        m=out[-2],
+        n=out[-1],
+        k=k,
+        batch=math.prod(batch_shape),
+        bcoords=bcoords,
+        a_offset=linear_offset(a.type.shape, a_batch + ("0", "0")),
+        b_offset=linear_offset(b.type.shape, b_batch + ("0", "0")),
+    )
+
+
+def _tiles(params: dict) -> dict[str, int]:
+    """The tile sizes (template parameters) and the threads of a block."""
+    bm = int(params.setdefault("block_m", 64))
+    bn = int(params.setdefault("block_n", 64))
+    bk = int(params.setdefault("block_k", 16))
+    tm = int(params.setdefault("thread_m", 4))
+    tn = int(params.setdefault("thread_n", 4))
+    threads = (bm // tm) * (bn // tn)
+    return {"bm": bm, "bn": bn, "bk": bk, "tm": tm, "tn": tn, "threads": threads}
+
+
+def _load(
+    ptrs: dict[Value, str], x: Value, first: str, s1: int, second: str, s2: int, base: str
+) -> str:
+    """The C expression loading x[base + first * s1 + second * s2] in the compute type."""
+    offset = f"{base} + {first} * {s1} + {second} * {s2}"
+    return load_expression(ptrs[x], offset, x.type.element_type)
+
+
+def _epilogue(
+    op: FusedOp, mm: Operation, shape: _Shape, ptrs: dict[Value, str], outs: list[str]
+) -> str:
+    """The statements storing every output at (batch, m, n), the product there being mm_val."""
+    em = Emitter(ptrs)
+    em.hooks[mm.results[0]] = lambda c: "mm_val"
+    coords = shape.bcoords + ("m", "n")
+    for j, (y, r) in enumerate(zip(yields_of(op), op.results)):
+        if r.type.shape != shape.out:
+            raise TgcError(f"matmul kernel '{kernel_label(op)}' yields a value of another shape")
+        val = store_value(em.value(y, coords), r.type.element_type)
+        em.emit(f"{outs[j]}[{linear_offset(shape.out, coords)}] = {val};")
+    return em.take(8)

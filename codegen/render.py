@@ -1,0 +1,107 @@
+"""What every kernel template shares: the Jinja environment, the prelude, the names a
+translation unit may not take, `KernelSource`, and a region's parameter list and index type.
+
+A template family (elementwise.py, row_reduction.py, matmul.py, attention.py) turns one
+`kernel.fused` region into plain data and renders its `.cu.j2` skeleton with `render`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+
+from tgc.codegen.cuda_ops import STORAGE_CTYPE
+from tgc.codegen.names import NameAllocator, display_name, identifiers_in
+from tgc.diagnostics import Location
+from tgc.dialects.kernel import FusedOp
+from tgc.ir import Value
+
+TEMPLATE_DIR = Path(__file__).resolve().parent
+INT32_LIMIT = 2**31 - 1
+
+
+@lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def render(template: str, **data) -> str:
+    return environment().get_template(template).render(**data)
+
+
+def prelude(origin: str = "tgc") -> str:
+    return render("prelude.cu.j2", origin=origin)
+
+
+@lru_cache(maxsize=1)
+def _template_identifiers() -> frozenset[str]:
+    """The names the fixed text of the prelude and the standalone file declare (tgc_max,
+    TgcVec, tgc_hash, ...), with some harmless extras (Jinja keywords)."""
+    found: set[str] = set()
+    for template in ("prelude.cu.j2", "standalone.cu.j2"):
+        found |= identifiers_in((TEMPLATE_DIR / template).read_text())
+    return frozenset(found)
+
+
+def module_names() -> NameAllocator:
+    """A fresh allocator for the symbols of one translation unit: nothing it gives out can be a
+    name the prelude or the standalone file's own code already uses."""
+    return NameAllocator(_template_identifiers())
+
+
+def kernel_label(op: FusedOp) -> str:
+    """The IR name of a kernel as diagnostics show it (one line, printable)."""
+    return display_name(str(op.attr("name")))
+
+
+@dataclass
+class KernelSource:
+    name: str  # the C symbol
+    source: str
+    template: str
+    num_inputs: int
+    num_outputs: int
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    params: dict = field(default_factory=dict)
+    loc: Location | None = None
+    ir_name: str = ""
+    shared_bytes: int = 0  # dynamic shared memory per block (the attention template)
+
+
+def params_decl(
+    op: FusedOp, extra: tuple[Value, ...] = ()
+) -> tuple[list[str], dict[Value, str], list[str]]:
+    """The kernel's C parameters (inputs `in<i>`, then `extra` values read as more inputs, then
+    outputs `out<j>`), the pointer naming each input value, and the output pointers."""
+    decls, ptrs, outs = [], {}, []
+    for i, arg in enumerate(list(op.body.args) + list(extra)):
+        decls.append(f"const {STORAGE_CTYPE[arg.type.element_type]}* __restrict__ in{i}")
+        ptrs[arg] = f"in{i}"
+    for j, r in enumerate(op.results):
+        decls.append(f"{STORAGE_CTYPE[r.type.element_type]}* __restrict__ out{j}")
+        outs.append(f"out{j}")
+    return decls, ptrs, outs
+
+
+def idx_type(op: FusedOp) -> str:
+    """The C type of indices: int unless some tensor of the region has more elements."""
+    sizes = [v.type.num_elements for v in op.operands] + [r.type.num_elements for r in op.results]
+    for inner in op.body.ops:
+        sizes += [r.type.num_elements for r in inner.results]
+    return "long long" if max(sizes, default=0) > INT32_LIMIT else "int"
+
+
+def yields_of(op: FusedOp) -> list[Value]:
+    """The values the region yields, one per kernel output."""
+    return list(op.body.last.operands)
