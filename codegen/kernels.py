@@ -7,7 +7,7 @@ configuration, and the template parameters it was made with (`params` overrides 
 size, vector width, rows per block, tile sizes, so a profiler can search them).
 
 One module per template family, each a generator in `GENERATORS`: elementwise.py,
-row_reduction.py, matmul.py, attention.py.
+row_reduction.py (with row_layout.py, row_passes.py, row_body.py), matmul.py, attention.py.
 What they share (the Jinja environment, the prelude, `KernelSource`) is in render.py.
 """
 
