@@ -1,0 +1,493 @@
+"""The profiler: find the kernel instances a module's plans could use, and measure those whose
+time is not known yet.
+
+**Instances** (`instances(func, ctx)`): every option the planner would consider at every live op
+(`planner.options`), on every backend loaded, and inside every decomposition, each once: a kernel
+with its operand and result types (encodings included), its parameters and, for an op kernel,
+the op's attributes. The twelve equal blocks of a transformer give the same instances, so they
+are measured once. With more than one memory space, the copies of every type between the spaces
+are instances too.
+
+**A measurement** (`measure(instance)`): inputs drawn fresh at random (`random_inputs`: normal
+floats, weights scaled by fan-in, indices in range; never all zeros), the kernel's result
+checked first against its reference evaluated in float64: allowed is the kernel's stated
+`max_rel_error` plus the larger of 4x the error of the op-by-op evaluation in the program's own
+types and 8 ulp of the result type. A wrong result (or an exception) is recorded as a failure
+with its error and never timed. Then warm-up, and the median of repeated timings of the call on
+the backend's own values (`perf_counter`, with the space's synchronisation around each call),
+as many as fit in `min_time` (at least MIN_RUNS).
+
+**A run** (`Profiler`): the instances with no record on this device are measured one by one,
+each stored in its own transaction; `budget` seconds stops it starting new ones. A killed run
+loses the measurement in flight at most, and the next run starts where it stopped (the records
+say what is known). With `tune`, kernels with parameters are then searched (planner/tune.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import secrets
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from tgc.builtin import FuncOp, ReturnOp
+from tgc.ir import Block
+from tgc.opdef import OPS, create
+from tgc.planner.backends import BACKENDS, SPACES
+from tgc.planner.db import (
+    FAILED,
+    OK,
+    Database,
+    Measurement,
+    device_of,
+    dtypes_of,
+    kernel_info,
+    params_text,
+    signature_of,
+)
+from tgc.planner.estimate import instance_bytes, instance_flops
+from tgc.planner.kernel import (
+    Kernel,
+    canonical_references,
+    instantiate_reference,
+    rel_error,
+)
+from tgc.planner.options import COPY_KERNELS, DECOMPOSE, Option, PlanContext, copy_kernel
+from tgc.printer import format_attr_dict
+from tgc.types import TensorType
+
+MIN_RUNS = 5
+MAX_RUNS = 1000
+MIN_TIME = 0.05  # seconds of timed calls per instance (after warm-up)
+ULPS = 8  # the result type's rounding the check allows besides the stated error
+NATIVE_FACTOR = 4  # ... and this many times the op-by-op evaluation's own error
+
+
+@dataclass(frozen=True, eq=False)
+class Instance:
+    """A kernel on given types, with its parameters and (op kernels) the op's attributes."""
+
+    kernel: Kernel
+    operand_types: tuple[TensorType, ...]
+    result_types: tuple[TensorType, ...]
+    attrs: dict = field(default_factory=dict)
+    params: dict = field(default_factory=dict)
+
+    @property
+    def signature(self) -> str:
+        return signature_of(self.operand_types, self.result_types)
+
+    @property
+    def attrs_text(self) -> str:
+        return format_attr_dict(self.attrs)
+
+    @property
+    def attrs_key(self) -> str:
+        text = self.attrs_text
+        return hashlib.sha256(text.encode()).hexdigest()[:16] if text else ""
+
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.kernel.name, self.signature, params_text(self.params), self.attrs_key)
+
+    def with_params(self, params: dict) -> Instance:
+        return replace(self, params=dict(params))
+
+    def describe(self) -> str:
+        ins = ", ".join(map(str, self.operand_types))
+        outs = ", ".join(map(str, self.result_types))
+        text = f"{self.kernel.name} ({ins}) -> {outs}"
+        if self.attrs:
+            text += f" {_short(self.attrs_text)}"
+        if self.params:
+            text += f" params {params_text(self.params)}"
+        return text
+
+
+def _short(text: str, width: int = 80) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+# -- the instances of a module ------------------------------------------------------------------------
+
+
+def instances(func: FuncOp, ctx: PlanContext) -> list[Instance]:
+    """Every kernel instance the plans of `func` can use (module doc), in a fixed order.
+    `func` should be in the form select-kernels plans (`planner.select.prepare`)."""
+    found: dict[tuple, Instance] = {}
+    _walk(func.body, ctx, found, set())
+    spaces = ctx.spaces()
+    if len(spaces) > 1:
+        for inst in list(found.values()):
+            for t in (*inst.operand_types, *inst.result_types):
+                for (src, dst) in COPY_KERNELS:
+                    kernel = copy_kernel(src, dst)
+                    if kernel is None or src not in spaces or dst not in spaces:
+                        continue
+                    copy = Instance(kernel, (t.with_encoding(src),), (t.with_encoding(dst),))
+                    found.setdefault(copy.key(), copy)
+    return list(found.values())
+
+
+def _walk(block: Block, ctx: PlanContext, found: dict, visited: set) -> None:
+    bo = ctx.block_options(block)
+    for op in bo.ops:
+        for option in bo.options[op]:
+            if option.kind == DECOMPOSE:
+                key = option.decomposition.key
+                if key not in visited:
+                    visited.add(key)
+                    _walk(ctx.nested(option).block, ctx, found, visited)
+                continue
+            inst = instance_of(option)
+            found.setdefault(inst.key(), inst)
+
+
+def instance_of(option: Option) -> Instance:
+    kernel, p = option.kernel, option.space
+    attrs = {}
+    if kernel.op is not None:
+        attrs = {k: v for k, v in option.root.attributes.items() if "." not in k}
+    return Instance(
+        kernel,
+        tuple(v.type.with_encoding(p) for v in option.inputs),
+        tuple(v.type.with_encoding(p) for v in option.outputs),
+        attrs,
+        kernel.default_params,
+    )
+
+
+# -- one measurement -------------------------------------------------------------------------------
+
+
+def reference_function(inst: Instance) -> FuncOp:
+    """The instance's meaning as a function on host types: the op with its attributes (an op
+    kernel), or the kernel's first reference graph that fits the types (a graph kernel).
+    Raises TypeError when none fits."""
+    ins = [t.with_encoding(None) for t in inst.operand_types]
+    outs = [t.with_encoding(None) for t in inst.result_types]
+    kernel = inst.kernel
+    if kernel.op is None:
+        problems = []
+        for ref in canonical_references(kernel):
+            try:
+                return instantiate_reference(ref, ins)
+            except TypeError as e:
+                problems.append(str(e))
+        raise TypeError("; ".join(problems) or f"kernel {kernel.name} has no reference graph")
+    cls = OPS.get(kernel.op)
+    if cls is None:
+        raise TypeError(f"op '{kernel.op}' is not registered")
+    func = FuncOp.build("reference", ins, outs)
+    op = func.body.append(create(cls, list(func.body.args), dict(inst.attrs), outs))
+    func.body.append(ReturnOp(list(op.results), []))
+    return func
+
+
+def _allowed_error(kernel: Kernel, native: float, types) -> float:
+    floor = 0.0
+    for t in types:
+        if t.is_float:
+            floor = max(floor, ULPS * float(np.finfo(t.dtype).eps))
+    return kernel.max_rel_error + max(NATIVE_FACTOR * native, floor)
+
+
+def _max_error(got: list, want: list) -> float:
+    if len(got) != len(want):
+        return math.inf
+    return max((rel_error(g, w) for g, w in zip(got, want)), default=0.0)
+
+
+# space -> how to wait for the work queued there (the host needs nothing)
+SYNCHRONIZE: dict[str | None, Callable[[], None]] = {None: lambda: None}
+
+
+def _cuda_synchronize() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.synchronize()
+    try:
+        import pycuda.driver as drv
+
+        if drv.Context.get_current() is not None:
+            drv.Context.synchronize()
+    except ImportError:
+        pass
+
+
+SYNCHRONIZE["cuda"] = _cuda_synchronize
+
+
+@dataclass
+class Timing:
+    median: float
+    min: float
+    spread: float  # (90th - 10th percentile) / median
+    runs: int
+
+
+def time_call(call: Callable[[], object], sync: Callable[[], None], min_time: float) -> Timing:
+    """Warm up, then time `call` as often as fits in `min_time` (MIN_RUNS..MAX_RUNS)."""
+    sync()
+    call()  # warm-up: first-call costs (allocation, caches, compilation) are not the kernel's
+    sync()
+    start = time.perf_counter()
+    call()
+    sync()
+    first = time.perf_counter() - start
+    runs = int(min(MAX_RUNS, max(MIN_RUNS, min_time / max(first, 1e-9))))
+    times = np.empty(runs)
+    for i in range(runs):
+        sync()
+        start = time.perf_counter()
+        call()
+        sync()
+        times[i] = time.perf_counter() - start
+    median = float(np.median(times))
+    p10, p90 = np.percentile(times, [10, 90])
+    return Timing(median, float(times.min()), float((p90 - p10) / median) if median else 0.0, runs)
+
+
+def measure(inst: Instance, min_time: float = MIN_TIME, origin: str = "profile") -> Measurement:
+    """Check the instance against float64, then time it (module doc); a failure is a
+    Measurement with status 'failed' and the reason."""
+    if inst.kernel.op == "kernel.copy":
+        return _measure_copy(inst, min_time, origin)
+    kernel = inst.kernel
+    host_outs = [t.with_encoding(None) for t in inst.result_types]
+    try:
+        ref = reference_function(inst)
+    except TypeError as e:
+        return _failure(inst, f"no float64 reference to check it against: {e}", None, origin)
+    from tgc.runtime.interpreter import random_inputs, run_function
+
+    inputs = random_inputs(ref, secrets.randbits(32))
+    attrs = {**inst.attrs, **inst.params}
+    with np.errstate(all="ignore"):
+        want = run_function(ref, inputs, "f64")
+        native = run_function(ref, inputs, "native")
+        try:
+            got = kernel.run(list(inputs), dict(attrs), host_outs)
+        except Exception as e:  # noqa: BLE001  (a kernel that raises is a failed kernel)
+            return _failure(inst, f"raised {type(e).__name__}: {e}", None, origin)
+    error = _max_error(list(got), want)
+    allowed = _allowed_error(kernel, _max_error(native, want), host_outs)
+    if not error <= allowed:
+        message = f"wrong result: error {error:.3g} against float64 exceeds {allowed:.3g}"
+        return _failure(inst, message, error, origin)
+    backend = BACKENDS[kernel.backend]
+    space = SPACES[kernel.space]
+    values = [
+        backend.adopt(space.from_host(np.asarray(x), t)) for x, t in zip(inputs, inst.operand_types)
+    ]
+    outs = list(inst.result_types)
+    with np.errstate(all="ignore"):
+        timing = time_call(
+            lambda: backend.call(kernel, values, dict(attrs), outs),
+            SYNCHRONIZE.get(kernel.space, SYNCHRONIZE[None]),
+            min_time,
+        )
+    return _success(inst, timing, error, origin)
+
+
+def _measure_copy(inst: Instance, min_time: float, origin: str) -> Measurement:
+    src, dst = inst.operand_types[0], inst.result_types[0]
+    host = src.with_encoding(None)
+    rng = np.random.default_rng(secrets.randbits(32))
+    value = (rng.standard_normal(host.shape) + 2.0).astype(host.dtype)  # never zero
+    source, target = SPACES[src.encoding], SPACES[dst.encoding]
+    start = source.from_host(value, src)
+    back = np.asarray(SPACES[dst.encoding].to_host(target.from_host(source.to_host(start), dst)))
+    error = rel_error(back, value)
+    if error != 0.0:
+        return _failure(
+            inst, f"wrong result: the copy changed the value ({error:.3g})", error, origin
+        )
+
+    def sync() -> None:
+        SYNCHRONIZE.get(src.encoding, SYNCHRONIZE[None])()
+        SYNCHRONIZE.get(dst.encoding, SYNCHRONIZE[None])()
+
+    timing = time_call(lambda: target.from_host(source.to_host(start), dst), sync, min_time)
+    return _success(inst, timing, 0.0, origin)
+
+
+def _base(inst: Instance, origin: str) -> dict:
+    return {
+        "kernel": kernel_info(inst.kernel),
+        "device": device_of(inst.kernel),
+        "signature": inst.signature,
+        "dtypes": dtypes_of(inst.operand_types, inst.result_types),
+        "params": dict(inst.params),
+        "attrs_key": inst.attrs_key,
+        "attrs": inst.attrs_text,
+        "bytes": instance_bytes(inst.operand_types, inst.result_types),
+        "flops": instance_flops(inst.kernel, inst.operand_types, inst.result_types),
+        "origin": origin,
+    }
+
+
+def _failure(inst: Instance, message: str, error: float | None, origin: str) -> Measurement:
+    return Measurement(**_base(inst, origin), status=FAILED, max_error=error, message=message)
+
+
+def _success(inst: Instance, timing: Timing, error: float, origin: str) -> Measurement:
+    return Measurement(
+        **_base(inst, origin),
+        status=OK,
+        median=timing.median,
+        min=timing.min,
+        spread=timing.spread,
+        runs=timing.runs,
+        max_error=error,
+    )
+
+
+# -- known and unknown --------------------------------------------------------------------------------
+
+
+def unknown(insts: list[Instance], db: Database | None) -> list[Instance]:
+    """The instances with no record (success or failure) on this device."""
+    if db is None:
+        return list(insts)
+    known: dict[tuple[str, str], set] = {}
+    out = []
+    for inst in insts:
+        kernel, device = kernel_info(inst.kernel), device_of(inst.kernel)
+        ids = (kernel.name, device.fingerprint)
+        if ids not in known:
+            device_id = db.device_id(device)
+            kernel_id = db.kernel_id(kernel) if device_id is not None else None
+            known[ids] = set() if kernel_id is None else db.known(kernel_id, device_id)
+        if (inst.signature, params_text(inst.params), inst.attrs_key) not in known[ids]:
+            out.append(inst)
+    return out
+
+
+# -- progress -----------------------------------------------------------------------------------------
+
+
+class Progress:
+    """Counts and an ETA on stderr: tqdm's bar where tqdm is installed; else one line, redrawn
+    on a terminal and printed per item elsewhere (a log)."""
+
+    def __init__(self, total: int, what: str, enabled: bool = True, stream=None) -> None:
+        self.total, self.what, self.enabled = total, what, enabled
+        self.stream = stream or sys.stderr
+        self.done = 0
+        self.start = time.monotonic()
+        self.bar = None
+        if enabled and total:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, desc=what, unit="kernel", file=self.stream)
+            except ImportError:
+                pass
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.set_postfix_str(_short(label, 40), refresh=False)
+            self.bar.update(1)
+            return
+        elapsed = time.monotonic() - self.start
+        eta = elapsed / self.done * (self.total - self.done)
+        line = f"{self.what}: {self.done}/{self.total}, ETA {eta:.0f} s: {_short(label)}"
+        if self.stream.isatty():
+            self.stream.write("\r\x1b[K" + line)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        elif self.enabled and self.done and self.stream.isatty():
+            self.stream.write("\n")
+
+
+# -- a run --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    instances: int = 0  # distinct instances of the module
+    known: int = 0  # already recorded before this run
+    measured: int = 0  # recorded by this run (successes)
+    failed: int = 0  # recorded as failures by this run
+    left: int = 0  # not measured: the budget ran out
+    tuned: int = 0  # parameter points measured by tuning
+    failures: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        parts = [
+            f"{self.instances} kernel instance(s)",
+            f"{self.known} already known",
+            f"{self.measured} measured",
+            f"{self.failed} failed",
+        ]
+        if self.tuned:
+            parts.append(f"{self.tuned} parameter point(s) tuned")
+        if self.left:
+            parts.append(f"{self.left} left by the budget (run again to go on)")
+        return ", ".join(parts)
+
+
+class Profiler:
+    """Measures instances into a database (module doc)."""
+
+    def __init__(
+        self,
+        db: Database,
+        budget: float | None = None,
+        min_time: float = MIN_TIME,
+        progress: bool = True,
+        measure_fn: Callable[..., Measurement] = measure,
+    ) -> None:
+        self.db = db
+        self.deadline = math.inf if budget is None else time.monotonic() + budget
+        self.min_time = min_time
+        self.progress = progress
+        self.measure = measure_fn
+
+    def out_of_time(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+    def run(self, insts: list[Instance], tune: bool = False) -> Report:
+        todo = unknown(insts, self.db)
+        report = Report(instances=len(insts), known=len(insts) - len(todo))
+        bar = Progress(len(todo), "measuring", self.progress)
+        try:
+            for inst in self._until_deadline(todo, report):
+                m = self.measure(inst, self.min_time)
+                self.db.record(m)
+                self._count(report, inst, m)
+                bar.step(inst.kernel.name)
+        finally:
+            bar.close()
+        if tune and not self.out_of_time():
+            from tgc.planner.tune import tune_all
+
+            report.tuned = tune_all(insts, self, report)
+        return report
+
+    def _until_deadline(self, todo: list[Instance], report: Report) -> Iterator[Instance]:
+        for i, inst in enumerate(todo):
+            if self.out_of_time():
+                report.left = len(todo) - i
+                return
+            yield inst
+
+    def _count(self, report: Report, inst: Instance, m: Measurement) -> None:
+        if m.ok:
+            report.measured += 1
+        else:
+            report.failed += 1
+            report.failures.append(f"{inst.describe()}: {m.message}")

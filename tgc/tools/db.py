@@ -1,0 +1,437 @@
+"""tgc-db: look into the measurement database, move it between machines, tidy it, plot it.
+
+    tgc-db [--db PATH] list
+    tgc-db [--db PATH] show KERNEL
+    tgc-db [--db PATH] export [-o FILE.json]
+    tgc-db [--db PATH] import FILE.json
+    tgc-db [--db PATH] prune [--failures] [--older-than DAYS] [--dry-run]
+    tgc-db [--db PATH] plot KERNEL -o FILE.png
+
+`list`: the devices (`*` this machine) and, per kernel version and device, how many instances
+were measured and how many failed. `show`: a kernel's records and, per device, its fitted curve
+(a fixed cost, a bandwidth and a compute rate over every point, and the estimator's
+leave-one-out error). `export` writes JSON (devices with their fingerprints and descriptions,
+kernels with their source hashes, every record); `import` merges such a file: a record of the
+same instance and device is replaced only by a newer one, so nothing is duplicated. `prune`
+deletes records of kernel versions that no longer exist here (their code changed; only kernels
+of backends that load here are judged), with `--failures` failed records too, with
+`--older-than` old ones. `plot` draws measured points against the fitted curve, per device
+(matplotlib: `pip install 'tgc[plot]'`). Exit codes: 0, 1 (an unusable database or file, a
+kernel with no records), 2 (usage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+import tgc
+from tgc.diagnostics import TgcError
+from tgc.tools._common import EXIT_OK, guarded
+
+EXPORT_FORMAT = "tgc-measurements"
+EXPORT_VERSION = 1
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--db",
+        default=argparse.SUPPRESS,
+        metavar="PATH",
+        help="measurement database (default: $TGC_DB, else measurements.sqlite in the user "
+        "cache directory)",
+    )
+    common.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks"
+    )
+    ap = argparse.ArgumentParser(
+        prog="tgc-db", description="The kernel measurement database.", parents=[common]
+    )
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("list", parents=[common], help="devices and kernels measured")
+    show = sub.add_parser("show", parents=[common], help="a kernel's records and fitted curve")
+    show.add_argument("kernel")
+    export = sub.add_parser("export", parents=[common], help="write every record as JSON")
+    export.add_argument("-o", dest="output", default="-", metavar="FILE", help="default: stdout")
+    imp = sub.add_parser("import", parents=[common], help="merge an exported JSON file")
+    imp.add_argument("file")
+    prune = sub.add_parser("prune", parents=[common], help="delete records no longer useful")
+    prune.add_argument("--failures", action="store_true", help="failed records too")
+    prune.add_argument(
+        "--older-than", type=float, default=None, metavar="DAYS", help="records older than this"
+    )
+    prune.add_argument("--dry-run", action="store_true", help="say what would go; delete nothing")
+    plot = sub.add_parser("plot", parents=[common], help="measured points and the fitted curve")
+    plot.add_argument("kernel")
+    plot.add_argument("-o", dest="output", required=True, metavar="FILE.png")
+    return ap
+
+
+def _open(args, readonly: bool = True):
+    from tgc.planner.db import Database, resolve_path
+
+    return Database.open(resolve_path(getattr(args, "db", None)), readonly=readonly)
+
+
+def _describe_device(backend: str, d: dict) -> str:
+    keys = ("gpu", "compute_capability", "cuda", "cpu", "numpy", "blas", "torch", "tgc")
+    shown = ", ".join(f"{k} {d[k]}" for k in keys if k in d)
+    return f"{backend}: {shown}"
+
+
+def _this_machine() -> set[str]:
+    """Fingerprints of the backends that load here."""
+    from tgc.planner import load_backends
+    from tgc.planner.backends import BACKENDS
+    from tgc.planner.db import device_info
+
+    load_backends()
+    found = set()
+    for name in BACKENDS:
+        try:
+            found.add(device_info(name).fingerprint)
+        except Exception:  # noqa: BLE001, S110  (a backend whose device cannot be described)
+            pass
+    return found
+
+
+# -- list, show ----------------------------------------------------------------------------------
+
+
+def cmd_list(args) -> int:
+    with _open(args) as db:
+        devices, rows = db.devices(), db.rows()
+    here = _this_machine()
+    number = {f: i + 1 for i, (_, f, _, _) in enumerate(sorted(devices, key=lambda d: d[0]))}
+    print(f"{len(devices)} device(s), {len(rows)} record(s)")
+    for _, fingerprint, backend, description in sorted(devices, key=lambda d: d[0]):
+        mark = "*" if fingerprint in here else " "
+        desc = _describe_device(backend, description)
+        print(f"{mark} device {number[fingerprint]} [{fingerprint}] {desc}")
+    counts: dict[tuple, list[int]] = {}
+    for m in rows:
+        key = (m.kernel.name, m.kernel.source_hash, m.device.fingerprint)
+        ok_failed = counts.setdefault(key, [0, 0])
+        ok_failed[0 if m.ok else 1] += 1
+    for (name, source, fingerprint), (ok, failed) in sorted(counts.items()):
+        print(
+            f"  {name:<32} source {source[:8]}  device {number[fingerprint]}: "
+            f"{ok} measured, {failed} failed"
+        )
+    return EXIT_OK
+
+
+def _kernel_rows(db, name: str) -> list:
+    rows = db.rows("k.name = ?", (name,))
+    if not rows:
+        raise TgcError(f"no records of kernel '{name}' in '{db.path}'")
+    return rows
+
+
+def fitted_line(points: list[tuple[float, float, float]]) -> str:
+    """`t = a + bytes / B + flops / F` over every point (non-negative least squares on relative
+    error), and the local estimator's leave-one-out error."""
+    import numpy as np
+
+    from tgc.planner.estimate import Curve, nonnegative_lstsq
+
+    p = np.asarray(points, dtype=np.float64)
+    columns = np.stack([np.ones(len(p)), p[:, 0], p[:, 1]], axis=1) / p[:, 2:3]
+    fixed, per_byte, per_flop = nonnegative_lstsq(columns, np.ones(len(p)))
+    terms = [f"{fixed:.3g} s"]
+    if per_byte > 0:
+        terms.append(f"bytes / {1 / per_byte / 1e9:.3g} GB/s")
+    if per_flop > 0:
+        terms.append(f"flops / {1 / per_flop / 1e9:.3g} GFLOP/s")
+    curve = Curve(points)
+    error = (
+        f"leave-one-out error {curve.error:.1%}" if len(curve) >= 3 else "too few points for error"
+    )
+    return f"t = {' + '.join(terms)}; {error} ({len(p)} point(s))"
+
+
+def cmd_show(args) -> int:
+    with _open(args) as db:
+        rows = _kernel_rows(db, args.kernel)
+    here = _this_machine()
+    groups: dict[tuple, list] = {}
+    for m in rows:
+        groups.setdefault((m.device.fingerprint, m.kernel.source_hash), []).append(m)
+    for (fingerprint, source), ms in groups.items():
+        m0 = ms[0]
+        mark = " (this machine)" if fingerprint in here else ""
+        print(f"{args.kernel} source {source[:8]} on [{fingerprint}]{mark}")
+        print(f"  {_describe_device(m0.device.backend, m0.device.description)}")
+        for m in ms:
+            print("  " + _row_text(m))
+        curves: dict[tuple, list] = {}
+        for m in ms:
+            if m.ok:
+                key = (json.dumps(m.params, sort_keys=True), m.dtypes)
+                curves.setdefault(key, []).append((m.bytes, m.flops, m.median))
+        for (params, dtypes), points in sorted(curves.items()):
+            label = dtypes + ("" if params == "{}" else f" params {params}")
+            print(f"  fit {label}: {fitted_line(points)}")
+    return EXIT_OK
+
+
+def _row_text(m) -> str:
+    where = m.signature + (f" {m.attrs}" if m.attrs else "")
+    if m.params:
+        where += f" params {json.dumps(m.params, sort_keys=True)}"
+    if not m.ok:
+        return f"{where}: FAILED: {m.message}"
+    return (
+        f"{where}: median {m.median:.3e} s, min {m.min:.3e} s, spread {m.spread:.0%}, "
+        f"{m.runs} runs, error {m.max_error:.2g}"
+    )
+
+
+# -- export, import --------------------------------------------------------------------------------
+
+
+def export_records(rows) -> dict:
+    devices, kernels, out = {}, {}, []
+    for m in rows:
+        devices[m.device.fingerprint] = {
+            "fingerprint": m.device.fingerprint,
+            "backend": m.device.backend,
+            "description": m.device.description,
+        }
+        kernels[(m.kernel.name, m.kernel.source_hash)] = {
+            "name": m.kernel.name,
+            "backend": m.kernel.backend,
+            "source_hash": m.kernel.source_hash,
+            "params": m.kernel.params,
+        }
+        record = {k: _finite(v) for k, v in vars(m).items() if k not in ("kernel", "device")}
+        record["kernel"] = [m.kernel.name, m.kernel.source_hash]
+        record["device"] = m.device.fingerprint
+        out.append(record)
+    return {
+        "format": EXPORT_FORMAT,
+        "version": EXPORT_VERSION,
+        "devices": list(devices.values()),
+        "kernels": list(kernels.values()),
+        "measurements": out,
+    }
+
+
+def _finite(value):
+    """JSON has no infinity: a failure's infinite error is written as the string "inf"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+FLOAT_FIELDS = ("bytes", "flops", "median", "min", "spread", "max_error", "created")
+
+
+def cmd_export(args) -> int:
+    with _open(args) as db:
+        data = export_records(db.rows())
+    text = json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n"
+    if args.output == "-":
+        sys.stdout.write(text)
+        return EXIT_OK
+    try:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise TgcError(f"could not write '{args.output}': {e.strerror}") from None
+    print(f"exported {len(data['measurements'])} record(s) to {args.output}", file=sys.stderr)
+    return EXIT_OK
+
+
+def import_records(data, source: str) -> list:
+    """The Measurements of an exported file; TgcError naming what is wrong with it."""
+    from tgc.planner.db import ORIGINS, DeviceInfo, KernelInfo, Measurement
+
+    if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
+        raise TgcError(f'\'{source}\' is not a tgc-db export (no "format": "{EXPORT_FORMAT}")')
+    if data.get("version") != EXPORT_VERSION:
+        raise TgcError(
+            f"'{source}' is export version {data.get('version')}; this tgc reads {EXPORT_VERSION}"
+        )
+    try:
+        devices = {
+            d["fingerprint"]: DeviceInfo(d["fingerprint"], d["backend"], d["description"])
+            for d in data["devices"]
+        }
+        kernels = {
+            (k["name"], k["source_hash"]): KernelInfo(
+                k["name"], k["backend"], k["source_hash"], k["params"]
+            )
+            for k in data["kernels"]
+        }
+        out = []
+        for i, r in enumerate(data["measurements"]):
+            fields = {k: v for k, v in r.items() if k not in ("kernel", "device")}
+            for k in FLOAT_FIELDS:
+                if isinstance(fields.get(k), str):
+                    fields[k] = float(fields[k])
+            m = Measurement(kernels[tuple(r["kernel"])], devices[r["device"]], **fields)
+            if m.status not in ("ok", "failed") or m.origin not in ORIGINS:
+                raise ValueError(f"record {i}: status '{m.status}', origin '{m.origin}'")
+            if m.ok and not (isinstance(m.median, (int, float)) and m.median >= 0):
+                raise ValueError(f"record {i}: a successful record needs a median time")
+            m.origin = "import"
+            out.append(m)
+    except (KeyError, TypeError, ValueError) as e:
+        raise TgcError(
+            f"'{source}' is not a valid tgc-db export: {type(e).__name__}: {e}"
+        ) from None
+    return out
+
+
+def cmd_import(args) -> int:
+    try:
+        with open(args.file, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise TgcError(f"could not open '{args.file}': no such file or directory") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TgcError(f"could not read '{args.file}' as JSON: {e}") from None
+    records = import_records(data, args.file)
+    with _open(args, readonly=False) as db:
+        stored = db.record_all(records, keep_newer=True)
+    print(
+        f"imported {stored} record(s), kept {len(records) - stored} existing as newer or equal "
+        f"(database {db.path})"
+    )
+    return EXIT_OK
+
+
+# -- prune -------------------------------------------------------------------------------------------
+
+
+def stale_kernel_ids(db) -> list[int]:
+    """Kernel versions of backends loaded here that no registered kernel has any more."""
+    from tgc.planner import load_backends
+    from tgc.planner.backends import BACKENDS
+    from tgc.planner.db import kernel_info
+    from tgc.planner.kernel import KERNELS
+
+    load_backends()
+    current = {(k.name, kernel_info(k).source_hash) for k in KERNELS.values()}
+    return [
+        i
+        for i, name, backend, source, _ in db.kernels()
+        if backend in BACKENDS and (name, source) not in current
+    ]
+
+
+def cmd_prune(args) -> int:
+    if args.older_than is not None and not args.older_than >= 0:
+        print(
+            f"tgc-db: error: --older-than needs DAYS >= 0, got {args.older_than}", file=sys.stderr
+        )
+        return 2
+    with _open(args, readonly=False) as db:
+        stale = stale_kernel_ids(db)
+        conditions, values = [], []
+        if stale:
+            conditions.append(f"kernel_id IN ({','.join('?' * len(stale))})")
+            values += stale
+        if args.failures:
+            conditions.append("status = 'failed'")
+        if args.older_than is not None:
+            conditions.append("created < ?")
+            values.append(time.time() - args.older_than * 86400)
+        if not conditions:
+            print("nothing to prune")
+            return EXIT_OK
+        where = " OR ".join(conditions)
+        if args.dry_run:
+            count = db.con.execute(f"SELECT COUNT(*) FROM measurements WHERE {where}", values)
+            print(f"would prune {count.fetchone()[0]} record(s)")
+            return EXIT_OK
+        gone = db.delete(where, values)
+    print(f"pruned {gone} record(s)")
+    return EXIT_OK
+
+
+# -- plot ------------------------------------------------------------------------------------------
+
+
+def cmd_plot(args) -> int:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise TgcError(
+            "plot needs matplotlib, which is not installed (pip install 'tgc[plot]')"
+        ) from None
+    import numpy as np
+
+    from tgc.planner.estimate import Curve
+
+    with _open(args) as db:
+        rows = _kernel_rows(db, args.kernel)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    groups: dict[tuple, list] = {}
+    for m in rows:
+        if m.ok:
+            key = (m.device.fingerprint, m.device.backend, m.dtypes, json.dumps(m.params))
+            groups.setdefault(key, []).append((m.bytes, m.flops, m.median))
+    for (fingerprint, backend, dtypes, params), points in sorted(groups.items()):
+        points.sort()
+        p = np.asarray(points)
+        label = f"{backend} [{fingerprint[:8]}] {dtypes}" + ("" if params == "{}" else params)
+        dots = ax.loglog(p[:, 0], p[:, 2], "o", label=label)
+        if len(points) >= 2:
+            curve = Curve(points)
+            xs, fs = _between(p[:, 0], p[:, 1])
+            ax.loglog(
+                xs, [curve.predict(b, f)[0] for b, f in zip(xs, fs)], "-", color=dots[0].get_color()
+            )
+    ax.set_xlabel("bytes moved")
+    ax.set_ylabel("seconds")
+    ax.set_title(f"{args.kernel}: measured (dots) and fitted (lines)")
+    ax.legend(fontsize="small")
+    try:
+        fig.savefig(args.output, dpi=100)
+    except OSError as e:
+        raise TgcError(f"could not write '{args.output}': {e.strerror}") from None
+    print(f"wrote {args.output}")
+    return EXIT_OK
+
+
+def _between(nbytes, flops, steps: int = 8):
+    """Points between consecutive measured ones, geometrically (the curve between them)."""
+    import numpy as np
+
+    xs, fs = [], []
+    for i in range(len(nbytes) - 1):
+        for t in np.linspace(0, 1, steps, endpoint=False):
+            xs.append(nbytes[i] ** (1 - t) * nbytes[i + 1] ** t)
+            fs.append(math.exp((1 - t) * math.log1p(flops[i]) + t * math.log1p(flops[i + 1])) - 1)
+    xs.append(nbytes[-1])
+    fs.append(flops[-1])
+    return xs, fs
+
+
+COMMANDS = {
+    "list": cmd_list,
+    "show": cmd_show,
+    "export": cmd_export,
+    "import": cmd_import,
+    "prune": cmd_prune,
+    "plot": cmd_plot,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_arg_parser().parse_args(argv)
+    tgc.load_all()
+    return guarded("tgc-db", lambda: COMMANDS[args.command](args), getattr(args, "debug", False))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

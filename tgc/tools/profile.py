@@ -1,0 +1,165 @@
+"""tgc-profile: measure the kernels a module's plans could use, and keep the timings.
+
+    tgc-profile FILE [--func NAME] [-p PIPE] [--backend NAME]... [--db PATH] [--budget SECONDS]
+                [--tune] [--dry-run] [--tolerance T] [--min-time SECONDS] [--quiet]
+
+Walks the options select-kernels would consider for the function (after `-p` and the canonical
+form; decompositions included; repeated blocks once), lists the kernel instances with no record
+on this device in the measurement database, and measures each: fresh random inputs, the result
+checked against float64 first (a wrong one is recorded as a failure), then the median of timed
+runs. Each measurement is committed on its own: kill it at any moment and run it again to go on.
+`--dry-run` prints what it would measure and measures nothing. `--tune` then searches the
+parameters of kernels that have some. The database: `--db PATH`, else `$TGC_DB`, else
+measurements.sqlite in the user cache directory. Exit codes: 0, 1 (bad input or an unusable
+database, one-line diagnostic), 2 (usage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import tgc
+from tgc.tools._common import EXIT_OK, EXIT_USAGE, guarded, read_input
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="tgc-profile",
+        description="Measure the kernels a module's plans could use, into the measurement "
+        "database.",
+    )
+    ap.add_argument("input", help="input .tg file ('-' for stdin)")
+    ap.add_argument("--func", default=None, help="function to profile (default: the only one)")
+    ap.add_argument("-p", "--passes", default="", help="pipeline to run before planning")
+    ap.add_argument(
+        "--backend",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="profile this backend's kernels only (repeat for several; default: every backend "
+        "that loads here)",
+    )
+    ap.add_argument(
+        "--db",
+        default=None,
+        metavar="PATH",
+        help="measurement database (default: $TGC_DB, else measurements.sqlite in the user "
+        "cache directory)",
+    )
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="start no new measurement after this long (run again to go on)",
+    )
+    ap.add_argument(
+        "--tune", action="store_true", help="then search the parameters of tunable kernels"
+    )
+    ap.add_argument(
+        "--dry-run", action="store_true", help="print what would be measured; measure nothing"
+    )
+    ap.add_argument(
+        "--tolerance",
+        type=float,
+        default=1e-5,
+        metavar="T",
+        help="profile the kernels select-kernels may use at this tolerance (default 1e-5)",
+    )
+    ap.add_argument(
+        "--min-time",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="timed calls per instance last at least this long, after warm-up (default 0.05)",
+    )
+    ap.add_argument("--quiet", action="store_true", help="no progress display")
+    ap.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
+    return ap
+
+
+def usage_error(args, backends: list[str]) -> str | None:
+    if args.budget is not None and not args.budget >= 0:
+        return f"--budget needs SECONDS >= 0, got {args.budget}"
+    if args.min_time is not None and not args.min_time > 0:
+        return f"--min-time needs SECONDS > 0, got {args.min_time}"
+    if not args.tolerance >= 0:
+        return f"--tolerance needs T >= 0, got {args.tolerance}"
+    for name in args.backend or []:
+        if name not in backends:
+            return f"backend '{name}' is not available here (available: {', '.join(backends)})"
+    return None
+
+
+def module_instances(args) -> list:
+    from tgc.parser import parse_module
+    from tgc.pass_manager import PassManager, parse_pipeline
+    from tgc.planner.blocks import localize_sources
+    from tgc.planner.kernel import KERNELS
+    from tgc.planner.options import PlanContext, is_copy, live_ops
+    from tgc.planner.profile import instances
+    from tgc.planner.select import prepare
+    from tgc.runtime.interpreter import select_function
+    from tgc.verifier import verify
+
+    pipeline = parse_pipeline(args.passes)
+    text, name = read_input(args.input)
+    module = parse_module(text, name)
+    verify(module)
+    PassManager(pipeline).run(module)
+    func = select_function(module, args.func)
+    prepare(func)
+    localize_sources(func.body, live_ops(func.body))
+    kernels = None
+    if args.backend:
+        chosen = set(args.backend)
+        kernels = [k for k in KERNELS.values() if k.backend in chosen or is_copy(k)]
+    return instances(func, PlanContext(kernels, args.tolerance))
+
+
+def run(args) -> int:
+    from tgc.planner import load_backends
+    from tgc.planner.backends import BACKENDS
+    from tgc.planner.db import Database, DatabaseUnavailable, resolve_path
+    from tgc.planner.profile import MIN_TIME, Profiler, unknown
+
+    load_backends()
+    problem = usage_error(args, sorted(BACKENDS))
+    if problem is not None:
+        print(f"tgc-profile: error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    insts = module_instances(args)
+    path = resolve_path(args.db)
+    if args.dry_run:
+        try:
+            db = Database.open(path, readonly=True)
+        except DatabaseUnavailable as e:
+            if "no measurement database at" not in e.message:
+                raise
+            db = None
+        todo = unknown(insts, db)
+        for inst in todo:
+            print(inst.describe())
+        print(
+            f"{len(todo)} of {len(insts)} kernel instance(s) to measure on this machine "
+            f"(database {path})"
+        )
+        return EXIT_OK
+    with Database.open(path) as db:
+        profiler = Profiler(db, args.budget, args.min_time or MIN_TIME, progress=not args.quiet)
+        report = profiler.run(insts, tune=args.tune)
+    for failure in report.failures:
+        print(f"failed: {failure}")
+    print(f"{report.summary()} (database {path})")
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_arg_parser().parse_args(argv)
+    tgc.load_all()
+    return guarded("tgc-profile", lambda: run(args), args.debug)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
