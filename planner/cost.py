@@ -221,14 +221,31 @@ class DictCostSource:
 
 class CachedCosts:
     """Memoises a CostSource per (kernel, types, params): the planner asks the same question
-    once per op signature, not once per op."""
+    once per op signature, not once per op. Asked without parameters, it costs the kernel
+    with those it would run with (`params`)."""
 
     def __init__(self, source: CostSource) -> None:
         self.source = source
         self._memo: dict[tuple, Cost] = {}
+        self._params: dict[tuple, dict] = {}
+
+    def params(self, kernel, operand_types, result_types) -> dict:
+        """The parameters a kernel runs with on these types: the source's best measured ones
+        where it knows them (`tuned_params`, the measurement database), else the defaults."""
+        if not kernel.params:
+            return {}
+        key = (kernel.name, tuple(operand_types), tuple(result_types))
+        found = self._params.get(key)
+        if found is None:
+            tuned = getattr(self.source, "tuned_params", None)
+            found = tuned(kernel, *key[1:]) if tuned else None
+            found = kernel.default_params if found is None else found
+            self._params[key] = found
+        return found
 
     def cost(self, kernel, operand_types, result_types, params=None) -> Cost:
-        params = kernel.default_params if params is None else params
+        if params is None:
+            params = self.params(kernel, operand_types, result_types)
         key = (
             kernel.name,
             tuple(operand_types),

@@ -33,7 +33,9 @@ checks the float64 side only there).
 
 How a kernel runs (`run`) is the backend's calling convention; the numpy backend's is
 `run(inputs: list[np.ndarray], attrs: dict, result_types: list[TensorType]) -> list[np.ndarray]`
-(see planner/backends/numpy.py).
+(see planner/backends/numpy.py). A kernel with parameters gets their values in `attrs` too,
+beside the op's attributes (so a parameter is not named like an attribute of its op); a
+`kernel.call` carries the values chosen for it as `param.<name>` attributes.
 """
 
 from __future__ import annotations
@@ -76,6 +78,13 @@ def no_constraint(types) -> str | None:
     return None
 
 
+def no_param_constraint(types, params: dict) -> str | None:
+    """Accepts every parameter point; a parameter constraint returns why `params` cannot run
+    on `types` (operand and result types), or None. Tuning (planner/tune.py) skips refused
+    points without running them."""
+    return None
+
+
 @dataclass(frozen=True)
 class Lowered:
     """A reference text that stands for its `lower-hl` form (hl ops replaced by atomic ones)."""
@@ -93,6 +102,7 @@ class Kernel:
     run: Callable | None = None  # how to run it (the backend's calling convention)
     constraints: Callable = no_constraint  # (operand and result types) -> reason refused | None
     params: dict[str, tuple] = field(default_factory=dict)  # name -> domain, first = default
+    param_constraints: Callable = no_param_constraint  # (types, params) -> reason refused | None
     max_rel_error: float = 0.0  # stated bound, see the module docstring
     doc: str = ""
 

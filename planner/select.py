@@ -37,6 +37,7 @@ from tgc.planner.blocks import (
     uncuttable,
 )
 from tgc.planner.cost import CachedCosts, CostSource, RooflineCostSource
+from tgc.planner.estimate import DatabaseCostSource
 from tgc.planner.options import (
     DECOMPOSE,
     BlockOptions,
@@ -347,10 +348,12 @@ class _Writer:
 
     def annotations(self, kernel, operand_types, result_types) -> dict:
         cost = self.costs.cost(kernel, operand_types, result_types)
+        params = self.costs.params(kernel, operand_types, result_types)
         return {
             "plan.backend": kernel.backend,
             "plan.seconds": float(cost.seconds),
             "plan.source": cost.source,
+            **{f"param.{k}": v for k, v in params.items()},  # what the kernel runs with
         }
 
     def call(self, o: Option, operands: list[Value]) -> Operation:
@@ -438,9 +441,12 @@ class SelectKernels(Pass):
     decomposition's plan), with a `kernel.copy` wherever a value is read in another memory space;
     each carries `plan.backend`, `plan.seconds` and `plan.source`. No kernel whose stated error
     exceeds `tolerance` is used. The function computes the same values (up to the kernels' stated
-    errors); its signature does not change. Costs come from the roofline model; the plan is
-    optimal for it on functions whose values have one reader each, and on shared values where
-    the pass statistics say "exact". Options: `tolerance` (>= 0), `objective` (`time`).
+    errors); its signature does not change. Costs come from the roofline model, or with `db`
+    from that measurement database (measured, else estimated, else roofline: planner/estimate.py;
+    a kernel with parameters runs with its best measured ones, written as `param.<name>`); the
+    plan is optimal for them on functions whose values have one reader each, and on shared values
+    where the pass statistics say "exact". Options: `tolerance` (>= 0), `objective` (`time`),
+    `db` (a measurement database file; empty: none).
     """
 
     name = "select-kernels"
@@ -448,6 +454,7 @@ class SelectKernels(Pass):
 
     tolerance: float = 1e-5
     objective: str = "time"
+    db: str = ""
 
     def __post_init__(self) -> None:
         if not self.tolerance >= 0:
@@ -459,7 +466,8 @@ class SelectKernels(Pass):
             )
 
     def run_on_func(self, func: FuncOp, stats: PassStatistics) -> None:
-        selection = select_kernels(func, tolerance=self.tolerance)
+        costs = DatabaseCostSource(self.db) if self.db else None
+        selection = select_kernels(func, costs, tolerance=self.tolerance)
         stats.bump("planned-ops", len(selection.plan.steps))
         stats.bump("segments", selection.segments)
         stats.bump("distinct-segments", selection.distinct_segments)
@@ -468,3 +476,11 @@ class SelectKernels(Pass):
                 stats.bump(op.name)
         exact = "exact" if selection.exact else "not proven optimal (shared values)"
         stats.note(f"@{func.sym_name}: {selection.seconds:.3e} s estimated, {exact}")
+
+
+def with_database(passes: list, path: str) -> list:
+    """`passes` with every select-kernels pass costing from the measurement database `path`
+    (the tools' `--db`)."""
+    import dataclasses
+
+    return [dataclasses.replace(p, db=path) if isinstance(p, SelectKernels) else p for p in passes]

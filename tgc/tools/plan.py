@@ -1,13 +1,15 @@
 """tgc-plan: the ways a function can run, what they cost, and the one select-kernels chooses.
 
     tgc-plan FILE [--func NAME] [--list-paths N] [--explain [-k K]] [--tolerance T] [-p PIPE]
+             [--db [PATH]]
 
 The function (after `-p`, then the canonical form select-kernels plans: canonicalize, cse) is
 planned on every backend that loads here (numpy always). Without --list-paths or --explain, the
 chosen plan is printed on one line with its estimated time. `--list-paths N` prints the first N
 complete plans, one line each with its cost, and how many there are in all (counted, not
 enumerated). `--explain` prints, for each op the plan runs, its options ranked by cost (the
-chosen one marked `*`, the next K), with each kernel's own time and where that number came from.
+chosen one marked `*`, the next K), with each kernel's own time and where that number came from:
+the roofline model, or with `--db` the measurement database (measured, estimated, else roofline).
 """
 
 from __future__ import annotations
@@ -54,6 +56,15 @@ def build_arg_parser() -> argparse.ArgumentParser:
         metavar="T",
         help="largest stated kernel error allowed (default 1e-5)",
     )
+    ap.add_argument(
+        "--db",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="PATH",
+        help="cost kernels from this measurement database (tgc-profile writes it; without PATH: "
+        "$TGC_DB, else the one in the user cache directory); default: the roofline model",
+    )
     ap.add_argument("-p", "--passes", default="", help="pipeline to run before planning")
     ap.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
     return ap
@@ -95,6 +106,11 @@ def run(args) -> int:
     localize_sources(func.body, live_ops(func.body))
     ctx = PlanContext(tolerance=args.tolerance)
     costs = CachedCosts(RooflineCostSource())
+    if args.db is not None:
+        from tgc.planner.db import resolve_path
+        from tgc.planner.estimate import DatabaseCostSource
+
+        costs = CachedCosts(DatabaseCostSource(resolve_path(args.db)))
     if args.list_paths is not None:
         print_paths(func, ctx, costs, args.list_paths)
     if args.explain or args.list_paths is None:

@@ -87,6 +87,15 @@ def build_arg_parser() -> argparse.ArgumentParser:
         "it chose, on every backend that loads here (numpy, torch, cuda)",
     )
     ap.add_argument(
+        "--db",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="PATH",
+        help="select-kernels costs kernels from this measurement database (tgc-profile writes "
+        "it; without PATH: $TGC_DB, else the one in the user cache directory)",
+    )
+    ap.add_argument(
         "--precision",
         choices=["native", "f64"],
         default="native",
@@ -217,6 +226,11 @@ def run(args) -> int:
     if passes is None:
         passes = {"cuda": CUDA_PIPELINE, "auto": AUTO_PIPELINE}.get(args.backend, "")
     pipeline = parse_pipeline(passes)
+    if args.db is not None:
+        from tgc.planner.db import resolve_path
+        from tgc.planner.select import with_database
+
+        pipeline = with_database(pipeline, resolve_path(args.db))
     if args.output_dir is not None:
         make_output_dir(args.output_dir)
     text, name = read_input(args.input)
