@@ -1,0 +1,227 @@
+"""The template dispatch of codegen/kernels.py: every template a `kernel.fused` may name has a
+generator, a "generic" region picks one by its ops, and each generator's refusal of a region it
+cannot generate is one located error (the kernel's location unless an inner op is to blame).
+Regions are written by hand here, as a user may write placed IR for `tgc-translate -p ""`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from tgc.codegen.kernels import GENERATORS, generate_epilogue_kernel, generate_kernel, template_of
+from tgc.diagnostics import TgcError
+from tgc.dialects.kernel import TEMPLATES, FusedOp
+from tgc.parser import parse_module
+from tgc.tools import translate
+from tgc.verifier import verify
+
+
+@dataclass(frozen=True)
+class Region:
+    """A function whose body is one kernel.fused (on line 2, at column 9 with one result, 14
+    with two) over the function's arguments, named %b_<name> inside the region."""
+
+    template: str
+    args: str  # "%x: tensor<4x8xf32>, ..."
+    results: str  # "tensor<4xf32>, ..."
+    body: tuple[str, ...]  # one op per line, from line 4 on
+    yields: str  # "%s, ..."
+
+    def text(self) -> str:
+        args = self.args.split(", ")
+        arg_types = ", ".join(a.split(": ", 1)[1] for a in args)
+        names = ", ".join(a.split(": ", 1)[0] for a in args)
+        inner = ", ".join(a.replace("%", "%b_") for a in args)
+        outs = ", ".join(f"%r{i}" for i in range(len(self.results.split(", "))))
+        body = "".join(f"    {line}\n" for line in self.body)
+        return (
+            f"func.func @f({self.args}) -> ({self.results}) {{\n"
+            f'  {outs} = kernel.fused {names} {{name = "k", template = "{self.template}"}} : '
+            f"({arg_types}) -> ({self.results}) {{\n"
+            f"  ^bb0({inner}):\n{body}"
+            f"    kernel.yield {self.yields} : {self.results}\n"
+            f"  }}\n"
+            f"  func.return {outs} : {self.results}\n"
+            f"}}\n"
+        )
+
+    def fused(self) -> FusedOp:
+        """The kernel.fused of the verified module (file "case.tg")."""
+        module = parse_module(self.text(), "case.tg")
+        verify(module)
+        (op,) = [o for o in module.walk() if isinstance(o, FusedOp)]
+        return op
+
+
+X = "%x: tensor<4x8xf32>"
+XW = "%x: tensor<4x8xf32>, %w: tensor<8x16xf32>"
+SUM_ROWS = "%s = atomic.reduce_sum %b_x {axes = [1]} : (tensor<4x8xf32>) -> tensor<4xf32>"
+SUM_COLS = "%s = atomic.reduce_sum %b_x {axes = [0]} : (tensor<4x8xf32>) -> tensor<8xf32>"
+EXP = "%e = atomic.exp %b_x : (tensor<4x8xf32>) -> tensor<4x8xf32>"
+MATMUL = "(tensor<4x8xf32>, tensor<8x16xf32>) -> tensor<4x16xf32>"
+ATTENTION = "(tensor<4x16xf32>, tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<4x16xf32>"
+WIDE_ATTENTION = "(tensor<4x200xf32>, tensor<8x200xf32>, tensor<8x16xf32>) -> tensor<4x16xf32>"
+SLICE = "(tensor<4xf32>) -> tensor<2xf32>"
+
+
+def test_every_template_has_a_generator():
+    assert set(GENERATORS) == set(TEMPLATES) - {"generic"}
+
+
+@pytest.mark.parametrize(
+    ("body", "yields", "results", "template"),
+    [
+        (SUM_ROWS, "%s", "tensor<4xf32>", "row_reduction"),
+        (EXP, "%e", "tensor<4x8xf32>", "elementwise"),
+    ],
+)
+def test_a_generic_region_generates_as_the_template_its_ops_pick(body, yields, results, template):
+    generic = Region("generic", X, results, (body,), yields).fused()
+    named = Region(template, X, results, (body,), yields).fused()
+    assert template_of(generic) == template
+    got, want = generate_kernel(generic), generate_kernel(named)
+    assert got.template == template
+    assert (got.source, got.grid, got.block, got.params) == (
+        want.source,
+        want.grid,
+        want.block,
+        want.params,
+    )
+
+
+# case -> (region, message, line:col of the error in case.tg)
+REFUSED = {
+    "elementwise outputs of two shapes": (
+        Region("elementwise", X, "tensor<4x8xf32>, tensor<4xf32>", (EXP, SUM_ROWS), "%e, %s"),
+        "elementwise kernel 'k' yields values of several shapes",
+        "2:14",
+    ),
+    "reductions over different rows": (
+        Region(
+            "row_reduction",
+            X,
+            "tensor<4xf32>, tensor<8xf32>",
+            (SUM_ROWS, SUM_COLS.replace("%s", "%t")),
+            "%s, %t",
+        ),
+        "kernel 'k' reduces over different rows",
+        "5:10",
+    ),
+    "an output neither a row nor per row": (
+        Region(
+            "row_reduction",
+            X,
+            "tensor<4xf32>, tensor<2xf32>",
+            (
+                SUM_ROWS,
+                f"%t = atomic.slice %s {{start = [0], stop = [2], step = [1]}} : {SLICE}",
+            ),
+            "%s, %t",
+        ),
+        "kernel 'k' yields a value that is neither a row nor one value per row",
+        "2:14",
+    ),
+    "full rows of a non-suffix reduction": (
+        Region("row_reduction", X, "tensor<8xf32>, tensor<4x8xf32>", (SUM_COLS, EXP), "%s, %e"),
+        "kernel 'k' writes full rows of a non-suffix reduction",
+        "2:14",
+    ),
+    "a matmul kernel without a matmul": (
+        Region("matmul", X, "tensor<4x8xf32>", (EXP,), "%e"),
+        "matmul kernel 'k' needs exactly one atomic.matmul",
+        "2:9",
+    ),
+    "a matmul operand computed in the kernel": (
+        Region(
+            "matmul", XW, "tensor<4x16xf32>", (EXP, f"%m = atomic.matmul %e, %b_w : {MATMUL}"), "%m"
+        ),
+        "matmul operands must be kernel inputs",
+        "5:10",
+    ),
+    "a matmul kernel output of another shape": (
+        Region(
+            "matmul",
+            XW,
+            "tensor<4x16xf32>, tensor<4x8xf32>",
+            (f"%m = atomic.matmul %b_x, %b_w : {MATMUL}", EXP),
+            "%m, %e",
+        ),
+        "matmul kernel 'k' yields a value of another shape",
+        "2:14",
+    ),
+    "an attention kernel without attention": (
+        Region("attention", X, "tensor<4x8xf32>", (EXP,), "%e"),
+        "attention kernel 'k' needs exactly one hl.attention",
+        "2:9",
+    ),
+    "an attention the kernel cannot run (head dim over 128)": (
+        Region(
+            "attention",
+            "%q: tensor<4x200xf32>, %k: tensor<8x200xf32>, %v: tensor<8x16xf32>",
+            "tensor<4x16xf32>",
+            (f"%o = hl.attention %b_q, %b_k, %b_v : {WIDE_ATTENTION}",),
+            "%o",
+        ),
+        "this hl.attention cannot run as a fused kernel (lower it first)",
+        "4:10",
+    ),
+    "an attention operand computed in the kernel": (
+        Region(
+            "attention",
+            "%q: tensor<4x16xf32>, %k: tensor<8x16xf32>, %v: tensor<8x16xf32>",
+            "tensor<4x16xf32>",
+            (
+                "%e = atomic.exp %b_q : (tensor<4x16xf32>) -> tensor<4x16xf32>",
+                f"%o = hl.attention %e, %b_k, %b_v : {ATTENTION}",
+            ),
+            "%o",
+        ),
+        "attention operand 'q' is not a strided view of a kernel input",
+        "2:9",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_a_region_the_template_cannot_generate_is_one_located_error(case):
+    region, message, where = REFUSED[case]
+    with pytest.raises(TgcError) as info:
+        generate_kernel(region.fused())
+    assert info.value.message == message
+    assert str(info.value.loc) == f"case.tg:{where}"
+
+
+def test_an_epilogue_without_a_matmul_is_one_located_error():
+    region, message, where = REFUSED["a matmul kernel without a matmul"]
+    with pytest.raises(TgcError) as info:
+        generate_epilogue_kernel(region.fused())
+    assert info.value.message == message
+    assert str(info.value.loc) == f"case.tg:{where}"
+
+
+PLACED = """func.func @f(%x: tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<4xf32>) {
+  %0 = kernel.copy %x : (tensor<4x8xf32>) -> tensor<4x8xf32, "cuda">
+  %e, %s = kernel.fused %0 {name = "k", template = "elementwise"} : (tensor<4x8xf32, "cuda">) -> (tensor<4x8xf32, "cuda">, tensor<4xf32, "cuda">) {
+  ^bb0(%1: tensor<4x8xf32, "cuda">):
+    %2 = atomic.exp %1 : (tensor<4x8xf32, "cuda">) -> tensor<4x8xf32, "cuda">
+    %3 = atomic.reduce_sum %1 {axes = [1]} : (tensor<4x8xf32, "cuda">) -> tensor<4xf32, "cuda">
+    kernel.yield %2, %3 : tensor<4x8xf32, "cuda">, tensor<4xf32, "cuda">
+  }
+  %a = kernel.copy %e : (tensor<4x8xf32, "cuda">) -> tensor<4x8xf32>
+  %b = kernel.copy %s : (tensor<4xf32, "cuda">) -> tensor<4xf32>
+  func.return %a, %b : tensor<4x8xf32>, tensor<4xf32>
+}
+"""
+
+
+def test_the_refusal_reaches_the_user_as_one_diagnostic(tmp_path, capsys):
+    """Hand-written placed IR through `tgc-translate --emit=cuda -p ""`: exit 1, no file."""
+    path = tmp_path / "case.tg"
+    path.write_text(PLACED)
+    assert translate.main(["--emit=cuda", "-p", "", str(path)]) == 1
+    out, err = capsys.readouterr()
+    message = "elementwise kernel 'k' yields values of several shapes"
+    assert err.startswith(f"{path}:3:12: error: {message}\n")
+    assert err.count("error:") == 1 and "Traceback" not in err
+    assert "__global__" not in out
