@@ -1,0 +1,214 @@
+"""The CUDA backend: generated kernels (the code generator's templates) and cuBLAS, on the GPU.
+
+Importing this module fails (ImportError, which `tgc.planner.load_backends` records) where
+PyCUDA is missing or no GPU is visible. `register()` adds the planner side of
+planner/backends/cuda_kernels.py (templates, the cuBLAS kernel, the fused-kernel hook) with the
+device pieces here:
+
+- the "cuda" memory space: values are `DeviceArray`s (PyCUDA memory, or any object exposing
+  `__cuda_array_interface__`, such as a torch CUDA tensor, wrapped without a copy and kept
+  alive); `kernel.copy` uploads and downloads through the host;
+- the "cuda" backend: `run_region(op, inputs)` turns a generated-kernel call (or a
+  `kernel.fused`) into a `kernel.fused`, generates its code, compiles it through the CUDA
+  runtime's caches (runtime/cuda_executor.py: nvcc to a cubin, in memory and on disk) and
+  launches it; `call` runs cuda.cublas.gemm through runtime/cublas.py.
+
+Everything runs on the legacy default stream and synchronises after each kernel, so a kernel
+that fails is reported at its own op, and torch-cuda kernels (also on the default stream) see
+finished inputs. Speed is not the point of this executor: the `cuda` pipeline's plan runner
+(runtime/cuda_executor.py) is.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:
+    import pycuda.driver as cuda
+
+    cuda.init()
+    if cuda.Device.count() == 0:
+        raise ImportError("no CUDA device is visible")
+except ImportError as e:
+    raise ImportError(f"the cuda backend needs PyCUDA and a GPU ({e})") from None
+except cuda.Error as e:  # a driver that does not initialise: no GPU to use
+    raise ImportError(f"the CUDA driver is not usable ({e})") from None
+
+from tgc.codegen.kernels import generate_kernel
+from tgc.codegen.names import display_name
+from tgc.diagnostics import TgcError
+from tgc.dialects.kernel import CallOp, FusedOp
+from tgc.ir import Operation
+from tgc.planner.backends import Backend, Space
+from tgc.planner.backends import cuda_kernels as planner_side
+from tgc.runtime.cuda_executor import context, load_kernels
+from tgc.types import TensorType
+
+
+class DeviceArray:
+    """A contiguous array in device memory: its pointer, shape and dtype, and the object that
+    owns the memory (a PyCUDA allocation, or a foreign array kept alive while this lives)."""
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], dtype: np.dtype, owner) -> None:
+        self.ptr = int(ptr)
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self.owner = owner
+
+    @property
+    def nbytes(self) -> int:
+        n = self.dtype.itemsize
+        for d in self.shape:
+            n *= d
+        return n
+
+    @classmethod
+    def empty(cls, shape: tuple[int, ...], dtype) -> DeviceArray:
+        context()
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        allocation = cuda.mem_alloc(max(size, 1))
+        return cls(int(allocation), shape, dtype, allocation)
+
+    @classmethod
+    def from_host(cls, array: np.ndarray, t: TensorType | None = None) -> DeviceArray:
+        host = np.ascontiguousarray(np.asarray(array, dtype=t.dtype if t is not None else None))
+        out = cls.empty(host.shape, host.dtype)
+        if host.nbytes:
+            cuda.memcpy_htod(out.ptr, host)
+        return out
+
+    @classmethod
+    def of(cls, value) -> DeviceArray:
+        """`value` itself, or a zero-copy view of an object with `__cuda_array_interface__`."""
+        if isinstance(value, DeviceArray):
+            return value
+        interface = getattr(value, "__cuda_array_interface__", None)
+        if interface is None:
+            raise TypeError(f"not a device value: {type(value).__name__}")
+        shape = tuple(interface["shape"])
+        dtype = np.dtype(interface["typestr"])
+        strides = interface.get("strides")
+        if strides is not None and tuple(strides) != _contiguous(shape, dtype.itemsize):
+            raise TypeError("a device value must be contiguous")
+        return cls(interface["data"][0], shape, dtype, value)
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {
+            "shape": self.shape,
+            "typestr": self.dtype.str,
+            "data": (self.ptr, False),
+            "strides": None,
+            "version": 3,
+        }
+
+    def get(self) -> np.ndarray:
+        host = np.empty(self.shape, self.dtype)
+        if host.nbytes:
+            cuda.Context.synchronize()
+            cuda.memcpy_dtoh(host, self.ptr)
+        return host
+
+    def reshape(self, shape: tuple[int, ...]) -> DeviceArray:
+        return DeviceArray(self.ptr, shape, self.dtype, self)
+
+
+def _contiguous(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    strides, step = [], itemsize
+    for d in reversed(shape):
+        strides.append(step)
+        step *= d
+    return tuple(reversed(strides))
+
+
+def to_host(value) -> np.ndarray:
+    return DeviceArray.of(value).get()
+
+
+def from_host(array: np.ndarray, t: TensorType) -> DeviceArray:
+    return DeviceArray.from_host(array, t)
+
+
+# -- generated kernels ---------------------------------------------------------------------------
+
+# op -> (op, kernel source, CUDA function): the op is held so its id is never reused.
+_COMPILED: dict[int, tuple[Operation, object, object]] = {}
+
+
+def _compiled(op: CallOp | FusedOp):
+    found = _COMPILED.get(id(op))
+    if found is not None and found[0] is op:
+        return found[1], found[2]
+    fused = op if isinstance(op, FusedOp) else planner_side.fused_from_call(op)
+    symbol = planner_side.kernel_symbol(fused)
+    source = generate_kernel(fused, None, symbol)
+    source.loc = op.loc
+    (function,) = load_kernels([source])
+    _COMPILED[id(op)] = (op, source, function)
+    return source, function
+
+
+def run_region(op: CallOp | FusedOp, inputs: list) -> list[DeviceArray]:
+    """Generate, compile (cached) and launch the kernel of `op`'s region on device inputs."""
+    source, function = _compiled(op)
+    args = [DeviceArray.of(v) for v in inputs]
+    outs = [DeviceArray.empty(r.type.shape, r.type.dtype) for r in op.results]
+    pointers = [np.uintp(a.ptr) for a in [*args, *outs]]
+    label = f"kernel '{display_name(source.ir_name or source.name)}' ({source.name})"
+    try:
+        function.prepared_call(
+            source.grid, source.block, *pointers, shared_size=source.shared_bytes
+        )
+        cuda.Context.synchronize()
+    except cuda.Error as e:
+        raise TgcError(f"{label} failed to run: {e}", op.loc) from None
+    return outs
+
+
+# -- cuBLAS ------------------------------------------------------------------------------------
+
+
+def _gemm(inputs: list, attrs: dict, result_types: list[TensorType]) -> list[DeviceArray]:
+    from tgc.runtime.cublas import cublas
+
+    a, b = (DeviceArray.of(v) for v in inputs)
+    t = result_types[0]
+    types = [TensorType.get(a.shape, t.element_type), TensorType.get(b.shape, t.element_type)]
+    g = planner_side.gemm_of(types, t, attrs)
+    out = DeviceArray.empty(t.shape, t.dtype)
+    blas = cublas()
+    blas.set_stream(0)  # the legacy default stream, as every kernel here
+    status = blas.gemm(g, a.ptr, b.ptr, out.ptr)
+    if status != 0:
+        raise TgcError(f"cuBLAS gemm ({g.m}x{g.n}x{g.k}) failed with status {status}")
+    cuda.Context.synchronize()
+    return [out]
+
+
+def _call(kernel, inputs: list, attrs: dict, result_types: list[TensorType]) -> list:
+    if kernel.name == planner_side.CUBLAS_GEMM:
+        return _gemm(inputs, attrs, result_types)
+    raise TgcError(f"the cuda backend has no kernel '{kernel.name}'")
+
+
+def _cublas_host_run(inputs: list, attrs: dict, result_types: list[TensorType]) -> list:
+    """cuda.cublas.gemm on host arrays (the kernel's `run`, for checking it)."""
+    device = [from_host(np.asarray(a), None) for a in inputs]
+    return [o.get() for o in _gemm(device, attrs, result_types)]
+
+
+BACKEND = Backend("cuda", call=_call, adopt=DeviceArray.of, run_region=run_region)
+SPACE = Space("cuda", to_host, from_host)
+
+
+def register() -> None:
+    """Register the CUDA backend (idempotent)."""
+    context()
+    planner_side.register(BACKEND, SPACE, _cublas_host_run)
+
+
+def unregister() -> None:
+    planner_side.unregister()
+
+
+__all__ = ["BACKEND", "SPACE", "DeviceArray", "register", "run_region", "unregister"]

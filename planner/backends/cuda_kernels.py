@@ -1,0 +1,453 @@
+"""The CUDA backend's kernels as the planner sees them: options at each op, and the pure pieces
+the executor needs. Nothing here needs a GPU or PyCUDA (planner/backends/cuda.py adds the device
+where there is one; tests register this part with a stand-in device).
+
+Kernels:
+
+- the generated templates (`Template`s, the code generator's skeletons): "cuda.elementwise",
+  "cuda.row_reduction", "cuda.matmul" (with its epilogue), "cuda.attention". An option of one
+  is a *region*: one op a template runs alone (as `place-on-device` wraps it), or a group of ops
+  that `fuse` would form into one kernel (with and without matmul epilogues). Regions are
+  offered through the fused-kernel hook (`planner.options.FUSED_OPTIONS`, `cuda_options`);
+  select-kernels writes each as a `kernel.call {callee = "cuda.<template>"}` whose region holds
+  the ops (and the splat constants, iotas and views of inputs it recomputes by value), which
+  the executor turns into a `kernel.fused` (`fused_from_call`), generates and compiles.
+- "cuda.cublas.gemm": an op kernel for the `atomic.matmul`s cuBLAS can run (each operand
+  batched like the result or not at all; f32, f64, f16, bf16), matched like any op kernel.
+
+A region is offered only where its code generates (the generator is run once per distinct
+region, at planning time) and where it is self-contained: its ops other than the last (the
+root) are read by no op outside it, and the root has one result. Each distinct region is one
+`Kernel` (not registered: the hook makes it): the template's name, the region as its reference
+text (so the roofline counts its flops) and a one-value parameter `region` (its structural
+digest, so a cost table tells regions of one template apart).
+
+Error bounds (`max_rel_error`, as planner/kernel.py defines them, for f32/f64):
+elementwise 2e-6 (CUDA's expf, tanhf, erff, powf are within 2-4 ulp of correctly rounded and
+nvcc contracts a*b+c into one rounding: a few f32 ulp over a chain); row reductions, matmul,
+attention and cuBLAS 1e-5 (another summation order: a tree per row, tiles, an online softmax).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from tgc.attributes import attribute_key
+from tgc.builtin import FuncOp, ReturnOp
+from tgc.codegen.cuda_ops import REDUCE_CODE, has_code
+from tgc.codegen.emitter import VIEW_INDEX_MAPS
+from tgc.codegen.kernels import generate_kernel, module_names
+from tgc.codegen.names import c_identifier
+from tgc.codegen.plan import Gemm
+from tgc.diagnostics import TgcError
+from tgc.dialects.kernel import CallOp, FusedOp, YieldOp
+from tgc.ir import Block, Operation, Region, Value
+from tgc.opdef import VIEW
+from tgc.passes.cuda_support import GEMM_TYPES, attention_supported, cublas_can_run
+from tgc.passes.fuse import _Fuser, is_free, reduced_suffix
+from tgc.planner import options as planner_options
+from tgc.planner.backends import (
+    BACKENDS,
+    SPACES,
+    TEMPLATES,
+    Backend,
+    Space,
+    Template,
+    register_backend,
+    register_space,
+    register_template,
+)
+from tgc.planner.kernel import KERNELS, Kernel, canonical_references, register_kernel
+from tgc.planner.match import Match
+from tgc.printer import print_op
+from tgc.types import TensorType
+
+ELEMENTWISE_ERROR, SUMS_ERROR = 2e-6, 1e-5
+
+TEMPLATE_OF_KIND: dict[str, Template] = {
+    kind: Template(f"cuda.{kind}", "cuda", error, f"the generated {kind} kernel of a region")
+    for kind, error in (
+        ("elementwise", ELEMENTWISE_ERROR),
+        ("row_reduction", SUMS_ERROR),
+        ("matmul", SUMS_ERROR),
+        ("attention", SUMS_ERROR),
+    )
+}
+CUBLAS_GEMM = "cuda.cublas.gemm"
+
+# Ops whose operands a kernel reads as whole buffers (never recomputed views).
+WHOLE_OPERANDS = ("atomic.matmul", "hl.attention")
+# Ops the elementwise template computes besides those with C code and the views.
+ELEMENTWISE_EXTRA = ("atomic.iota", "atomic.concat", "atomic.gather")
+
+
+# -- which template runs one op ----------------------------------------------------------------
+
+
+def _has_elements(op: Operation) -> bool:
+    """The CUDA backend does not run tensors without elements (codegen.plan refuses them)."""
+    values = [*op.operands, *op.results]
+    return all(v.type.num_elements > 0 for v in values)
+
+
+def single_op_kind(op: Operation) -> str | None:
+    """The template that runs `op` alone, or None (no CUDA kernel runs it by itself)."""
+    if op.regions or len(op.results) != 1 or not _has_elements(op):
+        return None
+    if op.name == "atomic.matmul":
+        return "matmul"
+    if op.name == "hl.attention":
+        return "attention" if attention_supported(op) else None
+    if op.name in REDUCE_CODE:
+        return "row_reduction" if reduced_suffix(op) is not None else None
+    if has_code(op) or op.name in VIEW_INDEX_MAPS or op.name in ELEMENTWISE_EXTRA:
+        return "elementwise"
+    return None
+
+
+# -- regions -------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class KernelRegion:
+    """Ops one generated kernel computes: `ops` covered (block order, the root last), `inputs`
+    (its arguments, in order) and `by_value`: ops outside it that it recomputes from its inputs
+    (splat constants, iotas, small expressions of those, views of inputs), in block order."""
+
+    kind: str
+    ops: list[Operation]
+    inputs: list[Value]
+    by_value: list[Operation]
+
+    @property
+    def root(self) -> Operation:
+        return self.ops[-1]
+
+
+def _recomputable(op: Operation) -> bool:
+    return is_free(op) or (op.has_trait(VIEW) and not op.regions)
+
+
+def region_of(kind: str, ops: list[Operation]) -> KernelRegion | None:
+    """The region of `ops` (block order), or None when it is not self-contained (a value of an
+    op other than the last is read outside it, or the last op has several results)."""
+    root = ops[-1]
+    members = set(ops)
+    if len(root.results) != 1:
+        return None
+    for op in ops[:-1]:
+        if any(u not in members for r in op.results for u in r.users()):
+            return None
+    inputs: list[Value] = []
+    by_value: list[Operation] = []
+    taken: set[Operation] = set()
+
+    def need(v: Value, whole: bool) -> None:
+        d = v.defining_op
+        if d is not None and d in members:
+            return
+        if not whole and d is not None and d.block is root.block and _recomputable(d):
+            if d not in taken:
+                taken.add(d)
+                for x in d.operands:
+                    need(x, False)
+                by_value.append(d)
+            return
+        if v not in inputs:
+            inputs.append(v)
+
+    for op in ops:
+        for v in op.operands:
+            need(v, op.name in WHOLE_OPERANDS)
+    return KernelRegion(kind, list(ops), inputs, by_value)
+
+
+def _attrs_key(op: Operation) -> tuple:
+    return tuple(sorted((k, attribute_key(v)) for k, v in op.attributes.items() if "." not in k))
+
+
+def region_key(region: KernelRegion) -> tuple:
+    """Structural identity: template, input types and each op (name, attributes, operands as
+    input or earlier op result, result types); value names and memory spaces left out."""
+    index: dict[Value, tuple] = {v: ("in", i) for i, v in enumerate(region.inputs)}
+    parts: list = [region.kind, tuple(v.type.with_encoding(None) for v in region.inputs)]
+    for n, op in enumerate([*region.by_value, *region.ops]):
+        operands = tuple(index[v] for v in op.operands)
+        results = tuple(r.type.with_encoding(None) for r in op.results)
+        parts.append((op.name, _attrs_key(op), operands, results))
+        for j, r in enumerate(op.results):
+            index[r] = (n, j)
+    return tuple(parts)
+
+
+def region_function(region: KernelRegion) -> FuncOp:
+    """The region as a function of its inputs returning the root's result (host types)."""
+    func = FuncOp.build("region", [v.type.with_encoding(None) for v in region.inputs], [])
+    env: dict[Value, Value] = dict(zip(region.inputs, func.body.args))
+    for op in [*region.by_value, *region.ops]:
+        clone = type(op)(
+            [env[v] for v in op.operands],
+            [r.type.with_encoding(None) for r in op.results],
+            dict(op.attributes),
+            loc=op.loc,
+        )
+        func.body.append(clone)
+        env.update(zip(op.results, clone.results))
+    out = env[region.root.results[0]]
+    func.body.append(ReturnOp([out], [], loc=region.root.loc))
+    func.set_result_types([out.type])
+    return func
+
+
+def fused_from_block(
+    block: Block, result_types: list[TensorType], template: str, name: str, loc
+) -> FusedOp:
+    """A detached `kernel.fused` (operands: fresh values of the block's argument types) whose
+    region is a copy of `block`, its terminator made a `kernel.yield`: what codegen reads."""
+    body = Block([a.type for a in block.args])
+    env: dict[Value, Value] = dict(zip(block.args, body.args))
+    for op in block.ops:
+        operands = [env[v] for v in op.operands]
+        if op is block.last:
+            body.append(YieldOp(operands, [], loc=op.loc))
+            break
+        clone = type(op)(operands, [r.type for r in op.results], dict(op.attributes), loc=op.loc)
+        body.append(clone)
+        env.update(zip(op.results, clone.results))
+    placeholders = [Value(a.type) for a in block.args]
+    attrs = {"name": name, "template": template}
+    return FusedOp(placeholders, list(result_types), attrs, [Region([body])], loc)
+
+
+def fused_from_call(call: CallOp) -> FusedOp:
+    """The `kernel.fused` a generated-kernel call stands for (its template from the callee)."""
+    template = TEMPLATES[call.attr("callee")]
+    kind = template.name.split(".", 1)[1]
+    name = c_identifier(f"{kind}_{call.results[0].name_hint or 'k'}")
+    return fused_from_block(call.body, [r.type for r in call.results], kind, name, call.loc)
+
+
+def kernel_symbol(fused: FusedOp) -> str:
+    """A C symbol for the kernel of `fused`, compiled as its own translation unit."""
+    return module_names().allocate(str(fused.attr("name")))
+
+
+# -- the kernels of regions, made once per distinct region -----------------------------------------
+
+_REGION_KERNELS: dict[tuple, Kernel | None] = {}
+
+
+def region_kernel(region: KernelRegion) -> Kernel | None:
+    """The generated kernel of `region` (cached per structural key), or None when the code
+    generator cannot make it."""
+    key = region_key(region)
+    if key not in _REGION_KERNELS:
+        _REGION_KERNELS[key] = _make_region_kernel(region, key)
+    return _REGION_KERNELS[key]
+
+
+def _make_region_kernel(region: KernelRegion, key: tuple) -> Kernel | None:
+    template = TEMPLATE_OF_KIND[region.kind]
+    func = region_function(region)
+    fused = fused_from_block(
+        func.body, list(func.function_type.results), region.kind, "plan_region", func.loc
+    )
+    try:
+        generate_kernel(fused)
+    except (TgcError, KeyError):  # no C code for an op on this type, an unsupported shape...
+        return None
+    text = print_op(func)
+    digest = hashlib.blake2b(repr(key).encode(), digest_size=8).hexdigest()
+    kernel = Kernel(
+        template.name,
+        "cuda",
+        reference=text,
+        params={"region": (digest,)},
+        max_rel_error=template.max_rel_error,
+        doc=f"{template.doc}: {', '.join(op.name for op in region.ops)}",
+    )
+    try:
+        canonical_references(kernel)  # parsed once here: the roofline counts its flops
+    except TypeError:  # canonicalisation folds an argument away: no option, rather than a crash
+        return None
+    return kernel
+
+
+def _match(region: KernelRegion | None) -> Match | None:
+    if region is None:
+        return None
+    kernel = region_kernel(region)
+    if kernel is None:
+        return None
+    root = region.root
+    return Match(
+        kernel,
+        root,
+        tuple(region.ops),
+        tuple(region.inputs),
+        (root.results[0],),
+        tuple(region.by_value),
+    )
+
+
+# -- the regions fuse would form ----------------------------------------------------------------------
+
+_GROUPS: OrderedDict[Block, tuple[int, dict[Operation, list[tuple[str, list[Operation]]]]]] = (
+    OrderedDict()
+)
+_GROUP_CACHE_SIZE = 8  # blocks: select-kernels asks for the options of one block at a time
+
+
+def fusion_groups(block: Block) -> dict[Operation, list[tuple[str, list[Operation]]]]:
+    """Root op -> (kind, ops) of each group of two or more ops `fuse` forms in `block`, with
+    and without matmul epilogues (cached for the last few blocks, recomputed when one changed
+    length)."""
+    found = _GROUPS.get(block)
+    if found is not None and found[0] == len(block):
+        _GROUPS.move_to_end(block)
+        return found[1]
+    func = block.region.parent if block.region is not None else None
+    groups: dict[Operation, list[tuple[str, list[Operation]]]] = {}
+    if isinstance(func, FuncOp):
+        for epilogue in (False, True):
+            fuser = _Fuser(func, matmul_epilogue=epilogue)
+            fuser.number_ops()
+            fuser.run()
+            for g in fuser.groups:
+                if len(g.ops) < 2:
+                    continue
+                entry = (g.kind, list(g.ops))
+                listed = groups.setdefault(g.ops[-1], [])
+                if all(set(ops) != set(g.ops) for _, ops in listed):
+                    listed.append(entry)
+    _GROUPS[block] = (len(block), groups)
+    while len(_GROUPS) > _GROUP_CACHE_SIZE:
+        _GROUPS.popitem(last=False)
+    return groups
+
+
+def cuda_options(op: Operation) -> list[Match]:
+    """The fused-kernel hook: the generated kernels rooted at `op` (it alone, and each region
+    `fuse` would form that ends at it)."""
+    out: list[Match] = []
+    kind = single_op_kind(op)
+    if kind is not None:
+        m = _match(region_of(kind, [op]))
+        if m is not None:
+            out.append(m)
+    if op.block is None:
+        return out
+    groups = fusion_groups(op.block)
+    for group_kind, ops in groups.get(op, []):
+        if not all(_has_elements(x) for x in ops):
+            continue
+        m = _match(region_of(group_kind, ops))
+        if m is not None:
+            out.append(m)
+    return out
+
+
+# -- cuBLAS ----------------------------------------------------------------------------------------
+
+
+def cublas_types(types) -> str | None:
+    """The constraint of cuda.cublas.gemm: what `cublas_can_run` accepts, with elements."""
+    operands, results = types
+    if any(t.num_elements == 0 for t in [*operands, *results]):
+        return "runs no tensor without elements"
+    if results[0].element_type not in GEMM_TYPES:
+        return f"takes {', '.join(GEMM_TYPES)} values, not {results[0].element_type}"
+    proxy = SimpleNamespace(
+        operands=[SimpleNamespace(type=t) for t in operands],
+        results=[SimpleNamespace(type=t) for t in results],
+    )
+    if not cublas_can_run(proxy):
+        return "needs each operand batched like the result or not at all"
+    return None
+
+
+def gemm_of(operand_types: list[TensorType], result_type: TensorType, attrs: dict) -> Gemm:
+    """The cuBLAS call of a matmul: row-major C = op(A) @ op(B), batched (stride 0 for an
+    unbatched operand). Buffers are left out: the caller passes pointers."""
+    a, b = operand_types
+    ta, tb = bool(attrs.get("transpose_a")), bool(attrs.get("transpose_b"))
+    m, n = result_type.shape[-2], result_type.shape[-1]
+    k = a.shape[-2] if ta else a.shape[-1]
+    batch = 1
+    for d in result_type.shape[:-2]:
+        batch *= d
+    stride_a = m * k if any(d != 1 for d in a.shape[:-2]) else 0
+    stride_b = k * n if any(d != 1 for d in b.shape[:-2]) else 0
+    return Gemm(
+        "atomic.matmul",
+        result_type.element_type,
+        m,
+        n,
+        k,
+        batch,
+        ta,
+        tb,
+        stride_a,
+        stride_b,
+        None,
+        None,
+        None,
+    )
+
+
+def cublas_kernel(run=None) -> Kernel:
+    return Kernel(
+        CUBLAS_GEMM,
+        "cuda",
+        op="atomic.matmul",
+        run=run,
+        constraints=cublas_types,
+        max_rel_error=SUMS_ERROR,
+        doc="atomic.matmul by cuBLAS (strided batched GEMM)",
+    )
+
+
+# -- registration -------------------------------------------------------------------------------------
+
+
+def register(backend: Backend, space: Space, cublas_run=None) -> None:
+    """Register the planner side of the CUDA backend with `backend` and `space` (the device's,
+    or a test's stand-in): the templates, the cuBLAS kernel, the fused-kernel hook. Idempotent."""
+    for template in TEMPLATE_OF_KIND.values():
+        register_template(template)
+    if CUBLAS_GEMM not in KERNELS:
+        register_kernel(cublas_kernel(cublas_run))
+    register_backend(backend)
+    register_space(space)
+    if cuda_options not in planner_options.FUSED_OPTIONS:
+        planner_options.FUSED_OPTIONS.append(cuda_options)
+
+
+def unregister() -> None:
+    """Remove what `register` added (tests)."""
+    for template in TEMPLATE_OF_KIND.values():
+        TEMPLATES.pop(template.name, None)
+    KERNELS.pop(CUBLAS_GEMM, None)
+    BACKENDS.pop("cuda", None)
+    SPACES.pop("cuda", None)
+    if cuda_options in planner_options.FUSED_OPTIONS:
+        planner_options.FUSED_OPTIONS.remove(cuda_options)
+
+
+__all__ = [
+    "CUBLAS_GEMM",
+    "TEMPLATE_OF_KIND",
+    "KernelRegion",
+    "cuda_options",
+    "fused_from_call",
+    "fusion_groups",
+    "gemm_of",
+    "region_kernel",
+    "region_of",
+    "register",
+    "single_op_kind",
+    "unregister",
+]

@@ -1,0 +1,649 @@
+"""The CUDA backend (issue 12, items 1 and 6).
+
+Without a GPU (CI, this machine): the planner side, planner/backends/cuda_kernels.py. Which
+template runs each op; the regions `fuse` would form offered as options (self-contained ones
+only); their code generates and, where nvcc is installed, compiles; the cuBLAS call a matmul
+becomes computes the matmul (runtime/cublas.py's arguments, run by a numpy model of the
+column-major GEMM); and select-kernels + run_plan with a stand-in device (values boxed in the
+"cuda" space, generated kernels interpreted from the `kernel.fused` their call stands for) match
+float64 on every example, with copies between host and device.
+
+On a GPU (marked `cuda`, skipped elsewhere with the reason): the real backend. Every template
+and cuBLAS within their stated errors; a plan mixing numpy, CUDA and torch-cuda kernels; and
+`tgc-run --backend auto --check` on every example with every backend that loads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_planner_kernels import random_inputs as kernel_inputs
+
+import tgc
+from tgc.codegen.kernels import generate_kernel, prelude
+from tgc.diagnostics import TgcError
+from tgc.dialects.kernel import CallOp, FusedOp
+from tgc.planner.backends import BACKENDS, TEMPLATES, Backend, Space
+from tgc.planner.backends import cuda_kernels as ck
+from tgc.planner.cost import DictCostSource, RooflineCostSource
+from tgc.planner.executor import run_plan
+from tgc.planner.kernel import KERNELS, rel_error
+from tgc.planner.select import select_kernels
+from tgc.runtime.interpreter import random_inputs, run_function
+
+EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.tg"))
+
+
+def parse(text: str):
+    module = tgc.parse(text, "cuda.tg")
+    return module, module.funcs[0]
+
+
+def ops_of(func) -> list:
+    return [op for op in func.body.ops if op is not func.body.last]
+
+
+# -- which template runs one op --------------------------------------------------------------------
+
+ONE_OP_CASES = [
+    ("atomic.exp %x : (tensor<4x8xf32>) -> tensor<4x8xf32>", "elementwise"),
+    ('hl.gelu %x {approximate = "tanh"} : (tensor<4x8xf32>) -> tensor<4x8xf32>', "elementwise"),
+    ("atomic.transpose %x {perm = [1, 0]} : (tensor<4x8xf32>) -> tensor<8x4xf32>", "elementwise"),
+    ("atomic.reduce_sum %x {axes = [1]} : (tensor<4x8xf32>) -> tensor<4xf32>", "row_reduction"),
+    ("atomic.reduce_max %x {axes = [0]} : (tensor<4x8xf32>) -> tensor<8xf32>", None),
+    (
+        "atomic.matmul %x, %x {transpose_b = true} : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x4xf32>",
+        "matmul",
+    ),
+    ("hl.softmax %x {axis = -1} : (tensor<4x8xf32>) -> tensor<4x8xf32>", None),
+    ("atomic.exp %z : (tensor<4x0xf32>) -> tensor<4x0xf32>", None),
+    (
+        "hl.attention %x, %x, %x : (tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>",
+        "attention",
+    ),
+    (
+        "hl.attention %w, %w, %w : (tensor<2x256xf32>, tensor<2x256xf32>, tensor<2x256xf32>) -> tensor<2x256xf32>",
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize("line, kind", ONE_OP_CASES)
+def test_the_template_that_runs_one_op(line, kind):
+    result = line.rsplit("-> ", 1)[1]
+    text = (
+        "func.func @f(%x: tensor<4x8xf32>, %z: tensor<4x0xf32>, %w: tensor<2x256xf32>) -> "
+        f"{result} {{\n  %y = {line}\n  func.return %y : {result}\n}}\n"
+    )
+    _, func = parse(text)
+    (op,) = ops_of(func)
+    assert ck.single_op_kind(op) == kind
+    matches = ck.cuda_options(op)
+    if kind is None:
+        assert matches == []
+    else:
+        assert [m.kernel.name for m in matches] == [f"cuda.{kind}"]
+        assert matches[0].ops == (op,) and matches[0].kernel.space == "cuda"
+
+
+# -- the regions fuse would form ---------------------------------------------------------------------
+
+# Large enough that the roofline prefers the device to the copies there and back.
+X, W, B = "tensor<64x256xf32>", "tensor<256x256xf32>", "tensor<256xf32>"
+MLP = f"""
+func.func @f(%x: {X}, %w: {W}, %b: {B}) -> {X} {{
+  %m = atomic.matmul %x, %w : ({X}, {W}) -> {X}
+  %s = atomic.add %m, %b : ({X}, {B}) -> {X}
+  %g = hl.gelu %s {{approximate = "tanh"}} : ({X}) -> {X}
+  %r = hl.softmax %g {{axis = -1}} : ({X}) -> {X}
+  func.return %r : {X}
+}}
+"""
+
+
+def lowered(text: str):
+    module, _ = parse(text)
+    tgc.run_pipeline(module, "lower-hl,canonicalize,cse")
+    return module, module.funcs[0]
+
+
+def options_by_root(func) -> dict:
+    return {op: ck.cuda_options(op) for op in ops_of(func)}
+
+
+def test_the_regions_fuse_forms_are_options_rooted_at_their_last_op():
+    _, func = lowered(MLP)
+    found = options_by_root(func)
+    regions = {(m.kernel.name, tuple(op.name for op in m.ops)) for ms in found.values() for m in ms}
+    softmax = ("atomic.reduce_max", "atomic.sub", "atomic.exp", "atomic.reduce_sum", "atomic.div")
+    assert ("cuda.row_reduction", softmax) in regions
+    # matmul with its epilogue (bias, gelu) and, without epilogues, the epilogue alone
+    with_epilogue = [r for r in regions if r[0] == "cuda.matmul" and len(r[1]) > 1]
+    assert with_epilogue and with_epilogue[0][1][0] == "atomic.matmul"
+    assert any(r[0] == "cuda.elementwise" and r[1][0] == "atomic.add" for r in regions)
+    for op, ms in found.items():
+        for m in ms:
+            assert m.root is op and m.ops[-1] is op
+            assert m.kernel.params["region"] and m.kernel.max_rel_error > 0
+            # splat constants are recomputed inside, not read from memory
+            assert not any(
+                v.defining_op is not None and v.defining_op.name == "atomic.constant"
+                for v in m.inputs
+            )
+
+
+def test_a_region_whose_inner_value_is_read_outside_is_not_offered():
+    text = f"""
+func.func @f(%x: {X}) -> ({X}, {X}) {{
+  %e = atomic.exp %x : ({X}) -> {X}
+  %n = atomic.neg %e : ({X}) -> {X}
+  %s = atomic.add %n, %x : ({X}, {X}) -> {X}
+  func.return %s, %e : {X}, {X}
+}}
+"""
+    _, func = parse(text)
+    groups = ck.fusion_groups(func.body)
+    assert any(len(ops) == 3 for gs in groups.values() for _, ops in gs)  # fuse forms it
+    root = ops_of(func)[-1]
+    assert [m.ops for m in ck.cuda_options(root)] == [(root,)]  # ... the planner does not
+
+
+def test_the_same_region_is_one_kernel_and_other_regions_are_others():
+    _, func = lowered(MLP + MLP.replace("@f", "@g"))
+    _, f2 = lowered(MLP.replace("@f", "@g"))
+    first = {m.kernel for ms in options_by_root(func).values() for m in ms}
+    second = {m.kernel for ms in options_by_root(f2).values() for m in ms}
+    assert first == second  # equal regions share one kernel (and its cost)
+    assert len({k.params["region"] for k in first}) == len(first)
+
+
+# -- the generated code ------------------------------------------------------------------------------
+
+
+def _distinct_region_kernels(func):
+    seen = {}
+    for ms in options_by_root(func).values():
+        for m in ms:
+            seen.setdefault(m.kernel.params["region"], m)
+    return list(seen.values())
+
+
+def test_every_offered_region_generates_its_kernel():
+    """Regions are offered only where the generator makes their code (it is run while
+    planning); here each one again, from the IR select-kernels writes for it."""
+    _, func = lowered((EXAMPLES[0].parent / "gpt2_block.tg").read_text())
+    matches = _distinct_region_kernels(func)
+    templates = {m.kernel.name for m in matches}
+    assert templates == {"cuda.elementwise", "cuda.row_reduction", "cuda.matmul"}
+    for m in matches:
+        fused = ck.fused_from_block(
+            ck.region_function(ck.region_of(m.kernel.name.split(".")[1], list(m.ops))).body,
+            [m.outputs[0].type],
+            m.kernel.name.split(".")[1],
+            "k",
+            None,
+        )
+        source = generate_kernel(fused)
+        assert source.num_inputs == len(m.inputs) and source.num_outputs == 1
+
+
+@pytest.mark.skipif(
+    shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists(),
+    reason="nvcc is not installed",
+)
+def test_generated_kernels_of_each_template_compile(tmp_path):
+    """One region of each template (attention from the attention example), through nvcc."""
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    picked = {}
+    for example in ("gpt2_block", "attention"):
+        module, func = parse((EXAMPLES[0].parent / f"{example}.tg").read_text())
+        tgc.run_pipeline(module, "lower-hl{keep=attention},canonicalize,cse")
+        for m in _distinct_region_kernels(module.funcs[0]):
+            picked.setdefault(m.kernel.name, m)
+    assert set(picked) == {f"cuda.{k}" for k in ck.TEMPLATE_OF_KIND}
+    for name, m in sorted(picked.items()):
+        kind = name.split(".")[1]
+        region = ck.region_of(kind, list(m.ops))
+        func = ck.region_function(region)
+        fused = ck.fused_from_block(func.body, [m.outputs[0].type], kind, kind, None)
+        source = generate_kernel(fused, None, ck.kernel_symbol(fused))
+        path = tmp_path / f"{kind}.cu"
+        path.write_text(prelude() + "\n" + source.source)
+        proc = subprocess.run(
+            [
+                nvcc,
+                "-cubin",
+                "-arch=sm_90",
+                "-O3",
+                "-std=c++17",
+                "-o",
+                str(tmp_path / f"{kind}.cubin"),
+                str(path),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert proc.returncode == 0, f"{name}: {proc.stderr[:2000]}"
+
+
+# -- cuBLAS, run by a numpy model of the column-major GEMM -------------------------------------
+
+
+class _Buffers:
+    """Numpy arrays by address, so a fake cuBLAS can read and write what pointers point at."""
+
+    def __init__(self) -> None:
+        self.arrays: dict[int, np.ndarray] = {}
+
+    def add(self, array: np.ndarray) -> int:
+        array = np.ascontiguousarray(array)
+        self.arrays[array.ctypes.data] = array
+        return array.ctypes.data
+
+    def flat(self, pointer) -> np.ndarray:
+        return self.arrays[pointer.value].reshape(-1)
+
+
+def _fake_gemm(buffers: _Buffers):
+    """cublasGemmStridedBatchedEx with alpha 1, beta 0, in numpy: C_i = op(A_i) op(B_i), all
+    column-major with leading dimensions, batch i at i * stride."""
+
+    def gemm(
+        handle,
+        ta,
+        tb,
+        m,
+        n,
+        k,
+        alpha,
+        a,
+        at,
+        lda,
+        sa,
+        b,
+        bt,
+        ldb,
+        sb,
+        beta,
+        c,
+        ct,
+        ldc,
+        sc,
+        batch,
+        compute,
+        algo,
+    ):
+        A, Bm, C = buffers.flat(a), buffers.flat(b), buffers.flat(c)
+
+        def matrix(flat, offset, rows, cols, ld):  # column-major rows x cols
+            return np.lib.stride_tricks.as_strided(
+                flat[offset:], (rows, cols), (flat.itemsize, ld * flat.itemsize)
+            )
+
+        for i in range(batch):
+            opa = matrix(A, i * sa, k, m, lda).T if ta else matrix(A, i * sa, m, k, lda)
+            opb = matrix(Bm, i * sb, n, k, ldb).T if tb else matrix(Bm, i * sb, k, n, ldb)
+            out = matrix(C, i * sc, m, n, ldc)
+            out[...] = (opa.astype(np.float64) @ opb.astype(np.float64)).astype(C.dtype)
+        return 0
+
+    return gemm
+
+
+def _cublas_with(buffers: _Buffers):
+    from tgc.runtime.cublas import Cublas
+
+    blas = Cublas.__new__(Cublas)  # no library: its gemm entry point is the numpy model
+    blas.handle = ctypes.c_void_p()
+    blas._gemm = _fake_gemm(buffers)
+    return blas
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_gemm_of_makes_cublas_compute_the_matmul(seed):
+    from tgc.types import TensorType
+
+    rng = np.random.default_rng(seed)
+    ta, tb = bool(seed & 1), bool(seed & 2)
+    m, n, k = (int(d) for d in rng.integers(1, 9, size=3))
+    batch = (2, 3) if seed % 3 else ()
+    a_batch = batch if seed % 4 else tuple(1 for _ in batch)
+    b_batch = batch if seed % 5 else ()
+    a = rng.standard_normal(a_batch + ((k, m) if ta else (m, k))).astype(np.float32)
+    b = rng.standard_normal(b_batch + ((n, k) if tb else (k, n))).astype(np.float32)
+    types = [TensorType.get(a.shape, "f32"), TensorType.get(b.shape, "f32")]
+    out_shape = tuple(np.broadcast_shapes(a_batch, b_batch)) + (m, n)
+    result = TensorType.get(out_shape, "f32")
+    assert ck.cublas_types((types, [result])) is None
+    g = ck.gemm_of(types, result, {"transpose_a": ta, "transpose_b": tb})
+    buffers = _Buffers()
+    c = np.zeros(out_shape, np.float32)
+    pa, pb, pc = buffers.add(a), buffers.add(b), buffers.add(c)
+    assert _cublas_with(buffers).gemm(g, pa, pb, pc) == 0
+    got = buffers.arrays[pc]
+    want = np.matmul(np.swapaxes(a, -1, -2) if ta else a, np.swapaxes(b, -1, -2) if tb else b)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_cublas_refuses_what_it_cannot_run():
+    from tgc.types import TensorType
+
+    t = TensorType.get
+    assert "batched" in ck.cublas_types(
+        ([t((2, 4, 3), "f32"), t((3, 3, 5), "f32")], [t((6, 4, 5), "f32")])
+    )
+    assert "not i32" in ck.cublas_types(([t((4, 3), "i32"), t((3, 5), "i32")], [t((4, 5), "i32")]))
+    assert "without elements" in ck.cublas_types(
+        ([t((4, 0), "f32"), t((0, 5), "f32")], [t((4, 5), "f32")])
+    )
+
+
+# -- a stand-in device: select-kernels and run_plan with the CUDA planner side -----------------
+
+
+@dataclass
+class Boxed:
+    """A value in the stand-in's "cuda" space."""
+
+    array: np.ndarray
+
+
+def _stand_in_region(op, inputs):
+    fused = op if isinstance(op, FusedOp) else ck.fused_from_call(op)
+    assert fused.attr("template") in ck.TEMPLATE_OF_KIND
+    outs = fused.reference(*[b.array for b in inputs])
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    return [Boxed(np.asarray(o)) for o in outs]
+
+
+def _stand_in_call(kernel, inputs, attrs, result_types):
+    assert kernel.name == ck.CUBLAS_GEMM
+    from tgc.types import TensorType
+
+    buffers = _Buffers()
+    a, b = (x.array for x in inputs)
+    t = result_types[0]
+    types = [TensorType.get(a.shape, t.element_type), TensorType.get(b.shape, t.element_type)]
+    c = np.zeros(t.shape, t.dtype)
+    pa, pb, pc = buffers.add(a), buffers.add(b), buffers.add(c)
+    _cublas_with(buffers).gemm(ck.gemm_of(types, t, attrs), pa, pb, pc)
+    return [Boxed(buffers.arrays[pc])]
+
+
+@pytest.fixture
+def stand_in():
+    """The CUDA planner side registered with a stand-in device; the moves between spaces and
+    the generated calls are counted."""
+    counts = {"to_host": 0, "from_host": 0, "regions": 0}
+
+    def to_host(v):
+        counts["to_host"] += 1
+        return v.array.copy()
+
+    def from_host(a, t):
+        counts["from_host"] += 1
+        return Boxed(np.array(a, dtype=t.dtype))
+
+    def region(op, inputs):
+        counts["regions"] += 1
+        return _stand_in_region(op, inputs)
+
+    backend = Backend("cuda", call=_stand_in_call, run_region=region)
+    ck.register(backend, Space("cuda", to_host, from_host))
+    yield counts
+    ck.unregister()
+
+
+# Made cheap so that plans use them; copies and numpy kernels keep their roofline costs.
+CUDA_CHEAP = DictCostSource(
+    {**{t.name: 1e-9 for t in ck.TEMPLATE_OF_KIND.values()}, ck.CUBLAS_GEMM: 1e-9},
+    fallback=RooflineCostSource(),
+)
+
+
+def _selected(text: str, pipeline: str, costs=CUDA_CHEAP):
+    module, _ = parse(text)
+    if pipeline:
+        tgc.run_pipeline(module, pipeline)
+    selection = select_kernels(module.funcs[0], costs, tolerance=1e-5)
+    tgc.verify(module)
+    return module.funcs[0], selection
+
+
+def _callees(func) -> list[str]:
+    return [op.attr("callee") for op in func.body.ops if isinstance(op, CallOp)]
+
+
+@pytest.mark.parametrize("pipeline", ["", "lower-hl"])
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_plans_on_the_stand_in_device_match_float64(example, pipeline, stand_in):
+    text = example.read_text()
+    func, _ = _selected(text, pipeline)
+    callees = _callees(func)
+    assert any(c.startswith("cuda.") for c in callees), callees
+    reference = tgc.parse(text).funcs[0]
+    inputs = random_inputs(reference, 5)
+    (want,) = run_function(reference, inputs, "f64")
+    (got,) = run_plan(func, inputs)
+    scale = max(float(np.max(np.abs(want))), 1.0)
+    assert float(np.max(np.abs(got - want))) <= 2e-4 * scale
+    assert stand_in["regions"] + callees.count(ck.CUBLAS_GEMM) > 0
+    assert stand_in["from_host"] >= 1 and stand_in["to_host"] >= 1  # copies both ways
+
+
+def test_a_fused_region_runs_as_one_generated_kernel(stand_in):
+    func, _ = _selected(MLP, "lower-hl")
+    calls = [op for op in func.body.ops if isinstance(op, CallOp)]
+    fused = [op for op in calls if op.attr("callee") in TEMPLATES and len(op.body) > 2]
+    assert fused, _callees(func)
+    assert all(op.results[0].type.encoding == "cuda" for op in fused)
+    reference = tgc.parse(MLP).funcs[0]
+    for seed in range(3):
+        inputs = kernel_inputs(reference, np.random.default_rng(seed))
+        (want,) = run_function(reference, inputs, "f64")
+        (got,) = run_plan(func, inputs)
+        assert rel_error(got, want) <= 1e-5
+    assert stand_in["regions"] == 3 * len([op for op in calls if op.attr("callee") in TEMPLATES])
+
+
+def test_a_wrong_generated_kernel_makes_the_plan_wrong(stand_in):
+    """The comparison above can fail: the same plan with generated kernels that are 0.1% off."""
+    func, _ = _selected(MLP, "lower-hl")
+
+    def off(op, inputs):
+        return [Boxed(b.array * b.array.dtype.type(1.001)) for b in _stand_in_region(op, inputs)]
+
+    wrong = {**BACKENDS, "cuda": Backend("cuda", call=_stand_in_call, run_region=off)}
+    reference = tgc.parse(MLP).funcs[0]
+    inputs = kernel_inputs(reference, np.random.default_rng(0))
+    (want,) = run_function(reference, inputs, "f64")
+    (got,) = run_plan(func, inputs, wrong)
+    assert rel_error(got, want) > 1e-4
+
+
+def test_a_generated_call_without_its_code_is_a_located_error(stand_in):
+    func, _ = _selected(MLP, "lower-hl")
+    call = next(
+        op for op in func.body.ops if isinstance(op, CallOp) and op.attr("callee") in TEMPLATES
+    )
+    call.regions = []
+    with pytest.raises(TgcError, match="needs the code it runs in a region") as e:
+        run_plan(func, random_inputs(func, 0))
+    assert e.value.loc == call.loc
+
+
+def test_a_backend_without_generated_kernels_cannot_run_them(stand_in):
+    func, _ = _selected(MLP, "lower-hl")
+    plain = {**BACKENDS, "cuda": Backend("cuda", call=_stand_in_call)}
+    with pytest.raises(TgcError, match="runs no generated kernel"):
+        run_plan(func, random_inputs(func, 0), plain)
+
+
+def test_unregistering_removes_the_hook_and_the_kernels(stand_in):
+    from tgc.planner.options import FUSED_OPTIONS
+
+    assert ck.cuda_options in FUSED_OPTIONS and ck.CUBLAS_GEMM in KERNELS
+    ck.unregister()
+    assert ck.cuda_options not in FUSED_OPTIONS and ck.CUBLAS_GEMM not in KERNELS
+    assert "cuda.elementwise" not in TEMPLATES and "cuda" not in BACKENDS
+
+
+# -- on a GPU -------------------------------------------------------------------------------------
+
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+
+
+@pytest.fixture
+def gpu_backends(monkeypatch):
+    """Every backend that loads on this machine (cuda, torch, torch-cuda), removed afterwards."""
+    import tgc.planner
+
+    monkeypatch.setenv("TGC_PLANNER_BACKENDS", "numpy,cuda,torch")
+    loaded = tgc.planner.load_backends()
+    assert "tgc.planner.backends.cuda" in loaded, tgc.planner.UNAVAILABLE
+    yield loaded
+    from tgc.planner.backends import cuda as cuda_backend
+
+    cuda_backend.unregister()
+    if HAVE_TORCH:
+        from tgc.planner.backends import torch as torch_backend
+
+        torch_backend.unregister()
+
+
+GPU_CASES = {
+    "elementwise": (
+        f"""
+func.func @f(%x: {X}, %b: {B}) -> {X} {{
+  %s = atomic.add %x, %b : ({X}, {B}) -> {X}
+  %g = hl.gelu %s : ({X}) -> {X}
+  %t = hl.tanh %g : ({X}) -> {X}
+  func.return %t : {X}
+}}
+""",
+        "",
+    ),
+    "row_reduction": (MLP, "lower-hl"),
+    "matmul": (MLP, "lower-hl"),
+    "attention": ((EXAMPLES[0].parent / "attention.tg").read_text(), ""),
+    "cublas.gemm": (
+        """
+func.func @f(%a: tensor<3x40x24xf32>, %b: tensor<40x56xf32>) -> tensor<3x24x56xf32> {
+  %y = atomic.matmul %a, %b {transpose_a = true} : (tensor<3x40x24xf32>, tensor<40x56xf32>) -> tensor<3x24x56xf32>
+  func.return %y : tensor<3x24x56xf32>
+}
+""",
+        "",
+    ),
+}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("what", sorted(GPU_CASES))
+def test_each_cuda_kernel_on_the_gpu_within_its_stated_error(what, gpu_backends):
+    text, pipeline = GPU_CASES[what]
+    costs = DictCostSource(
+        {**CUDA_CHEAP.table, f"cuda.{what}": 1e-12}, fallback=RooflineCostSource()
+    )
+    func, _ = _selected(text, pipeline, costs)
+    callees = _callees(func)
+    assert f"cuda.{what}" in callees
+    # each CUDA kernel of the plan adds at most its stated error to the native evaluation's
+    bounds = [
+        TEMPLATES[c].max_rel_error if c in TEMPLATES else KERNELS[c].max_rel_error
+        for c in callees
+        if c.startswith("cuda.")
+    ]
+    reference = tgc.parse(text).funcs[0]
+    for seed in range(3):
+        inputs = kernel_inputs(reference, np.random.default_rng(seed))
+        (want,) = run_function(reference, inputs, "f64")
+        (native,) = run_function(reference, inputs, "native")
+        (got,) = run_plan(func, inputs)
+        assert rel_error(got, native) <= sum(bounds), what
+        assert rel_error(got, want) <= rel_error(native, want) + sum(bounds), what
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAVE_TORCH, reason="PyTorch is not installed")
+def test_a_plan_mixing_numpy_cuda_and_torch_cuda_runs_and_matches_float64(gpu_backends):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("this PyTorch has no CUDA")
+    text = (EXAMPLES[0].parent / "gpt2_block.tg").read_text()
+    costs = DictCostSource(
+        {
+            "torch-cuda.hl.attention": 1e-9,
+            "torch-cuda.hl.layernorm": 1e-9,
+            ck.CUBLAS_GEMM: 1e-9,
+            "cuda.elementwise": 1e-9,
+            "numpy.atomic.split": 1e-9,
+            "numpy.hl.gelu": 1e-9,
+        },
+        fallback=RooflineCostSource(),
+    )
+    func, _ = _selected(text, "", costs)
+    callees = _callees(func)
+    assert any(c.startswith("numpy.") for c in callees), callees
+    assert any(c.startswith("cuda.") for c in callees), callees
+    assert any(c.startswith("torch-cuda.") for c in callees), callees
+    assert any(op.name == "kernel.copy" for op in func.body.ops)
+    reference = tgc.parse(text).funcs[0]
+    inputs = random_inputs(reference, 3)
+    (want,) = run_function(reference, inputs, "f64")
+    (got,) = run_plan(func, inputs)
+    scale = max(float(np.max(np.abs(want))), 1.0)
+    assert float(np.max(np.abs(got - want))) <= 2e-4 * scale
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("pipeline", ["", "lower-hl"])
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_examples_on_the_gpu_with_cuda_kernels_match_float64(example, pipeline, gpu_backends):
+    text = example.read_text()
+    func, _ = _selected(text, pipeline)
+    assert any(c.startswith("cuda.") for c in _callees(func))
+    reference = tgc.parse(text).funcs[0]
+    inputs = random_inputs(reference, 1)
+    (want,) = run_function(reference, inputs, "f64")
+    (got,) = run_plan(func, inputs)
+    scale = max(float(np.max(np.abs(want))), 1.0)
+    assert float(np.max(np.abs(got - want))) <= 2e-4 * scale
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_tgc_run_backend_auto_check_on_the_gpu(example, gpu_backends, capsys):
+    from tgc.tools import run as run_tool
+
+    code = run_tool.main([str(example), "--backend", "auto", "--check", "--random-inputs", "0"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "check: result 0 ok" in out.out
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAVE_TORCH, reason="PyTorch is not installed")
+def test_device_values_pass_between_pycuda_and_torch_without_a_copy(gpu_backends):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("this PyTorch has no CUDA")
+    from tgc.planner.backends.cuda import DeviceArray
+    from tgc.planner.backends.torch import as_cuda_tensor
+
+    t = torch.arange(12, dtype=torch.float32, device="cuda").reshape(3, 4)
+    d = DeviceArray.of(t)
+    assert d.ptr == t.data_ptr() and d.shape == (3, 4)
+    back = as_cuda_tensor(DeviceArray.from_host(np.ones((2, 2), np.float32)))
+    assert back.device.type == "cuda" and float(back.sum()) == 4.0
+    assert as_cuda_tensor(d).data_ptr() == t.data_ptr()
