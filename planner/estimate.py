@@ -19,8 +19,10 @@ line, and every cost comes from the fallback: tgc goes on with estimates.
 cost, an inverse bandwidth, an inverse compute rate; non-negative), but the coefficients change
 where real curves have knees (a cache level, a GPU filling up). So the fit is local: for a
 query, the `NEIGHBOURS` measured points nearest in log(bytes), log(flops) are fitted by least
-squares on relative error, nearer points weighing more, coefficients kept non-negative (every
-subset of the three terms is tried). Its *expected error* is measured, not assumed: the median
+squares on relative error, nearer points weighing more (1 / (distance + 0.05)^2), rates kept
+non-negative (every subset of the three terms is tried); between measured points the constant
+may be negative (the tangent of a curve past a knee), beyond them it may not (extrapolation
+follows the physical form). Its *expected error* is measured, not assumed: the median
 relative error of predicting each measured point from the others (leave-one-out), grown by the
 distance (in decades) from the query to the nearest measured point, so an extrapolation far
 from the data says so. Curves are cached per kernel, device, parameters and element types.
@@ -51,7 +53,7 @@ from tgc.planner.db import (
 from tgc.planner.kernel import Kernel
 from tgc.types import TensorType
 
-NEIGHBOURS = 5  # points in each local fit
+NEIGHBOURS = 4  # points in each local fit
 MIN_ERROR = 0.02  # no curve is trusted beyond 2%
 ONE_POINT_ERROR = 1.0  # one point scaled linearly: as unsure as the roofline
 
@@ -122,14 +124,24 @@ class Curve:
         order = np.argsort(dist, kind="stable")[:NEIGHBOURS]
         near, d = idx[order], dist[order]
         columns = np.stack([np.ones(len(near)), self.bytes[near], self.flops[near]], axis=1)
-        weight = 1.0 / (self.seconds[near] * (d + 0.05))  # relative error; nearer weighs more
-        coef = nonnegative_lstsq(columns * weight[:, None], self.seconds[near] * weight)
-        return float(coef @ np.array([1.0, nbytes, flops]))
+        # relative error, the nearest points weighing most
+        weight = 1.0 / (self.seconds[near] * (d + 0.05) ** 2)
+        # Between measured points the line is a local tangent (its constant may be negative:
+        # past a knee the slope is steeper); outside them it is extrapolated as physics says,
+        # a non-negative fixed cost plus work over rates.
+        inside = bool(np.all(here >= self.logs[near].min(axis=0) - 1e-12)) and bool(
+            np.all(here <= self.logs[near].max(axis=0) + 1e-12)
+        )
+        coef = nonnegative_lstsq(
+            columns * weight[:, None], self.seconds[near] * weight, free_first=inside
+        )
+        seconds = float(coef @ np.array([1.0, nbytes, flops]))
+        return seconds if seconds > 0 else float(self.seconds[near].min())
 
 
-def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """argmin ||a x - b|| over x >= 0, for a handful of columns: the best unconstrained
-    solution over every subset of columns whose solution is non-negative."""
+def nonnegative_lstsq(a: np.ndarray, b: np.ndarray, free_first: bool = False) -> np.ndarray:
+    """argmin ||a x - b|| over x >= 0 (x[0] free with `free_first`), for a handful of columns:
+    the best unconstrained solution over every subset of columns that satisfies the bounds."""
     n = a.shape[1]
     scale = np.max(np.abs(a), axis=0)
     scale[scale == 0] = 1.0
@@ -141,7 +153,7 @@ def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
             if not np.any(sub):
                 continue
             x, *_ = np.linalg.lstsq(sub, b, rcond=None)
-            if np.any(x < 0):
+            if any(v < 0 and not (free_first and c == 0) for v, c in zip(x, cols)):
                 continue
             residual = float(np.sum((sub @ x - b) ** 2))
             if residual < best_residual * (1 - 1e-12):
