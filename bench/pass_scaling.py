@@ -327,11 +327,17 @@ def run_route(args: argparse.Namespace) -> None:
     """--cuda and --chain: a table, or a profile of one size (`--profile N`)."""
     if args.cuda:
         sizes = args.blocks or [1, 12, 24, 48]
-        work = lambda n: cuda_route_once(generate(n))
+
+        def work(n: int):
+            return cuda_route_once(generate(n))
+
         table = print_cuda_table
     else:
         sizes = args.blocks or [200, 400, 10000]
-        work = lambda n: fuse_chain_once(exp_chain(n))
+
+        def work(n: int):
+            return fuse_chain_once(exp_chain(n))
+
         table = print_chain_table
     if args.profile is not None:
         work(1)  # imports and templates outside the profile

@@ -42,6 +42,7 @@ def emit_standalone_cuda(module, source_name: str = "<module>") -> str:
     PassManager.from_text("cuda-standalone").run(module)
     return emit_placed(module, source_name)
 
+
 HOSTILE = {
     "injection": 'f\n#define X\nstatic int x = system("echo owned");\n//',
     "quote": "say \"hi\" 'there'",

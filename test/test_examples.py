@@ -75,8 +75,10 @@ def expected_gpt2_block(x, g1, be1, wqkv, bqkv, wo, bo, g2, be2, wfc, bfc, wp, b
     s, d = x.shape
     heads = 12
     qkv = _layernorm(x, g1, be1) @ wqkv + bqkv
-    q, k, v = (qkv[:, i * d : (i + 1) * d].reshape(s, heads, d // heads).transpose(1, 0, 2)
-               for i in range(3))
+    q, k, v = (
+        qkv[:, i * d : (i + 1) * d].reshape(s, heads, d // heads).transpose(1, 0, 2)
+        for i in range(3)
+    )
     att = _attention(q, k, v, causal=True).transpose(1, 0, 2).reshape(s, d)
     x1 = x + att @ wo + bo
     return x1 + _gelu_tanh(_layernorm(x1, g2, be2) @ wfc + bfc) @ wp + bp
@@ -108,9 +110,18 @@ def test_example_matches_float64_formula(name, tmp_path):
     np.testing.assert_allclose(got64, want, rtol=1e-9, atol=1e-9)  # same math, both in f64
     # tgc-run itself, in native f32, through its -o output: f32 rounding only.
     proc = subprocess.run(
-        [sys.executable, "-m", "tgc.tools.run", str(EXAMPLES / name),
-         "--random-inputs", str(seed), "-o", str(tmp_path)],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "tgc.tools.run",
+            str(EXAMPLES / name),
+            "--random-inputs",
+            str(seed),
+            "-o",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stderr
     got32 = np.load(tmp_path / "result_0.npy")

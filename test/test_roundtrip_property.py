@@ -16,8 +16,11 @@ from tgc.printer import print_module
 from tgc.types import TensorType
 
 ELEMS = ["f32", "f16", "bf16", "f64"]
-NAMES = st.one_of(st.none(), st.from_regex(r"[A-Za-z_][A-Za-z0-9_$.]{0,6}", fullmatch=True),
-                  st.integers(0, 20).map(str))
+NAMES = st.one_of(
+    st.none(),
+    st.from_regex(r"[A-Za-z_][A-Za-z0-9_$.]{0,6}", fullmatch=True),
+    st.integers(0, 20).map(str),
+)
 
 
 @st.composite
@@ -27,8 +30,11 @@ def modules(draw):
     shape = tuple(draw(st.lists(st.integers(1, 4), min_size=rank, max_size=rank)))
     t = TensorType(shape, elem)
     n_args = draw(st.integers(1, 3))
-    fb = FunctionBuilder(draw(st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True)),
-                         [t] * n_args, [draw(NAMES) for _ in range(n_args)])
+    fb = FunctionBuilder(
+        draw(st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True)),
+        [t] * n_args,
+        [draw(NAMES) for _ in range(n_args)],
+    )
     values = list(fb.args)
     for _ in range(draw(st.integers(1, 12))):
         kind = draw(st.integers(0, 6))
@@ -48,12 +54,16 @@ def modules(draw):
             v = fb.atomic.transpose(v, perm=tuple(int(i) for i in np.argsort(perm)))
         elif kind == 4:
             value = draw(st.floats(-6e4, 6e4, allow_nan=False, width=16))
-            c = fb.atomic.constant(value=DenseAttr.splat(value, t.with_shape(())),
-                                   result_type=t.with_shape(()))
+            c = fb.atomic.constant(
+                value=DenseAttr.splat(value, t.with_shape(())), result_type=t.with_shape(())
+            )
             v = fb.atomic.mul(x, c)
         elif kind == 5:
-            data = np.array(draw(st.lists(st.floats(-100, 100, width=16), min_size=shape[-1],
-                                          max_size=shape[-1])))
+            data = np.array(
+                draw(
+                    st.lists(st.floats(-100, 100, width=16), min_size=shape[-1], max_size=shape[-1])
+                )
+            )
             ct = t.with_shape((shape[-1],))
             v = fb.atomic.add(x, fb.atomic.constant(value=DenseAttr(data, ct), result_type=ct))
         else:
@@ -76,8 +86,15 @@ def signature(module) -> list:
         out.append((func.sym_name, func.function_type, [p.name(a) for a in func.body.args]))
         for op in func.body.ops:
             attrs = sorted((k, attribute_key(v)) for k, v in op.attributes.items())
-            out.append((op.name, [p.name(v) for v in op.operands], [p.name(r) for r in op.results],
-                        [r.type for r in op.results], attrs))
+            out.append(
+                (
+                    op.name,
+                    [p.name(v) for v in op.operands],
+                    [p.name(r) for r in op.results],
+                    [r.type for r in op.results],
+                    attrs,
+                )
+            )
     return out
 
 

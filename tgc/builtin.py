@@ -60,7 +60,9 @@ class ModuleOp(Operation):
         seen: set[str] = set()
         for op in self.body.ops:
             if not isinstance(op, FuncOp):
-                raise VerifyError(f"'builtin.module' may only hold 'func.func', not '{op.name}'", op.loc)
+                raise VerifyError(
+                    f"'builtin.module' may only hold 'func.func', not '{op.name}'", op.loc
+                )
             if op.sym_name in seen:
                 raise VerifyError(f"redefinition of symbol '@{op.sym_name}'", op.loc)
             seen.add(op.sym_name)
@@ -80,8 +82,14 @@ class FuncOp(Operation):
     num_regions = 1
 
     @classmethod
-    def build(cls, name: str, arg_types: list[TensorType], result_types: list[TensorType],
-              arg_names=None, loc: Location = UNKNOWN_LOC) -> FuncOp:
+    def build(
+        cls,
+        name: str,
+        arg_types: list[TensorType],
+        result_types: list[TensorType],
+        arg_names=None,
+        loc: Location = UNKNOWN_LOC,
+    ) -> FuncOp:
         block = Block(list(arg_types), arg_names)
         ftype = FunctionTypeAttr(tuple(arg_types), tuple(result_types))
         return cls([], [], {"sym_name": name, "function_type": ftype}, [Region([block])], loc)

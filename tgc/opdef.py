@@ -153,7 +153,9 @@ def register(cls: type[Operation]) -> type[Operation]:
     if not cls.name or "." not in cls.name:
         raise TypeError(f"{cls.__name__}: op name must be 'dialect.op', got {cls.name!r}")
     if cls.name in OPS and OPS[cls.name] is not cls:
-        raise TypeError(f"op '{cls.name}' is registered twice ({OPS[cls.name].__name__}, {cls.__name__})")
+        raise TypeError(
+            f"op '{cls.name}' is registered twice ({OPS[cls.name].__name__}, {cls.__name__})"
+        )
     kinds = [d.kind for d in cls.operand_defs]
     if sum(k != "single" for k in kinds) > 1:
         raise TypeError(f"{cls.name}: at most one optional or variadic operand group")
@@ -198,8 +200,11 @@ def create(
 ) -> Operation:
     """Make an op; result types come from `infer` unless given. Raises VerifyError."""
     # Python lists are accepted for array attributes (`axes=[1]`); the IR holds tuples.
-    attributes = {k: tuple(v) if isinstance(v, list) else v
-                  for k, v in (attributes or {}).items() if v is not None}
+    attributes = {
+        k: tuple(v) if isinstance(v, list) else v
+        for k, v in (attributes or {}).items()
+        if v is not None
+    }
     if result_types is None:
         probe = cls(operands, [], attributes, None, loc)
         probe.drop_operand_uses()
@@ -230,9 +235,7 @@ def check_signature(op: Operation) -> None:
             continue  # `dialect.name` keys are discardable attributes, allowed on any op (MLIR)
         if attr_def is None:
             known = ", ".join(sorted(op.attr_defs)) or "none"
-            raise VerifyError(
-                f"'{op.name}' op unknown attribute '{key}' (known: {known})", op.loc
-            )
+            raise VerifyError(f"'{op.name}' op unknown attribute '{key}' (known: {known})", op.loc)
         if not attr_def.kind.accepts(value):
             raise VerifyError(
                 f"'{op.name}' op attribute '{key}' must be {attr_def.kind.description}", op.loc

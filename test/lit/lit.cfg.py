@@ -14,12 +14,19 @@ config.excludes = ["Inputs", "Output"]
 config.test_source_root = os.path.dirname(__file__)
 
 bin_dir = os.path.dirname(sys.executable)
-config.environment["PATH"] = os.pathsep.join([bin_dir, config.environment.get("PATH", os.environ.get("PATH", ""))])
+config.environment["PATH"] = os.pathsep.join(
+    [bin_dir, config.environment.get("PATH", os.environ.get("PATH", ""))]
+)
 config.environment["PYTHONUNBUFFERED"] = "1"
 # The planner with the numpy backend alone, whatever is installed: plans do not depend on it.
 config.environment["TGC_PLANNER_BACKENDS"] = os.environ.get("TGC_PLANNER_BACKENDS", "numpy")
 config.substitutions.append(("%python", sys.executable))
-config.substitutions.append(("%examples", os.path.join(os.path.dirname(os.path.dirname(config.test_source_root)), "examples")))
+config.substitutions.append(
+    (
+        "%examples",
+        os.path.join(os.path.dirname(os.path.dirname(config.test_source_root)), "examples"),
+    )
+)
 
 path = config.environment["PATH"]
 if shutil.which("xdsl-opt", path=path):
