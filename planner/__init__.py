@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 
 from tgc.diagnostics import TgcError
 
@@ -66,3 +67,12 @@ def load_backends() -> list[str]:
         UNAVAILABLE.pop(name, None)
         loaded.append(name)
     return loaded
+
+
+def unload_backends() -> None:
+    """Unregister every optional backend that `load_backends` registered (tests: the next
+    `load_backends` registers them again)."""
+    for name in OPTIONAL_BACKENDS:
+        module = sys.modules.get(name)
+        if module is not None:
+            module.unregister()

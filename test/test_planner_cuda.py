@@ -510,15 +510,10 @@ def gpu_backends(monkeypatch):
     loaded = tgc.planner.load_backends()
     assert "tgc.planner.backends.cuda" in loaded, tgc.planner.UNAVAILABLE
     yield loaded
-    from tgc.planner.backends import cuda as cuda_backend
-
-    cuda_backend.unregister()
-    if HAVE_TORCH:
-        from tgc.planner.backends import torch as torch_backend
-
-        torch_backend.unregister()
+    tgc.planner.unload_backends()
 
 
+# Shapes large enough that the roofline prefers the device to the copies there and back.
 GPU_CASES = {
     "elementwise": (
         f"""
@@ -536,9 +531,9 @@ func.func @f(%x: {X}, %b: {B}) -> {X} {{
     "attention": ((EXAMPLES[0].parent / "attention.tg").read_text(), ""),
     "cublas.gemm": (
         """
-func.func @f(%a: tensor<3x40x24xf32>, %b: tensor<40x56xf32>) -> tensor<3x24x56xf32> {
-  %y = atomic.matmul %a, %b {transpose_a = true} : (tensor<3x40x24xf32>, tensor<40x56xf32>) -> tensor<3x24x56xf32>
-  func.return %y : tensor<3x24x56xf32>
+func.func @f(%a: tensor<3x400x240xf32>, %b: tensor<400x560xf32>) -> tensor<3x240x560xf32> {
+  %y = atomic.matmul %a, %b {transpose_a = true} : (tensor<3x400x240xf32>, tensor<400x560xf32>) -> tensor<3x240x560xf32>
+  func.return %y : tensor<3x240x560xf32>
 }
 """,
         "",

@@ -301,12 +301,11 @@ def available_backends() -> list[str]:
 
 
 _REGISTERED: list[Kernel] = []
-_OWN_SPACE = False
+_OWN_SPACE: list[Space] = []  # the "cuda" space registered here (when no PyCUDA backend did)
 
 
 def register() -> list[Kernel]:
     """Register the kernels and backends that can run here (idempotent); the new kernels."""
-    global _OWN_SPACE
     if _REGISTERED:
         return []
     for backend in available_backends():
@@ -318,23 +317,22 @@ def register() -> list[Kernel]:
             Backend("torch-cuda", call=_call, adopt=as_cuda_tensor, release=_release_cuda)
         )
         if "cuda" not in SPACES:
-            register_space(_cuda_space())
-            _OWN_SPACE = True
+            _OWN_SPACE.append(register_space(_cuda_space()))
     return list(_REGISTERED)
 
 
 def unregister() -> None:
     """Remove what `register` added."""
-    global _OWN_SPACE
     for kernel in _REGISTERED:
         if KERNELS.get(kernel.name) is kernel:
             del KERNELS[kernel.name]
     _REGISTERED.clear()
     for name in ("torch-cpu", "torch-cuda"):
         BACKENDS.pop(name, None)
-    if _OWN_SPACE:
-        SPACES.pop("cuda", None)
-        _OWN_SPACE = False
+    for space in _OWN_SPACE:
+        if SPACES.get("cuda") is space:  # not the cuda backend's, registered since
+            del SPACES["cuda"]
+    _OWN_SPACE.clear()
 
 
 __all__ = [
