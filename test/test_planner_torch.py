@@ -17,15 +17,16 @@ import numpy as np
 import pytest
 from test_planner_kernels import check_kernel_on, random_inputs
 
+import tgc
+from tgc.planner.backends import BACKENDS, SPACES
+from tgc.planner.kernel import KERNELS, Kernel, rel_error
+from tgc.runtime.interpreter import run_function
+
 torch = pytest.importorskip(
     "torch", reason="PyTorch is not installed (the torch backend is optional)"
 )
 
-import tgc
-from tgc.planner.backends import BACKENDS, SPACES
-from tgc.planner.backends import torch as torch_backend
-from tgc.planner.kernel import KERNELS, Kernel, rel_error
-from tgc.runtime.interpreter import run_function
+from tgc.planner.backends import torch as torch_backend  # noqa: E402  (needs torch)
 
 POSITIVE = {"atomic.log", "atomic.sqrt", "atomic.rsqrt", "atomic.pow"}
 SEEDS = (0, 1, 2)
