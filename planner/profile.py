@@ -124,7 +124,7 @@ def instances(func: FuncOp, ctx: PlanContext) -> list[Instance]:
     if len(spaces) > 1:
         for inst in list(found.values()):
             for t in (*inst.operand_types, *inst.result_types):
-                for (src, dst) in COPY_KERNELS:
+                for src, dst in COPY_KERNELS:
                     kernel = copy_kernel(src, dst)
                     if kernel is None or src not in spaces or dst not in spaces:
                         continue
