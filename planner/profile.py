@@ -254,44 +254,84 @@ def time_call(call: Callable[[], object], sync: Callable[[], None], min_time: fl
 
 def measure(inst: Instance, min_time: float = MIN_TIME, origin: str = "profile") -> Measurement:
     """Check the instance against float64, then time it (module doc); a failure is a
-    Measurement with status 'failed' and the reason."""
+    Measurement with status 'failed' and the reason. The call checked is the call timed: the
+    backend's, on values in its own representation."""
     if inst.kernel.op == "kernel.copy":
         return _measure_copy(inst, min_time, origin)
     kernel = inst.kernel
-    host_outs = [t.with_encoding(None) for t in inst.result_types]
     try:
         ref = reference_function(inst)
     except TypeError as e:
         return _failure(inst, f"no float64 reference to check it against: {e}", None, origin)
     from tgc.runtime.interpreter import random_inputs, run_function
 
+    invoke = _invocation(inst, ref)
+    if isinstance(invoke, str):
+        return _failure(inst, invoke, None, origin)
+    backend, space = BACKENDS[kernel.backend], SPACES[kernel.space]
     inputs = random_inputs(ref, secrets.randbits(32))
-    attrs = {**inst.attrs, **inst.params}
     with np.errstate(all="ignore"):
         want = run_function(ref, inputs, "f64")
         native = run_function(ref, inputs, "native")
         try:
-            got = kernel.run(list(inputs), dict(attrs), host_outs)
+            values = [
+                backend.adopt(space.from_host(np.asarray(x), t))
+                for x, t in zip(inputs, inst.operand_types)
+            ]
+            got = [np.asarray(space.to_host(backend.release(v))) for v in invoke(values)]
         except Exception as e:  # noqa: BLE001  (a kernel that raises is a failed kernel)
             return _failure(inst, f"raised {type(e).__name__}: {e}", None, origin)
-    error = _max_error(list(got), want)
+    host_outs = [t.with_encoding(None) for t in inst.result_types]
+    error = _max_error(got, want)
     allowed = _allowed_error(kernel, _max_error(native, want), host_outs)
     if not error <= allowed:
         message = f"wrong result: error {error:.3g} against float64 exceeds {allowed:.3g}"
         return _failure(inst, message, error, origin)
-    backend = BACKENDS[kernel.backend]
-    space = SPACES[kernel.space]
-    values = [
-        backend.adopt(space.from_host(np.asarray(x), t)) for x, t in zip(inputs, inst.operand_types)
-    ]
-    outs = list(inst.result_types)
+    sync = SYNCHRONIZE.get(kernel.space, SYNCHRONIZE[None])
     with np.errstate(all="ignore"):
-        timing = time_call(
-            lambda: backend.call(kernel, values, dict(attrs), outs),
-            SYNCHRONIZE.get(kernel.space, SYNCHRONIZE[None]),
-            min_time,
-        )
+        timing = time_call(lambda: invoke(values), sync, min_time)
     return _success(inst, timing, error, origin)
+
+
+def _invocation(inst: Instance, ref: FuncOp) -> Callable[[list], list] | str:
+    """How the executor would call the instance, on the backend's values; a string says why
+    it cannot be called here. A kernel with a `run` goes through `Backend.call`; a generated
+    kernel (no `run`: a fused CUDA region) through `run_region` of the call select-kernels
+    would write for it."""
+    kernel = inst.kernel
+    backend = BACKENDS.get(kernel.backend)
+    if backend is None:
+        return f"the {kernel.backend} backend is not loaded here"
+    if kernel.run is not None:
+        attrs, outs = {**inst.attrs, **inst.params}, list(inst.result_types)
+        return lambda values: backend.call(kernel, values, dict(attrs), outs)
+    if backend.run_region is None:
+        return f"kernel {kernel.name} has no run and the {kernel.backend} backend no run_region"
+    call = region_call(inst, ref)
+    return lambda values: backend.run_region(call, values)
+
+
+def region_call(inst: Instance, ref: FuncOp):
+    """`kernel.call @kernel(args) { reference ops in the kernel's space; kernel.yield }`, as
+    select-kernels writes a graph kernel's call (planner/select.py), in a scratch function."""
+    from tgc.dialects.kernel import CallOp, YieldOp
+    from tgc.ir import Region
+
+    space = inst.kernel.space
+    scratch = FuncOp.build("measure", list(inst.operand_types), list(inst.result_types))
+    body = Block(list(inst.operand_types))
+    env = dict(zip(ref.body.args, body.args))
+    for op in ref.body.ops:
+        if op is ref.body.last:
+            body.append(YieldOp([env[v] for v in op.operands], [], loc=op.loc))
+            break
+        types = [r.type.with_encoding(space) for r in op.results]
+        clone = type(op)([env[v] for v in op.operands], types, dict(op.attributes), loc=op.loc)
+        body.append(clone)
+        env.update(zip(op.results, clone.results))
+    attrs = {"callee": inst.kernel.name}
+    call = create(CallOp, list(scratch.body.args), attrs, list(inst.result_types), [Region([body])])
+    return scratch.body.append(call)
 
 
 def _measure_copy(inst: Instance, min_time: float, origin: str) -> Measurement:

@@ -322,3 +322,37 @@ def test_two_profilers_at_once_lose_nothing(tmp_path):
     with Database.open(path, readonly=True) as db:
         stored = {(m.kernel.name, m.signature) for m in db.rows()}
     assert stored == {(name, signature) for name, signature, _, _ in keys}
+
+
+# -- generated kernels: no `run`, the backend runs the call's region -----------------------------
+
+FMA_TEXT = """
+func.func @fma(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>, %c: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  %bc = atomic.mul %b, %c : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %y = atomic.add %a, %bc : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  func.return %y : tensor<4x8xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("offset, ok", [(0.0, True), (1.0, False)])
+def test_a_generated_kernel_is_checked_and_timed_through_run_region(monkeypatch, offset, ok):
+    from tgc.planner.backends import BACKENDS, Backend
+    from tgc.runtime.interpreter import run_block
+
+    seen = []
+
+    def run_region(op, inputs):  # what a CUDA backend does, interpreted on the host
+        seen.append(op.attr("callee"))
+        return [r + np.float32(offset) for r in run_block(op.body, inputs, "native")]
+
+    monkeypatch.setitem(BACKENDS, "numpy", Backend("numpy", run_region=run_region))
+    kernel = Kernel("numpy.generated_fma", "numpy", reference=FMA_TEXT)  # no run
+    x = TensorType.get((64, 32), "f32")
+    m = measure(Instance(kernel, (x, x, x), (x,)), min_time=0.001)
+    assert seen and set(seen) == {"numpy.generated_fma"}
+    assert m.ok is ok
+    if ok:
+        assert m.median > 0 and m.max_error < 1e-6
+    else:
+        assert m.message.startswith("wrong result") and m.median is None
