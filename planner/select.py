@@ -353,7 +353,8 @@ class _Writer:
             "plan.backend": kernel.backend,
             "plan.seconds": float(cost.seconds),
             "plan.source": cost.source,
-            **{f"param.{k}": v for k, v in params.items()},  # what the kernel runs with
+            # the choices the kernel runs with (a one-value domain is no choice)
+            **{f"param.{k}": v for k, v in params.items() if len(kernel.params[k]) > 1},
         }
 
     def call(self, o: Option, operands: list[Value]) -> Operation:
