@@ -112,7 +112,9 @@ def _run_call(op: CallOp, values: list, backends: dict[str, Backend]) -> list:
         outs = backend.run_region(op, inputs)
     else:
         attrs = op.op_attributes() if kernel.op is not None else {}
-        # the parameters select-kernels chose (planner/kernel.py: passed beside the attributes)
+        # its parameters beside the attributes (planner/kernel.py): those select-kernels chose
+        # (`param.<name>`), else the defaults
+        attrs.update(kernel.default_params)
         attrs.update({k[6:]: v for k, v in op.attributes.items() if k.startswith("param.")})
         outs = backend.call(kernel, inputs, attrs, [r.type for r in op.results])
     outs = [backend.release(v) for v in outs]
