@@ -642,3 +642,30 @@ def test_device_values_pass_between_pycuda_and_torch_without_a_copy(gpu_backends
     back = as_cuda_tensor(DeviceArray.from_host(np.ones((2, 2), np.float32)))
     assert back.device.type == "cuda" and float(back.sum()) == 4.0
     assert as_cuda_tensor(d).data_ptr() == t.data_ptr()
+
+
+def test_a_kernel_fused_on_device_values_runs_as_a_generated_kernel(stand_in):
+    """A `kernel.fused` in device memory (as `fuse` and place-on-device write it) runs through
+    the backend that generates kernels; on the host it is interpreted."""
+    d = 'tensor<4x8xf32, "cuda">'
+    text = f"""
+func.func @f(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {{
+  %d = kernel.copy %x : (tensor<4x8xf32>) -> {d}
+  %y = kernel.fused %d {{name = "k", template = "elementwise"}} : ({d}) -> {d} {{
+  ^bb0(%p: {d}):
+    %e = atomic.exp %p : ({d}) -> {d}
+    %n = atomic.neg %e : ({d}) -> {d}
+    kernel.yield %n : {d}
+  }}
+  %h = kernel.copy %y : ({d}) -> tensor<4x8xf32>
+  func.return %h : tensor<4x8xf32>
+}}
+"""
+    _, func = parse(text)
+    x = kernel_inputs(func, np.random.default_rng(0))[0]
+    (got,) = run_plan(func, [x])
+    np.testing.assert_allclose(got, -np.exp(x), rtol=1e-6)
+    assert stand_in["regions"] == 1
+    without = {k: b for k, b in BACKENDS.items() if k != "cuda"}
+    with pytest.raises(TgcError, match="no backend here runs a 'kernel.fused' on values in cuda"):
+        run_plan(func, [x], without)
