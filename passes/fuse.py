@@ -279,6 +279,15 @@ def _first_to_finish(a: Search, b: Search) -> tuple[Search, set[UnitNode] | None
                 return search, stop.value
 
 
+def fusion_groups(func: FuncOp, matmul_epilogue: bool = True) -> list[tuple[str, list[Operation]]]:
+    """The groups `fuse` would form in `func`, as (template kind, ops in block order), without
+    changing the IR: what the planner offers as generated fused kernels."""
+    fuser = _Fuser(func, matmul_epilogue)
+    fuser.number_ops()
+    fuser.run()
+    return [(g.kind, list(g.ops)) for g in fuser.groups]
+
+
 class _Fuser:
     def __init__(self, func: FuncOp, matmul_epilogue: bool = True) -> None:
         self.func = func

@@ -47,7 +47,8 @@ from tgc.dialects.kernel import CallOp, FusedOp, YieldOp
 from tgc.ir import Block, Operation, Region, Value
 from tgc.opdef import VIEW
 from tgc.passes.cuda_support import GEMM_TYPES, attention_supported, cublas_can_run
-from tgc.passes.fuse import _Fuser, is_free, reduced_suffix
+from tgc.passes import fuse
+from tgc.passes.fuse import is_free, reduced_suffix
 from tgc.planner import options as planner_options
 from tgc.planner.backends import (
     BACKENDS,
@@ -313,16 +314,12 @@ def fusion_groups(block: Block) -> dict[Operation, list[tuple[str, list[Operatio
     groups: dict[Operation, list[tuple[str, list[Operation]]]] = {}
     if isinstance(func, FuncOp):
         for epilogue in (False, True):
-            fuser = _Fuser(func, matmul_epilogue=epilogue)
-            fuser.number_ops()
-            fuser.run()
-            for g in fuser.groups:
-                if len(g.ops) < 2:
+            for kind, ops in fuse.fusion_groups(func, matmul_epilogue=epilogue):
+                if len(ops) < 2:
                     continue
-                entry = (g.kind, list(g.ops))
-                listed = groups.setdefault(g.ops[-1], [])
-                if all(set(ops) != set(g.ops) for _, ops in listed):
-                    listed.append(entry)
+                listed = groups.setdefault(ops[-1], [])
+                if all(set(other) != set(ops) for _, other in listed):
+                    listed.append((kind, ops))
     _GROUPS[block] = (len(block), groups)
     while len(_GROUPS) > _GROUP_CACHE_SIZE:
         _GROUPS.popitem(last=False)
