@@ -26,8 +26,13 @@ planned once (`correspondence` maps one onto the other, op for op).
 from __future__ import annotations
 
 import hashlib
+import itertools
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
+
+import numpy as np
 
 from tgc.attributes import DenseAttr
 from tgc.ir import Block, BlockArgument, Operation, Value
@@ -41,21 +46,29 @@ def source_ops(ops: list[Operation]) -> set[Operation]:
     segment may have its own copy of them."""
     found: set[Operation] = set()
     for op in ops:
-        if not op.regions and all(v.defining_op in found for v in op.operands):
+        if op.regions:
+            continue
+        for v in op.operands:
+            if v.defining_op not in found:
+                break
+        else:
             found.add(op)
     return found
 
 
 @dataclass(eq=False)
 class Segment:
-    """Ops of one segment (block order), the cut value it reads (None for the first) and the
-    cut value it produces (None for the last, which feeds the terminator)."""
+    """Ops of one segment (block order: `core`, its ops that are not sources, and the sources
+    it owns), the cut value it reads (None for the first) and the cut value it produces (None
+    for the last, which feeds the terminator)."""
 
     ops: list[Operation]
     input: Value | None
     output: Value | None
     key: str = ""
     op_hash: dict[Operation, str] = field(default_factory=dict)
+    core: list[Operation] = field(default_factory=list)
+    layout: _Layout | None = None  # see `copy_map`
 
 
 def _digest(text: str) -> str:
@@ -69,41 +82,59 @@ def cuts(
     (not sources) from their definition and function arguments from their first use, each up
     to its last use. An argument read before and after a cut would be read by two segments, so
     none lies between its first and last use (a weight read once never blocks a cut). No cut
-    follows an index in `no_cut` (inside a multi-op option, see `uncuttable`)."""
+    follows an index in `no_cut` (inside a multi-op option, see `uncuttable`). `ops` are the
+    live ops of a block, in order.
+
+    Counted in bulk (flat lists built by `map`, the live counts by numpy): every pass is a
+    C loop, so cutting costs a fraction of a microsecond an op."""
     sources = source_ops(ops) if sources is None else sources
-    position = {op: i for i, op in enumerate(ops)}
     end = len(ops)
-    first_use: dict[Value, int] = {}
-    last_use: dict[Value, int] = {}
-    for i, op in enumerate(ops):
-        for v in op.operands:
-            first_use.setdefault(v, i)
-            last_use[v] = i
-    if ops:
-        for v in ops[-1].block.last.operands:
-            first_use.setdefault(v, end)
-            last_use[v] = end
-    starting: dict[int, list[Value]] = {}
-    dying: dict[int, list[Value]] = {}
-    for v, i in last_use.items():
-        d = v.defining_op
-        if d is None:
-            if first_use[v] < i:
-                starting.setdefault(first_use[v], []).append(v)
-                dying.setdefault(i, []).append(v)
-        elif d in position and d not in sources and position[d] < i:
-            starting.setdefault(position[d], []).append(v)
-            dying.setdefault(i, []).append(v)
-    live: set[Value] = set()
+    if not end:
+        return []
+    operand_lists = list(map(_OPERANDS, ops))
+    operands = list(itertools.chain.from_iterable(operand_lists))
+    readers = _positions(operand_lists)
+    last_use = dict(zip(operands, readers))  # the last reader wins
+    first_use = dict(zip(reversed(operands), reversed(readers)))
+    for v in ops[-1].block.last.operands:
+        last_use[v] = end
+        first_use.setdefault(v, end)
+    result_lists = list(map(_RESULTS, ops))
+    start = dict(zip(itertools.chain.from_iterable(result_lists), _positions(result_lists)))
+    for op in sources:
+        start.update(dict.fromkeys(op.results, end))  # a source's values never count
+    values = list(last_use)
+    # A computed value is live from its op, an argument from its first use.
+    starts = np.fromiter(map(start.get, values, map(first_use.__getitem__, values)), np.int64)
+    lasts = np.fromiter(last_use.values(), np.int64, len(values))
+    counted = starts < lasts
+    starts, lasts = starts[counted], lasts[counted]
+    born = np.bincount(starts, minlength=end + 1)
+    live = np.cumsum(born - np.bincount(lasts, minlength=end + 1))  # live after op i
     out = []
-    for i, op in enumerate(ops):
-        live.update(starting.get(i, ()))
-        live.difference_update(dying.get(i, ()))
-        if len(live) == 1 and i < end - 1 and op not in sources and i not in no_cut:
-            (v,) = live
-            if v.defining_op is not None:
-                out.append((i, v))
+    for i in np.flatnonzero(live[: end - 1] == 1).tolist():
+        op = ops[i]
+        if i in no_cut or op in sources:
+            continue
+        v = _live_at(i, op, values, counted, starts, lasts, start, last_use)
+        if v.defining_op is not None:
+            out.append((i, v))
     return out
+
+
+def _positions(lists: list[list]) -> list[int]:
+    """For each element of the lists flattened, the index of its list."""
+    lengths = np.fromiter(map(len, lists), np.int64, len(lists))
+    return np.repeat(np.arange(len(lists)), lengths).tolist()
+
+
+def _live_at(i: int, op: Operation, values, counted, starts, lasts, start, last_use) -> Value:
+    """The one value live after op i: mostly a result of op i itself."""
+    for r in op.results:
+        if start.get(r) == i and last_use.get(r, i) > i:
+            return r
+    k = np.flatnonzero((starts <= i) & (lasts > i))[0]
+    return list(itertools.compress(values, counted.tolist()))[k]
 
 
 def uncuttable(ops: list[Operation], spans: list[tuple[Operation, ...]]) -> set[int]:
@@ -123,34 +154,52 @@ def uncuttable(ops: list[Operation], spans: list[tuple[Operation, ...]]) -> set[
     return out
 
 
-def segments(ops: list[Operation], no_cut: set[int] = frozenset()) -> list[Segment]:
+def segments(
+    ops: list[Operation], no_cut: set[int] = frozenset(), sources: set | None = None
+) -> list[Segment]:
     """The chain of segments of `ops` (the live ops of a block, block order); each source goes
     with the first segment that reads it (directly or through other sources)."""
-    sources = source_ops(ops)
+    return split(ops, no_cut, sources)[0]
+
+
+def split(
+    ops: list[Operation], no_cut: set[int] = frozenset(), sources: set | None = None
+) -> tuple[list[Segment], dict]:
+    """`segments` and `source_owners` of `ops`."""
+    sources = source_ops(ops) if sources is None else sources
     found = cuts(ops, no_cut, sources)
-    bounds = [-1, *(i for i, _ in found), len(ops) - 1]
     values = [None, *(v for _, v in found), None]
     out: list[Segment] = []
-    for k in range(len(bounds) - 1):
-        lo, hi = bounds[k] + 1, bounds[k + 1]
-        seg = Segment(
-            [op for op in ops[lo : hi + 1] if op not in sources], values[k], values[k + 1]
-        )
-        out.append(seg)
-    owner = source_owners(ops, out, sources)
-    for op in ops:
-        if op in sources:
-            out[min(owner[op])].ops.append(op)
-    position = {op: i for i, op in enumerate(ops)}
-    for seg in out:
-        seg.ops.sort(key=position.__getitem__)
-    return out
+    lo = 0
+    for k, hi in enumerate([*(i for i, _ in found), len(ops) - 1]):
+        core = [op for op in ops[lo : hi + 1] if op not in sources]
+        out.append(Segment(list(core), values[k], values[k + 1], core=core))
+        lo = hi + 1
+    owners = source_owners(ops, out, sources) if sources else {}
+    if owners:
+        got = set()
+        for op in ops:
+            if op in sources:
+                k = min(owners[op])
+                out[k].ops.append(op)
+                got.add(k)
+        position = dict(zip(ops, range(len(ops))))
+        for k in got:
+            out[k].ops.sort(key=position.__getitem__)
+    return out, owners
+
+
+def _ends(chain: list[Segment], position: dict, count: int) -> list[int]:
+    """The position of each segment's last op: a segment is a run of ops in block order, so an
+    op's segment is `bisect_left(ends, its position)`."""
+    return [position[seg.core[-1]] for seg in chain[:-1]] + [count - 1]
 
 
 def source_owners(ops: list[Operation], chain: list[Segment], sources: set) -> dict:
     """For each source op, the segments that read it, directly or through other sources (the
     last segment for a source only the terminator reads)."""
-    segment_of = {op: k for k, seg in enumerate(chain) for op in seg.ops if op not in sources}
+    position = dict(zip(ops, range(len(ops))))
+    ends = _ends(chain, position, len(ops))
     owners: dict[Operation, set[int]] = {}
     for op in reversed(ops):
         if op not in sources:
@@ -158,10 +207,12 @@ def source_owners(ops: list[Operation], chain: list[Segment], sources: set) -> d
         readers: set[int] = set()
         for r in op.results:
             for user, _ in r.uses:
-                if user in segment_of:
-                    readers.add(segment_of[user])
-                elif user in owners:
-                    readers |= owners[user]
+                if user in sources:
+                    readers |= owners.get(user, set())
+                else:
+                    p = position.get(user)
+                    if p is not None:
+                        readers.add(bisect_left(ends, p))
         owners[op] = readers or {len(chain) - 1}
     return owners
 
@@ -171,36 +222,242 @@ def localize_sources(block: Block, ops: list[Operation], no_cut: set[int] = froz
     placed before its first reader there, so that segments share only cut values. Returns
     whether anything changed."""
     sources = source_ops(ops)
-    chain = segments(ops, no_cut)
-    owners = source_owners(ops, chain, sources)
-    changed = False
-    for k, seg in enumerate(chain):
+    chain, owners = split(ops, no_cut, sources)
+    return localize(chain, ops, sources, owners)
+
+
+def localize(
+    chain: list[Segment],
+    ops: list[Operation],
+    sources: set,
+    owners: dict,
+    origin: dict | None = None,
+) -> bool:
+    """`localize_sources` on the segments `chain` of `ops` (with `owners`, see `split`), in
+    place: each segment's `ops` then hold its copies of the sources it reads (in block order),
+    and `sources` the copies too; `origin` (if given) maps each copy to the source it copies.
+    Returns whether anything changed."""
+    if not owners:
+        return False
+    first = {op: min(k) for op, k in owners.items()}
+    position = dict(zip(ops, range(len(ops))))
+    ends = _ends(chain, position, len(ops))
+    # The reads of a source by ops of a segment that does not own it, found from the sources'
+    # uses (few) rather than every op's operands; sources reading sources follow their reader.
+    reads: dict[int, list[tuple[int, int, Operation]]] = {}
+    for d in owners:
+        for r in d.results:
+            for user, i in r.uses:
+                p = position.get(user)
+                if p is None or user in sources:
+                    continue
+                k = bisect_left(ends, p)
+                if k != first[d]:
+                    reads.setdefault(k, []).append((p, i, user))
+    for k in sorted(reads):
+        seg = chain[k]
         clones: dict[Operation, Operation] = {}
-        for user in [op for op in seg.ops if op not in sources]:
-            for i, v in enumerate(user.operands):
-                d = v.defining_op
-                if d in sources and min(owners[d]) != k:
-                    local = _local_copy(d, user, k, owners, clones)
-                    user.set_operand(i, local.results[v.index])
-                    changed = True
-    return changed
+        before: dict[Operation, list[Operation]] = {}
+        for _, i, user in sorted(reads[k], key=lambda read: read[:2]):
+            v = user.operands[i]
+            made: list[Operation] = []
+            local = _local_copy(v.defining_op, user, k, first, clones, made)
+            user.set_operand(i, local.results[v.index])
+            before.setdefault(user, []).extend(made)
+        sources.update(clones.values())
+        if origin is not None:
+            origin.update((clone, op) for op, clone in clones.items())
+        new_ops = []
+        for op in seg.ops:
+            new_ops += before.get(op, ())
+            new_ops.append(op)
+        seg.ops = new_ops
+    return bool(reads)
 
 
-def _local_copy(op: Operation, before: Operation, k: int, owners: dict, clones: dict):
+def _local_copy(op: Operation, before: Operation, k: int, first: dict, clones: dict, made: list):
     """Segment k's copy of the source `op` (the op itself when k owns it), made of segment k's
-    copies of its operands, inserted before `before`."""
-    if min(owners[op]) == k:
+    copies of its operands, inserted before `before` (`made` lists the new ones in order)."""
+    if first[op] == k:
         return op
     if op not in clones:
         operands = [
-            _local_copy(v.defining_op, before, k, owners, clones).results[v.index]
+            _local_copy(v.defining_op, before, k, first, clones, made).results[v.index]
             for v in op.operands
         ]
         types = [r.type for r in op.results]
         clone = type(op)(operands, types, dict(op.attributes), loc=op.loc)
         before.block.insert_before(clone, before)
         clones[op] = clone
+        first[clone] = k
+        made.append(clone)
     return clones[op]
+
+
+# -- copies ---------------------------------------------------------------------------------------
+
+
+def copy_map(
+    rep: Segment, seg: Segment, sources: set, counts: bool = True, origin: dict | None = None
+) -> tuple[dict, dict] | None:
+    """`seg` as a copy of `rep` op for op, in the same order: (values of `rep` -> values of
+    `seg`, ops of `rep` -> ops of `seg`), or None when it is not one.
+
+    A copy has the same ops (class, attributes, result types, use counts: the matcher compares
+    those) in the same order, reading the same values: each of `rep`'s outside values (its
+    input, arguments, sources, which are compared the same way) stands for one of `seg`'s. So
+    every match inside `rep` has its counterpart inside `seg` and planning `seg` is planning
+    `rep` (a match that reaches over the input cut is not seen here: the planner checks that).
+    `counts=False` skips comparing the use counts of values computed inside: equal anyway when
+    every op of the block is live (segments share only cut values, so such a value is read
+    inside its segment only, where the two read alike). Sources that copy one source
+    (`origin`, from `localize`) are alike but for their use counts. Cheaper than the structural hash (the
+    comparisons are of flat lists: see `_Layout`); a segment whose independent ops come in
+    another order is not a copy (its hash finds it)."""
+    a, b = _layout(rep), _layout(seg)
+    if (
+        a.regions
+        or b.regions
+        or a.classes != b.classes
+        or a.wires != b.wires
+        or a.arity != b.arity
+        or a.result_counts != b.result_counts
+        or a.result_types != b.result_types
+        or a.attributes != b.attributes
+    ):
+        return None
+    values = dict(zip(a.results, b.results))
+    if rep.output is not None and values.get(rep.output) is not seg.output:
+        return None
+    if counts and _use_counts(a, rep.output) != _use_counts(b, seg.output):
+        return None
+    ops = dict(zip(rep.core, seg.core))
+    outside: set[Value] = set()  # values of `seg` standing for an outside value of `rep`
+    if rep.input is not None:
+        if seg.input is None or seg.input.type is not rep.input.type:
+            return None
+        values[rep.input] = seg.input
+        outside.add(seg.input)
+    get = values.get
+    for i in a.outside:
+        u, w = a.operands[i], b.operands[i]
+        m = get(u)
+        if m is not w and (
+            m is not None or not _map_outside(u, w, values, ops, outside, sources, origin)
+        ):
+            return None
+    return values, ops
+
+
+@dataclass(eq=False)
+class _Layout:
+    """A segment's core ops flattened into lists that compare at C speed (list and tuple
+    equality): op classes, attribute dicts (equal dicts: an op's attribute kinds are declared,
+    so `1` never meets `true`), results and their types, operand counts, and for each operand
+    the index of the result it reads in `results` (None: a value from outside)."""
+
+    classes: tuple
+    attributes: list
+    results: list
+    result_types: list
+    result_counts: list
+    operands: list
+    arity: list
+    wires: list
+    regions: bool
+
+    @property
+    def outside(self) -> list[int]:
+        """The operands that read a value from outside (cached)."""
+        found = self.__dict__.get("_outside")
+        if found is None:
+            found = self.__dict__["_outside"] = [i for i, w in enumerate(self.wires) if w is None]
+        return found
+
+
+_TYPE, _RESULTS, _OPERANDS = attrgetter("type"), attrgetter("results"), attrgetter("operands")
+_ATTRIBUTES, _REGIONS, _USES = attrgetter("attributes"), attrgetter("regions"), attrgetter("uses")
+
+
+def _layout(seg: Segment) -> _Layout:
+    if seg.layout is None:
+        core = seg.core
+        result_lists = list(map(_RESULTS, core))
+        operand_lists = list(map(_OPERANDS, core))
+        results = list(itertools.chain.from_iterable(result_lists))
+        operands = list(itertools.chain.from_iterable(operand_lists))
+        index = dict(zip(results, range(len(results))))
+        seg.layout = _Layout(
+            tuple(map(type, core)),
+            list(map(_ATTRIBUTES, core)),
+            results,
+            list(map(_TYPE, results)),
+            list(map(len, result_lists)),
+            operands,
+            list(map(len, operand_lists)),
+            list(map(index.get, operands)),
+            any(map(_REGIONS, core)),
+        )
+    return seg.layout
+
+
+def _use_counts(layout: _Layout, skip: Value | None) -> list[int]:
+    """Uses of each result (-1 for `skip`, the value read after the segment)."""
+    return [
+        -1 if r is skip else n for r, n in zip(layout.results, map(len, map(_USES, layout.results)))
+    ]
+
+
+def _same_results(ra: list, rb: list) -> bool:
+    """Same result types and use counts."""
+    if len(ra) != len(rb):
+        return False
+    return all(x.type is y.type and len(x.uses) == len(y.uses) for x, y in zip(ra, rb))
+
+
+def _same_attributes(aa: dict, ba: dict) -> bool:
+    # `True == 1` in a dict: the values' classes must agree too.
+    return aa is ba or (aa == ba and all(type(x) is type(ba[k]) for k, x in aa.items()))
+
+
+def _same_node(a: Operation, b: Operation) -> bool:
+    """Same class, attributes, operand count, result types and use counts."""
+    if type(a) is not type(b) or a.regions or b.regions or len(a.operands) != len(b.operands):
+        return False
+    return _same_results(a.results, b.results) and _same_attributes(a.attributes, b.attributes)
+
+
+def _map_outside(
+    u: Value, w: Value, values: dict, ops: dict, outside: set, sources: set, origin: dict | None
+) -> bool:
+    """Pair `rep`'s outside value `u` (an argument or a source's result) with `seg`'s `w`."""
+    if w in outside:
+        return False  # two values of `rep` read as one in `seg`
+    d, e = u.defining_op, w.defining_op
+    if d is None:
+        if e is not None or w.type is not u.type:
+            return False
+        values[u] = w
+        outside.add(w)
+        return True
+    if d not in sources or e not in sources or u.index != w.index:
+        return False
+    if origin is not None and origin.get(d, d) is origin.get(e, e):
+        if not _same_results(d.results, e.results):  # copies of one source: their uses may differ
+            return False
+    elif not _same_node(d, e):
+        return False
+    for x, y in zip(d.operands, e.operands):
+        m = values.get(x)
+        if m is None:
+            if not _map_outside(x, y, values, ops, outside, sources, origin):
+                return False
+        elif m is not y:
+            return False
+    ops[d] = e
+    values.update(zip(d.results, e.results))
+    outside.update(e.results)
+    return True
 
 
 # -- the structural hash --------------------------------------------------------------------------

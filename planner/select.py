@@ -21,28 +21,37 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 from tgc.builtin import FuncOp
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import CallOp, CopyOp, YieldOp
-from tgc.ir import Block, Operation, Region, Value
+from tgc.ir import Block, Operation, Region, Value, paused_gc
 from tgc.opdef import create
 from tgc.pass_manager import Pass, PassStatistics, PipelineError, register_pass
 from tgc.planner.blocks import (
     Segment,
+    copy_map,
     correspondence,
+    localize,
     localize_sources,
     segment_key,
     segments,
+    source_ops,
+    split,
     uncuttable,
 )
 from tgc.planner.cost import CachedCosts, CostSource, RooflineCostSource
 from tgc.planner.estimate import DatabaseCostSource
+from tgc.planner.kernel import KERNELS, canonical_references, reference_root, registry_version
+from tgc.planner.match import Match
 from tgc.planner.options import (
     DECOMPOSE,
+    FUSED_OPTIONS,
     BlockOptions,
     Option,
     PlanContext,
+    _default_match,
     copy_kernel,
     live_ops,
 )
@@ -107,12 +116,14 @@ def plan_function(
         if isinstance(cost_source, CachedCosts)
         else CachedCosts(cost_source or RooflineCostSource())
     )
+    with paused_gc():  # thousands of small objects, no garbage (see tgc.ir.paused_gc)
+        return _plan(func, ctx, costs, reuse, budget)
+
+
+def _plan(
+    func: FuncOp, ctx: PlanContext, costs: CachedCosts, reuse: bool, budget: int
+) -> Selection:
     block = func.body
-    # Before the options are found (a clone changes the matches): cuts inside a multi-op option
-    # are not known yet, so two segments that turn out one may keep a copy of a source each.
-    if localize_sources(block, live_ops(block)):
-        ctx.forget(block)
-    bo = ctx.block_options(block)
     declared = func.function_type.results
     spaces = Spaces(
         ctx.spaces() | {a.type.encoding for a in block.args} | {t.encoding for t in declared}
@@ -121,6 +132,15 @@ def plan_function(
     required: dict[Value, int] = {}
     for v, t in zip(block.last.operands, declared):
         required[v] = required.get(v, 0) | spaces.bit(t.encoding)
+    if reuse and _options_are_local(ctx):
+        selection = _CopyChain(solver, func, required).run()
+        if selection is not None:
+            return selection
+    # Before the options are found (a clone changes the matches): cuts inside a multi-op option
+    # are not known yet, so two segments that turn out one may keep a copy of a source each.
+    if localize_sources(block, live_ops(block)):
+        ctx.forget(block)
+    bo = ctx.block_options(block)
     return _Chain(solver, bo, func, required, reuse).run()
 
 
@@ -128,10 +148,31 @@ def _no_cut(bo: BlockOptions) -> set[int]:
     return uncuttable(bo.ops, [o.ops for opts in bo.options.values() for o in opts])
 
 
+@dataclass(eq=False)
+class _Kind:
+    """Segments with one table: the one it was solved for and the table (input mask ->
+    problem and solution)."""
+
+    rep: Segment
+    tables: dict[int, tuple[Problem, Solution]]
+
+
+@dataclass(eq=False)
+class _Entry:
+    """A segment of the chain and its table. A copy (`copy_of`, see `planner.blocks.copy_map`)
+    takes the plan of the segment it copies, mapped by `values` and `ops`."""
+
+    seg: Segment
+    kind: _Kind | None = None
+    copy_of: Segment | None = None
+    values: dict[Value, Value] | None = None
+    ops: dict[Operation, Operation] | None = None
+
+
 class _Chain:
     """The segments of a function solved as tables, chained, and read back."""
 
-    def __init__(self, solver: Solver, bo: BlockOptions, func: FuncOp, required, reuse: bool):
+    def __init__(self, solver: Solver, bo, func: FuncOp, required, reuse: bool):
         self.s = solver
         self.bo = bo
         self.func = func
@@ -139,30 +180,33 @@ class _Chain:
         self.reuse = reuse
         self.arg_vectors = {a: solver.spread(a.type.encoding, a.type) for a in func.body.args}
         self.reconstructions: dict[tuple, Reconstruction] = {}
+        self.segment_plans: dict[tuple, list[tuple[Step, list]]] = {}
 
     def run(self) -> Selection:
         chain = segments(self.bo.ops, _no_cut(self.bo)) if self.bo.ops else []
         if len(chain) > 1:
-            chain[0].input = self._first_input(chain)
-        entries, tables = [], {}
+            chain[0].input = self._first_input(chain, self.bo.position)
+        entries, kinds = [], {}
         for k, seg in enumerate(chain):
             required = self.required if k == len(chain) - 1 else {}
             key = segment_key(seg, required, self._describe) if self.reuse else f"segment {k}"
-            if key not in tables:
-                tables[key] = (seg, self._tables(seg, required))
-            entries.append((seg, *tables[key]))
+            if key not in kinds:
+                kinds[key] = _Kind(seg, self._tables(seg, required))
+            entries.append(_Entry(seg, kinds[key]))
+        return self._finish(entries, len(kinds), self.bo.position)
+
+    def _finish(self, entries: list[_Entry], distinct: int, position: dict) -> Selection:
         total, choices = self._chain(entries)
         if total == INF:
             self._fail(entries)
         steps, alternatives, exact = self._read_back(entries, choices)
-        position = self.bo.position
         steps.sort(key=lambda s: position[s.option.root])
         plan = Plan(self.func.body, tuple(steps))
         exact = exact and self.s.inexact == 0
         # Exact: the plan costs what the tables say (planner.solve); else evaluate it.
         seconds = total if exact else plan_cost(plan, self.s.costs)
         return Selection(
-            plan, seconds, total, exact, len(chain), len(tables), alternatives, self.s.spaces
+            plan, seconds, total, exact, len(entries), distinct, alternatives, self.s.spaces
         )
 
     def _describe(self, op: Operation, ref) -> str:
@@ -173,16 +217,20 @@ class _Chain:
             for o in self.bo.options[op]
         )
 
-    def _first_input(self, chain: list[Segment]) -> Value | None:
+    def _first_input(self, chain: list[Segment], live) -> Value | None:
         """The argument that plays, for the first segment, the part a cut value plays for the
         others (so the first block of a model hashes like the rest): the one argument of the
         first cut value's type that no other segment reads."""
-        elsewhere = {v for seg in chain[1:] for op in seg.ops for v in op.operands}
-        elsewhere |= set(self.required)
-        first = {v for op in chain[0].ops for v in op.operands}
-        want = chain[0].output.type
+        first = chain[0]
+        members = set(first.ops)
+        want = first.output.type
         found = [
-            a for a in self.func.body.args if a in first and a not in elsewhere and a.type == want
+            a
+            for a in self.func.body.args
+            if a.type is want
+            and a not in self.required
+            and any(u in members for u, _ in a.uses)
+            and all(u in members for u, _ in a.uses if u in live)
         ]
         return found[0] if len(found) == 1 else None
 
@@ -201,17 +249,18 @@ class _Chain:
             out[a_in] = (problem, self.s.solve(problem))
         return out
 
-    def _chain(self, entries) -> tuple[float, list[list]]:
+    def _chain(self, entries: list[_Entry]) -> tuple[float, list[list]]:
         """Min-plus product of the tables along the chain; per segment, the input mask that
         achieves each output mask."""
         count = self.s.spaces.count
         vector: list[float] | None = None
         choices = []
-        for seg, _, tables in entries:
+        for entry in entries:
             if vector is None:  # the first segment: nothing before it, or an argument
-                vector = [0.0] * count if seg.input is None else self.arg_vectors[seg.input]
+                first = entry.seg.input
+                vector = [0.0] * count if first is None else self.arg_vectors[first]
             cost, arg = [INF] * count, [None] * count
-            for a_in, (_, solution) in tables.items():
+            for a_in, (_, solution) in entry.kind.tables.items():
                 before = vector[a_in]
                 for mask in range(count):
                     c = before + solution.cost[mask]
@@ -223,45 +272,324 @@ class _Chain:
             return sum(self.arg_vectors[v][m] for v, m in self.required.items()), []
         return vector[0], choices
 
-    def _read_back(self, entries, choices):
+    def _read_back(self, entries: list[_Entry], choices):
         steps: list[Step] = []
         alternatives: dict[Step, list[tuple[Option, float]]] = {}
         exact = True
         a_out = 0
         for k in reversed(range(len(entries))):
-            seg, rep, tables = entries[k]
+            entry = entries[k]
             a_in = choices[k][a_out]
-            problem, solution = tables[a_in]
-            exact = exact and solution.exact
-            key = (id(rep), a_in, a_out)
-            rec = self.reconstructions.get(key)
-            if rec is None:
-                rec = self.s.reconstruct(problem, solution.states[a_out], a_out)
-                self.reconstructions[key] = rec
-            pairs = None if rep is seg else _transfer(rec.steps, rep, seg, self.bo)
-            if rep is not seg and pairs is None:
-                # Ops with equal hashes (duplicates CSE would merge) map ambiguously: solve this
-                # copy itself (its tables equal the representative's, so the chain holds).
-                problem, solution = self._tables(seg, problem.required)[a_in]
-                rec = self.s.reconstruct(problem, solution.states[a_out], a_out)
-                rep = seg
-            if rep is seg:
-                steps += rec.steps
-                alternatives.update(rec.alternatives)
+            exact = exact and entry.kind.tables[a_in][1].exact
+            if entry.copy_of is None:
+                for step, ranked in self._segment_plan(entry.seg, entry.kind, a_in, a_out):
+                    steps.append(step)
+                    alternatives[step] = ranked
             else:
-                for old, new in pairs:
+                own = self._segment_plan(entry.copy_of, entry.kind, a_in, a_out)
+                values, ops = entry.values, entry.ops
+                for step, ranked in own:
+                    new = _map_step(step, values, ops)
                     steps.append(new)
-                    alternatives[new] = rec.alternatives[old]
+                    alternatives[new] = ranked
             a_out = a_in
         return steps, alternatives, exact
 
-    def _fail(self, entries) -> None:
-        for seg, _, tables in entries:
-            for problem, _ in tables.values():
+    def _segment_plan(self, seg: Segment, kind: _Kind, a_in: int, a_out: int) -> list:
+        """The steps of `seg` (and each one's ranked alternatives) in the plan of its table
+        with input mask `a_in` and output mask `a_out` (once per segment and masks)."""
+        key = (id(seg), a_in, a_out)
+        found = self.segment_plans.get(key)
+        if found is not None:
+            return found
+        rep = kind.rep
+        problem, solution = kind.tables[a_in]
+        rec = self._reconstruct(rep, problem, solution, a_in, a_out)
+        if rep is seg:
+            found = [(s, rec.alternatives[s]) for s in rec.steps]
+        else:
+            pairs = _transfer(rec.steps, rep, seg, self.bo)
+            if pairs is None:
+                # Ops with equal hashes (duplicates CSE would merge) map ambiguously: solve this
+                # segment itself (its tables equal the representative's, so the chain holds).
+                problem, solution = self._tables(seg, problem.required)[a_in]
+                rec = self._reconstruct(seg, problem, solution, a_in, a_out)
+                found = [(s, rec.alternatives[s]) for s in rec.steps]
+            else:
+                found = [(new, rec.alternatives[old]) for old, new in pairs]
+        self.segment_plans[key] = found
+        return found
+
+    def _reconstruct(self, seg, problem, solution, a_in, a_out) -> Reconstruction:
+        key = (id(seg), a_in, a_out)
+        rec = self.reconstructions.get(key)
+        if rec is None:
+            rec = self.s.reconstruct(problem, solution.states[a_out], a_out)
+            self.reconstructions[key] = rec
+        return rec
+
+    def _fail(self, entries: list[_Entry]) -> None:
+        for entry in entries:
+            for problem, _ in entry.kind.tables.values():
                 op = first_unplannable(self.s, problem)
                 if op is not None:
                     raise _no_kernel(op, self.s.ctx)
         raise TgcError(f"select-kernels: no plan of @{self.func.sym_name} is within reach")
+
+
+# -- copies of segments ---------------------------------------------------------------------------
+
+
+def _options_are_local(ctx: PlanContext) -> bool:
+    """Whether the options at an op are the registered kernels' matches there (and its
+    decomposition): what `_CopyChain` knows how far they reach."""
+    return ctx.match is _default_match and not FUSED_OPTIONS
+
+
+class _SegmentOptions:
+    """The options of the ops that `_CopyChain` matched (what `planner.solve` reads of a
+    `BlockOptions`)."""
+
+    def __init__(self, block: Block) -> None:
+        self.block = block
+        self.options: dict[Operation, list[Option]] = {}
+        self.optional: set[Operation] = set()
+
+    def add(self, op: Operation, options: list[Option]) -> None:
+        self.options[op] = options
+        for o in options:
+            self.optional.update(o.ops[:-1])
+            if o.match is not None:
+                self.optional.update(o.match.constants)
+
+
+class _CopyChain(_Chain):
+    """Planning where a segment that copies an earlier one op for op (`copy_map`) is neither
+    matched nor hashed nor solved: its plan is the earlier one's, mapped. The rest is
+    `_Chain`'s: segments matched, hashed by structure and options, one table per hash.
+
+    A match could reach back over a cut into the segment before, and then the options of a copy
+    would not be those of the segment it copies. Where the cut value's defining op could be
+    covered inside some graph kernel's reference (same name and use count), the options at the
+    ops that could root such a match are found and compared; a segment whose matched options
+    cross a cut gives the function back to `_Chain` (None), which never cuts inside an option."""
+
+    def __init__(self, solver: Solver, func: FuncOp, required) -> None:
+        super().__init__(solver, _SegmentOptions(func.body), func, required, True)
+
+    def run(self) -> Selection | None:
+        block = self.func.body
+        ops = live_ops(block)
+        if not ops:
+            return None
+        # Every op live: the use counts of a copy's values need no comparing (`copy_map`).
+        counts = len(ops) != len(block) - 1
+        sources = source_ops(ops)
+        chain, owners = split(ops, sources=sources)
+        self.origin: dict[Operation, Operation] = {}
+        localize(chain, ops, sources, owners, self.origin)
+        live = set(ops)
+        live.update(sources)  # the copies of sources made for each segment
+        if len(chain) > 1:
+            chain[0].input = self._first_input(chain, live)
+        entries = self._classify(chain, sources, live, counts)
+        if entries is None:
+            return None
+        kinds: dict[str, _Kind] = {}
+        kind_of: dict[Segment, _Kind] = {}
+        for k, entry in enumerate(entries):
+            if entry.copy_of is None:
+                seg = entry.seg
+                required = self.required if k == len(entries) - 1 else {}
+                key = segment_key(seg, required, self._describe)
+                if key not in kinds:
+                    kinds[key] = _Kind(seg, self._tables(seg, required))
+                kind_of[seg] = kinds[key]
+            entry.kind = kind_of[entry.copy_of or entry.seg]
+        position = {op: i for i, op in enumerate(block.ops)}
+        return self._finish(entries, len(kinds), position)
+
+    def _classify(
+        self, chain: list[Segment], sources: set, live: set, counts: bool
+    ) -> list[_Entry] | None:
+        """Each segment as a copy of an earlier one, or with its options matched; None when
+        some matched option crosses a cut."""
+        reach = _Reach.of(self.s.ctx)
+        firsts: dict[tuple, list[Segment]] = {}  # core op classes -> segments matched
+        entries = []
+        last = len(chain) - 1
+        # (segment copied before, segment copied): no match can cross the cut between them.
+        # Valid for all such pairs when every use count is known alike (`counts` False).
+        self.unreached: set[tuple] = set()
+        for k, seg in enumerate(chain):
+            shape = tuple(map(type, seg.core))
+            entry = None
+            if k != last:
+                before = entries[-1].copy_of or entries[-1].seg if entries else None
+                for rep in firsts.get(shape, ()):
+                    mapped = copy_map(rep, seg, sources, counts, self.origin)
+                    if mapped is None:
+                        continue
+                    pair = (before, rep)
+                    if pair not in self.unreached:
+                        same = self._reach(seg, *mapped, reach, live)
+                        if same is False:
+                            continue
+                        if same is None and not counts:
+                            self.unreached.add(pair)
+                    entry = _Entry(seg, None, rep, *mapped)
+                    break
+            if entry is None:
+                if not self._match(seg, live):
+                    return None
+                entry = _Entry(seg)
+                if k != last:
+                    firsts.setdefault(shape, []).append(seg)
+            entries.append(entry)
+        return entries
+
+    def _match(self, seg: Segment, live: set) -> bool:
+        """Find the options of the segment's ops; False when one crosses a cut."""
+        members = set(seg.ops)
+        for op in seg.ops:
+            kept = []
+            for o in self.s.ctx.options_at(op):
+                if all(x in members for x in o.ops):
+                    kept.append(o)
+                elif all(x in live for x in o.ops):
+                    return False
+            self.bo.add(op, kept)
+        return True
+
+    def _reach(self, seg, values, ops, reach: _Reach, live: set) -> bool | None:
+        """Whether no option of `seg` reaches back over its input cut: None when no op of `seg`
+        could root such a match (that depends only on the ops and use counts of `seg` and of
+        the segment before, so it holds for every copy of the pair), else whether the options
+        at those ops are those of the segment `seg` copies, mapped."""
+        v = seg.input
+        d = v.defining_op if v is not None else None
+        if d is None:
+            return None
+        roots = reach.roots(d)
+        if not roots:
+            return None
+        inverse = {b: a for a, b in ops.items()}
+        inside = [(x, inverse[x]) for x in roots if x in inverse]  # else: the next one's check
+        for x, a in inside:
+            found = [o for o in self.s.ctx.options_at(x) if all(y in live for y in o.ops)]
+            mapped = [_map_option(o, values, ops) for o in self.bo.options[a]]
+            if len(found) != len(mapped) or not all(map(_same_option, found, mapped)):
+                return False
+        return True if inside else None
+
+
+class _Reach:
+    """Which ops of a program could root a graph-kernel match that covers a given op inside:
+    the reference ops of every graph kernel considered, by name, with their use counts."""
+
+    _cache: ClassVar[dict[tuple, _Reach]] = {}
+
+    def __init__(self, kernels) -> None:
+        self.inner: dict[str, list[tuple[Operation, int, Operation]]] = {}
+        for k in kernels:
+            if k.op is not None:
+                continue
+            for ref in canonical_references(k):
+                root = reference_root(ref)
+                for op in ref.body.ops:
+                    if op is root or op is ref.body.last or op.name == "atomic.constant":
+                        continue
+                    uses = sum(len(r.uses) for r in op.results)
+                    self.inner.setdefault(op.name, []).append((op, uses, root))
+
+    @classmethod
+    def of(cls, ctx: PlanContext) -> _Reach:
+        kernels = list(KERNELS.values()) if ctx.kernels is None else ctx.kernels
+        key = (registry_version(), tuple(k.name for k in kernels))
+        found = cls._cache.get(key)
+        if found is None:
+            found = cls._cache[key] = cls(kernels)
+        return found
+
+    def roots(self, d: Operation) -> list[Operation]:
+        """Program ops that a match covering `d` (not as its root) could be rooted at: those
+        reached from `d` along uses through ops named like a path from a reference op named
+        like `d`, with as many uses, to its reference's root."""
+        candidates = self.inner.get(d.name)
+        if not candidates:
+            return []
+        uses = sum(len(r.uses) for r in d.results)
+        found: dict[Operation, None] = {}
+        for op, count, root in candidates:
+            if count != uses:
+                continue
+            pairs, seen = [(op, d)], set()
+            while pairs:
+                r, p = pairs.pop()
+                if r is root:
+                    found[p] = None
+                    continue
+                for ru in {u for x in r.results for u, _ in x.uses}:
+                    for pu in {u for y in p.results for u, _ in y.uses}:
+                        if pu.name == ru.name and (ru, pu) not in seen:
+                            seen.add((ru, pu))
+                            pairs.append((ru, pu))
+        return list(found)
+
+
+def _map_option(o: Option, values: dict, ops: dict) -> Option:
+    """The option of a segment's copy that stands for `o` (see `copy_map`).
+
+    Made as `dataclasses.replace` would (the model's fields, with another root, ops, inputs and
+    outputs, and a match moved alike) but without the frozen dataclasses' `__init__`, which
+    sets every field through `object.__setattr__`: a microsecond an option, and a copy's plan
+    makes one per op."""
+    root = ops[o.root]
+    m = o.match
+    if m is None or m.kernel.op is not None:  # the op alone: its operands and results
+        covered, inputs, outputs = (root,), tuple(root.operands), tuple(root.results)
+        constants = ()
+    else:
+        covered = tuple(ops[x] for x in o.ops)
+        inputs = tuple(values[u] for u in o.inputs)
+        outputs = tuple(values[r] for r in o.outputs)
+        constants = tuple(ops[c] for c in m.constants)
+    new = _new(Option)
+    state = new.__dict__
+    state.update(o.__dict__)
+    state["root"] = root
+    state["ops"] = covered
+    state["inputs"] = inputs
+    state["outputs"] = outputs
+    if m is not None:
+        match = _new(Match)
+        moved = match.__dict__
+        moved.update(m.__dict__)
+        moved["root"] = root
+        moved["ops"] = covered
+        moved["inputs"] = inputs
+        moved["outputs"] = outputs
+        moved["constants"] = constants
+        state["match"] = match
+    return new
+
+
+_new = object.__new__
+
+
+def _map_step(step: Step, values: dict, ops: dict) -> Step:
+    return Step(_map_option(step.option, values, ops), step.nested)
+
+
+def _same_option(a: Option, b: Option) -> bool:
+    return (
+        a.kind == b.kind
+        and a.kernel is b.kernel
+        and a.decomposition is b.decomposition
+        and a.ops == b.ops
+        and a.inputs == b.inputs
+        and a.outputs == b.outputs
+    )
 
 
 def _no_kernel(op: Operation, ctx: PlanContext) -> TgcError:
@@ -273,7 +601,7 @@ def _no_kernel(op: Operation, ctx: PlanContext) -> TgcError:
     )
 
 
-def _transfer(steps: list[Step], rep: Segment, seg: Segment, bo: BlockOptions):
+def _transfer(steps: list[Step], rep: Segment, seg: Segment, bo):
     """The steps of `rep`'s plan mapped onto the equal segment `seg`, as (old step, new step)
     pairs; None when some option has no counterpart (ambiguous duplicate ops)."""
     mapping = correspondence(rep, seg)

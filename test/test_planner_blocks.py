@@ -10,7 +10,16 @@ import pytest
 
 import tgc
 from tgc.opdef import OPS
-from tgc.planner.blocks import block_hash, correspondence, localize_sources, segment_key, segments
+from tgc.planner.blocks import (
+    block_hash,
+    copy_map,
+    correspondence,
+    cuts,
+    localize_sources,
+    segment_key,
+    segments,
+    source_ops,
+)
 from tgc.planner.cost import Cost, DictCostSource
 from tgc.planner.kernel import Kernel
 from tgc.planner.options import COPY_KERNELS, PlanContext, live_ops
@@ -280,3 +289,207 @@ def test_repeated_segments_with_duplicate_ops_give_the_plan_found_without_reuse(
         found.append((str(selection.plan), selection.seconds))
     assert found[0][0] == found[1][0]
     assert found[0][1] == pytest.approx(found[1][1], rel=1e-12)
+
+
+# -- cuts, copies and matches across cuts -----------------------------------------------------------
+
+
+def _cuts_by_definition(ops) -> list:
+    """After ops[i], the one value live (a computed value, not a source's, from its op, an
+    argument from its first read, each to its last read): brute force."""
+    sources = source_ops(ops)
+    position = {op: i for i, op in enumerate(ops)}
+    reads: dict = {}
+    for i, op in enumerate(ops):
+        for v in op.operands:
+            reads.setdefault(v, []).append(i)
+    for v in ops[-1].block.last.operands:
+        reads.setdefault(v, []).append(len(ops))
+    out = []
+    for i, op in enumerate(ops[:-1]):
+        if op in sources:
+            continue
+        live = []
+        for v, at in reads.items():
+            d = v.defining_op
+            if d in sources:
+                continue
+            begin = min(at) if d is None else position[d]
+            if begin <= i < max(at):
+                live.append(v)
+        if len(live) == 1 and live[0].defining_op is not None:
+            out.append((i, live[0]))
+    return out
+
+
+def _random_functions():
+    from planner_fakes import random_dag, random_tree
+
+    rng = random.Random(5)
+    for n in range(120):
+        size = rng.randint(2, 14)
+        yield random_dag(rng, size) if n % 2 else random_tree(rng, size, chain=n % 4 == 0)
+    for lowered in (False, True):
+        module = tgc.parse(model(3))
+        if lowered:
+            tgc.run_pipeline(module, "lower-hl")  # constants, iotas, masks: sources
+        yield module.funcs[0]
+
+
+def test_cuts_are_where_one_value_is_live():
+    """`cuts` (counted in bulk) against the definition, on 120 random trees, chains and DAGs
+    and on a model as written and lowered (with sources)."""
+    checked = 0
+    for func in _random_functions():
+        ops = live_ops(func.body)
+        want = _cuts_by_definition(ops)
+        assert cuts(ops) == want
+        checked += len(want)
+    assert checked > 50
+
+
+def _chain(text: str):
+    func = tgc.parse(text).funcs[0]
+    ops = live_ops(func.body)
+    sources = source_ops(ops)
+    return segments(ops, sources=sources), sources
+
+
+def test_copy_map_pairs_a_copied_segment_op_for_op():
+    chain, sources = _chain(model(4))
+    a, b = chain[1], chain[2]  # blocks 1 and 2: inputs y0 and y1
+    values, ops = copy_map(a, b, sources)
+    assert [ops[op] for op in a.core] == b.core
+    assert values[a.input] is b.input and values[a.output] is b.output
+    args = {v.name_hint: w.name_hint for v, w in values.items() if v.defining_op is None}
+    assert args == {"g1": "g2", "b1": "b2", "w1": "w2"}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        ('%a2 = hl.gelu %f2 {approximate = "tanh"}', '%a2 = hl.gelu %f2 {approximate = "none"}'),
+        ('%a2 = hl.gelu %f2 {approximate = "tanh"}', "%a2 = hl.relu %f2"),  # another op
+        ("hl.layernorm %y1, %g2, %b2", "hl.layernorm %y1, %g2, %g2"),  # one weight read twice
+        ("atomic.add %y1, %a2", "atomic.add %a2, %y1"),  # operands swapped (the hash agrees)
+    ],
+)
+def test_copy_map_refuses_a_segment_that_differs(change):
+    """Block 2 changed in one place: not a copy of block 1; blocks 1 and 3 still are."""
+    text = model(5)
+    assert change[0] in text
+    chain, sources = _chain(text.replace(*change))
+    assert copy_map(chain[1], chain[3], sources) is not None
+    assert copy_map(chain[1], chain[2], sources) is None
+
+
+def _numpy_kernels() -> list[Kernel]:
+    """The numpy backend's kernels (it registers them when imported)."""
+    import tgc.planner.backends.numpy  # noqa: F401
+    from tgc.planner.kernel import KERNELS
+
+    return [k for k in KERNELS.values() if k.backend == "numpy"]
+
+
+def _fma_kernels(seed: int):
+    """Op kernels on two backends (random costs) and numpy's graph kernel `a + b*c`, cheap."""
+    kernels, costs = _all_op_kernels(random.Random(seed))
+    (fma,) = (k for k in _numpy_kernels() if k.name == "numpy.fma")
+    costs.table[fma.name] = Cost(1e-7, "measured")
+    return [*kernels, fma], costs
+
+
+def _chained(block: str, blocks: int, args: str, prologue: str = "", x: str = "%x") -> str:
+    T = "tensor<16x32xf32>"
+    params = ["%x: " + T] + [f"%{a}{i}: {T}" for i in range(blocks) for a in args]
+    body = prologue + "".join(
+        block.format(i=i, x=x if i == 0 else f"%p{i - 1}", T=T) for i in range(blocks)
+    )
+    return (
+        f"func.func @m({', '.join(params)}) -> {T} {{{body}\n"
+        f"  func.return %p{blocks - 1} : {T}\n}}\n"
+    )
+
+
+# One op a segment: an fma (`b + e*w`) joins the mul ending a block to the add starting the next.
+ACROSS = """
+  %s{i} = atomic.add %b{i}, {x} : ({T}, {T}) -> {T}
+  %e{i} = atomic.exp %s{i} : ({T}) -> {T}
+  %p{i} = atomic.mul %e{i}, %w{i} : ({T}, {T}) -> {T}"""
+
+
+def _plans(text: str, kernels, costs) -> list:
+    found = []
+    for reuse in (True, False):
+        func = tgc.parse(text).funcs[0]
+        selection = plan_function(func, PlanContext(kernels), costs, reuse=reuse)
+        found.append((str(selection.plan), selection.seconds, selection.segments))
+    return found
+
+
+@pytest.mark.parametrize("prologue", [False, True])
+def test_a_match_across_a_cut_gives_the_plan_found_without_reuse(prologue):
+    """The add that starts a block and the mul that ends the one before are one fma: a match
+    across the cut between them. Without the prologue the first add reads an argument and the
+    adds are planned (matched) each: a match crosses a cut there. With it the first add reads a
+    computed value too, so the next blocks look like copies of the first, but the fma reaches
+    over their input cut (found by `_Reach`): no copy, the same plan as without reuse."""
+    kernels, costs = _fma_kernels(4)
+    pre = "\n  %x0 = atomic.neg %x : (tensor<16x32xf32>) -> tensor<16x32xf32>" if prologue else ""
+    text = _chained(ACROSS, 5, "bw", pre, "%x0" if prologue else "%x")
+    (with_reuse, cost, chain), (without, cost_without, merged) = _plans(text, kernels, costs)
+    assert with_reuse == without
+    assert cost == pytest.approx(cost_without, rel=1e-12)
+    assert with_reuse.count("numpy.fma(") == 4  # each block's add with the mul before it
+    assert chain == merged < 15 + prologue  # cuts inside an fma are not made
+
+
+def test_a_function_with_dead_ops_gives_the_plan_found_without_reuse():
+    """An unused op in each block (no canonical form here): the use counts of a copy's values
+    are compared (a dead reader counts for the matcher)."""
+    kernels, costs = _all_op_kernels(random.Random(6))
+    dead = "\n  %d{i} = atomic.neg %h{i} : (tensor<16x32xf32>) -> tensor<16x32xf32>"
+    text = model(5)
+    for i in range(5):
+        text = text.replace(f"\n  %f{i} =", dead.format(i=i) + f"\n  %f{i} =")
+    assert text.count("atomic.neg") == 5
+    found = []
+    for reuse in (True, False):
+        func = tgc.parse(text).funcs[0]
+        selection = plan_function(func, PlanContext(kernels), costs, reuse=reuse)
+        found.append((str(selection.plan), selection.seconds, selection.distinct_segments))
+    assert found[0][:2] == found[1][:2]
+    assert found[0][2] < found[1][2] == 5
+
+
+@pytest.mark.parametrize("lowered", [False, True])
+def test_matching_work_does_not_grow_with_blocks(monkeypatch, lowered):
+    """Ops matched against the kernels (counted, not timed) for 1, 12 and 48 blocks: with reuse
+    a copy of a segment is not matched, so 12 and 48 blocks match the same ops, at most twice
+    those of one block (the first block, and the last, which feeds the return); without reuse
+    every op is matched."""
+    numpy = _numpy_kernels()
+    calls = [0]
+    original = PlanContext.options_at
+
+    def counting(self, op):
+        calls[0] += 1
+        return original(self, op)
+
+    monkeypatch.setattr(PlanContext, "options_at", counting)
+    work = {}
+    for reuse in (True, False):
+        for blocks in (1, 12, 48):
+            module = tgc.parse(model(blocks))
+            if lowered:
+                tgc.run_pipeline(module, "lower-hl")
+            func = module.funcs[0]
+            prepare(func)
+            calls[0] = 0
+            plan_function(func, PlanContext(numpy, tolerance=1e-5), reuse=reuse)
+            work[reuse, blocks] = (calls[0], len(live_ops(func.body)))
+    one, twelve, many = (work[True, n][0] for n in (1, 12, 48))
+    assert twelve == many <= 2 * one
+    # Without reuse every live op is matched once (the decompositions' ops once in all).
+    (calls_12, ops_12), (calls_48, ops_48) = work[False, 12], work[False, 48]
+    assert calls_48 - calls_12 == ops_48 - ops_12 > many
