@@ -7,20 +7,24 @@ runtime; nothing below it imports it.
 from __future__ import annotations
 
 import importlib
-import os
 import sys
+from collections.abc import Iterable
 
 from tgc.diagnostics import TgcError
 
-# The backends besides numpy, each registered only where it can run. A backend module raises
+# The backend families a user names (`select-kernels{backends=...}`, `--planner-backends`), each
+# with the kernel backends (keys of planner.kernel.BACKEND_SPACE) it provides. A family is one
+# module, tgc.planner.backends.<family>.
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "numpy": ("numpy",),
+    "cuda": ("cuda",),
+    "torch": ("torch-cpu", "torch-cuda"),
+}
+
+# The families besides numpy, each registered only where it can run. Its module raises
 # ImportError when its library (or the device it needs) is missing; it registers its kernels
 # when its `register()` is called, not on import.
 OPTIONAL_BACKENDS = ("tgc.planner.backends.cuda", "tgc.planner.backends.torch")
-
-# Which optional backends to load: a comma-separated list of their short names ("cuda",
-# "torch"), or "numpy" for none of them; unset: every one that can run here. Tests and lit set
-# it so that their plans do not depend on the libraries installed.
-BACKENDS_VARIABLE = "TGC_PLANNER_BACKENDS"
 
 # backend module -> why it did not load (for `tgc-plan` and the docs to show)
 UNAVAILABLE: dict[str, str] = {}
@@ -30,38 +34,63 @@ def short_name(module: str) -> str:
     return module.rsplit(".", 1)[1]
 
 
-def requested_backends() -> set[str] | None:
-    """The optional backends `TGC_PLANNER_BACKENDS` asks for (None: unset, all of them)."""
-    text = os.environ.get(BACKENDS_VARIABLE)
-    if text is None:
-        return None
-    names = {n.strip() for n in text.split(",") if n.strip()}
-    known = {short_name(m) for m in OPTIONAL_BACKENDS}
-    unknown = sorted(names - known - {"numpy"})
-    if unknown:
+def check_families(names: Iterable[str]) -> tuple[str, ...]:
+    """`names` (family names, duplicates dropped, order kept) if every one is known; else a
+    TgcError naming the first unknown one and the known ones."""
+    out: list[str] = []
+    for name in names:
+        if name not in FAMILIES:
+            raise TgcError(f"unknown planner backend '{name}' (known: {', '.join(FAMILIES)})")
+        if name not in out:
+            out.append(name)
+    return tuple(out)
+
+
+def parse_families(text: str) -> tuple[str, ...]:
+    """A comma-separated list of family names (`--planner-backends numpy,torch`), checked."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
         raise TgcError(
-            f"{BACKENDS_VARIABLE} names unknown backend '{unknown[0]}' (known: numpy, "
-            f"{', '.join(sorted(known))})"
+            f"expected a comma-separated list of planner backends ({', '.join(FAMILIES)})"
         )
-    return names - {"numpy"}
+    return check_families(names)
 
 
-def load_backends() -> list[str]:
-    """Register the numpy backend's kernels and those of every optional backend that imports
-    (and that `TGC_PLANNER_BACKENDS` asks for, when set); returns the modules loaded.
-    Idempotent: each backend registers once."""
+def kernel_backends(families: Iterable[str]) -> frozenset[str]:
+    """The kernel backends (`Kernel.backend`) of the named families ("torch" -> torch-cpu and
+    torch-cuda)."""
+    return frozenset(b for f in check_families(families) for b in FAMILIES[f])
+
+
+def family_of(backend: str) -> str | None:
+    """The family of a kernel backend ("torch-cuda" -> "torch"); None for an unknown name."""
+    return next((f for f, members in FAMILIES.items() if backend in members), None)
+
+
+def load_backends(names: Iterable[str] | None = None, required: bool = False) -> list[str]:
+    """Register the numpy backend's kernels and those of every optional family in `names`
+    (None: every one) whose module imports; returns the modules of the families registered. A
+    family not named is left as it is (loaded or not), and so is one already registered (by an
+    earlier call, or a test's stand-in device). `required`: a named family that does not import
+    here is a TgcError saying why. Idempotent: each backend registers once."""
+    from tgc.planner.backends import BACKENDS
+
+    wanted = FAMILIES.keys() if names is None else check_families(names)
     loaded = [importlib.import_module("tgc.planner.backends.numpy").__name__]
-    wanted = requested_backends()
     for name in OPTIONAL_BACKENDS:
-        if wanted is not None and short_name(name) not in wanted:
-            UNAVAILABLE[name] = (
-                f"not requested ({BACKENDS_VARIABLE}={os.environ[BACKENDS_VARIABLE]})"
-            )
+        if short_name(name) not in wanted:
+            continue
+        if any(b in BACKENDS for b in FAMILIES[short_name(name)]):
+            loaded.append(name)
             continue
         try:
             module = importlib.import_module(name)
         except ImportError as e:
             UNAVAILABLE[name] = str(e)
+            if required:
+                raise TgcError(
+                    f"planner backend '{short_name(name)}' does not load here: {e}"
+                ) from None
             continue
         module.register()
         UNAVAILABLE.pop(name, None)
@@ -69,10 +98,11 @@ def load_backends() -> list[str]:
     return loaded
 
 
-def unload_backends() -> None:
-    """Unregister every optional backend that `load_backends` registered (tests: the next
-    `load_backends` registers them again)."""
+def unload_backends(names: Iterable[str] | None = None) -> None:
+    """Unregister the optional families in `names` (None: every one) that `load_backends`
+    registered (tests: the next `load_backends` registers them again)."""
+    wanted = FAMILIES.keys() if names is None else check_families(names)
     for name in OPTIONAL_BACKENDS:
         module = sys.modules.get(name)
-        if module is not None:
+        if module is not None and short_name(name) in wanted:
             module.unregister()

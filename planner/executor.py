@@ -33,7 +33,7 @@ from tgc.diagnostics import UNKNOWN_LOC, TgcError
 from tgc.dialects.kernel import CallOp, CopyOp, FusedOp
 from tgc.evaluate import allocating
 from tgc.ir import Operation
-from tgc.planner import load_backends
+from tgc.planner import family_of, load_backends
 from tgc.planner.backends import BACKENDS, SPACES, TEMPLATES, Backend, Space, Template
 from tgc.planner.kernel import BACKEND_SPACE, KERNELS, Kernel
 from tgc.runtime.interpreter import check_inputs, run_block
@@ -45,7 +45,7 @@ def run_plan(
     """Run `func` (ops left as they are, kernel calls, copies) on host inputs; host results.
 
     `backends` replaces the registered backends (name -> Backend), e.g. to run without one."""
-    load_backends()
+    load_backends(_families_called(func))
     table = dict(BACKENDS) if backends is None else dict(backends)
     env = {}
     for arg, value in zip(func.body.args, check_inputs(func, inputs, "native")):
@@ -57,6 +57,20 @@ def run_plan(
         for result, value in zip(op.results, _run_located(op, values, table)):
             env[result] = value
     raise TgcError(f"@{func.sym_name} has no 'func.return'", func.loc)
+
+
+def _families_called(func: FuncOp) -> list[str]:
+    """The backend families whose kernels `func` calls (numpy always): the plan loads those and
+    no others. A callee is named "<backend>.<what>"; a copy names its backend in
+    `plan.backend`."""
+    found = ["numpy"]
+    for op in func.body.ops:
+        if isinstance(op, (CallOp, CopyOp)):
+            name = str(op.attributes.get("plan.backend") or op.attr("callee") or "")
+            family = family_of(name.split(".", 1)[0])
+            if family is not None and family not in found:
+                found.append(family)
+    return found
 
 
 def _run_located(op: Operation, values: list, backends: dict[str, Backend]) -> list:

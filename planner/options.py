@@ -27,7 +27,7 @@ options, and regions are independent (see `planner.paths`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -196,7 +196,8 @@ def _default_match(op: Operation, kernels: list[Kernel] | None) -> list[Match]:
 
 class PlanContext:
     """What planning depends on besides the program: the kernels considered (None: every
-    registered one), the error tolerance, and how matches are found (tests inject their own).
+    registered one), the kernel backends they may run on (`Kernel.backend`; None: any; generated
+    kernels included), the error tolerance, and how matches are found (tests inject their own).
     Caches the options of each block it has seen."""
 
     def __init__(
@@ -205,27 +206,39 @@ class PlanContext:
         tolerance: float = math.inf,
         match: MatchFn = _default_match,
         decompose: bool = True,
+        backends: Iterable[str] | None = None,
     ) -> None:
         self.kernels = kernels
         self.tolerance = tolerance
         self.match = match
         self.decompose = decompose
+        self.backends = None if backends is None else frozenset(backends)
         self._blocks: dict[Block, BlockOptions] = {}
         self._building: set[tuple] = set()
+
+    def allows(self, kernel: Kernel) -> bool:
+        """Whether `kernel` may be an option: on an allowed backend, within the tolerance."""
+        backend_ok = self.backends is None or kernel.backend in self.backends
+        return backend_ok and kernel.max_rel_error <= self.tolerance
 
     def spaces(self) -> set[str | None]:
         """The memory spaces of the kernels considered (copies excluded)."""
         pool = KERNELS.values() if self.kernels is None else self.kernels
-        return {BACKEND_SPACE[k.backend] for k in pool if not is_copy(k)}
+        return {
+            BACKEND_SPACE[k.backend]
+            for k in pool
+            if not is_copy(k) and (self.backends is None or k.backend in self.backends)
+        }
 
     def options_at(self, op: Operation) -> list[Option]:
+        # Matched against every kernel, then filtered: the registry's index serves the match.
         matches = [m for m in self.match(op, self.kernels) if not is_copy(m.kernel)]
-        matches = [m for m in matches if m.kernel.max_rel_error <= self.tolerance]
+        matches = [m for m in matches if self.allows(m.kernel)]
         matches.sort(key=lambda m: (len(m.ops), m.kernel.name))
         out = [Option(KERNEL, op, m.ops, m.inputs, m.outputs, m) for m in matches]
         for provider in FUSED_OPTIONS:
             for m in provider(op):
-                if m.kernel.max_rel_error <= self.tolerance:
+                if self.allows(m.kernel):
                     out.append(Option(FUSED, op, m.ops, m.inputs, m.outputs, m))
         decomposition = self.decomposition(op)
         if decomposition is not None:

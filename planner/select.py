@@ -742,17 +742,23 @@ def select_kernels(
     match=None,
     reuse: bool = True,
     canonicalize: bool = True,
+    backends: tuple[str, ...] | None = None,
 ) -> Selection:
     """Plan `func` and replace its body by the plan (see the module doc); returns the
-    Selection. `kernels` limits the kernels considered (None: every registered one) and `match`
-    replaces the matcher (tests)."""
-    from tgc.planner import load_backends
+    Selection. `backends` (family names: numpy, cuda, torch) loads those backends and limits
+    the kernels considered to theirs (None: every backend that loads here); `kernels` limits
+    them to a pool (None: every registered one; nothing more is loaded) and `match` replaces
+    the matcher (tests)."""
+    from tgc.planner import kernel_backends, load_backends
 
-    load_backends()
+    load_backends(backends if kernels is None else ("numpy",))
     if canonicalize:
         prepare(func)
+    allowed = None if backends is None else kernel_backends(backends)
     ctx = (
-        PlanContext(kernels, tolerance) if match is None else PlanContext(kernels, tolerance, match)
+        PlanContext(kernels, tolerance, backends=allowed)
+        if match is None
+        else PlanContext(kernels, tolerance, match, backends=allowed)
     )
     costs = CachedCosts(cost_source or RooflineCostSource())
     selection = plan_function(func, ctx, costs, reuse)
@@ -775,7 +781,9 @@ class SelectKernels(Pass):
     a kernel with parameters runs with its best measured ones, written as `param.<name>`); the
     plan is optimal for them on functions whose values have one reader each, and on shared values
     where the pass statistics say "exact". Options: `tolerance` (>= 0), `objective` (`time`),
-    `db` (a measurement database file; empty: none).
+    `db` (a measurement database file; empty: none), `backends` (comma-separated backend
+    families, numpy, cuda, torch: only their kernels are considered; empty: every backend that
+    loads here).
     """
 
     name = "select-kernels"
@@ -784,6 +792,7 @@ class SelectKernels(Pass):
     tolerance: float = 1e-5
     objective: str = "time"
     db: str = ""
+    backends: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.tolerance >= 0:
@@ -793,10 +802,21 @@ class SelectKernels(Pass):
                 f"pass 'select-kernels': unknown objective '{self.objective}' "
                 f"(objectives: {', '.join(OBJECTIVES)})"
             )
+        from tgc.planner import check_families
+
+        try:
+            check_families(self.backends)
+        except TgcError as e:
+            raise PipelineError(f"pass 'select-kernels': {e.message}") from None
 
     def run_on_func(self, func: FuncOp, stats: PassStatistics) -> None:
         costs = DatabaseCostSource(self.db) if self.db else None
-        selection = select_kernels(func, costs, tolerance=self.tolerance)
+        backends = self.backends or None
+        if backends is not None:
+            from tgc.planner import load_backends
+
+            load_backends(backends, required=True)  # a backend named and missing: say why
+        selection = select_kernels(func, costs, tolerance=self.tolerance, backends=backends)
         stats.bump("planned-ops", len(selection.plan.steps))
         stats.bump("segments", selection.segments)
         stats.bump("distinct-segments", selection.distinct_segments)
@@ -813,3 +833,14 @@ def with_database(passes: list, path: str) -> list:
     import dataclasses
 
     return [dataclasses.replace(p, db=path) if isinstance(p, SelectKernels) else p for p in passes]
+
+
+def with_backends(passes: list, families: tuple[str, ...]) -> list:
+    """`passes` with every select-kernels pass limited to the backend families `families`
+    (the tools' `--planner-backends`)."""
+    import dataclasses
+
+    return [
+        dataclasses.replace(p, backends=families) if isinstance(p, SelectKernels) else p
+        for p in passes
+    ]
