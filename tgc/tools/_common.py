@@ -61,3 +61,29 @@ def guarded(tool: str, body: Callable[[], int], debug: bool) -> int:
             file=sys.stderr,
         )
         return EXIT_INPUT
+
+
+def add_planner_backends(ap, what: str) -> None:
+    """`--planner-backends LIST` (tgc-run, tgc-plan, tgc-profile): the backend families that
+    load, and whose kernels `select-kernels{backends=LIST}` considers."""
+    ap.add_argument(
+        "--planner-backends",
+        type=_planner_backends,
+        default=None,
+        metavar="LIST",
+        help=f"{what} with these backends only (comma-separated: numpy, cuda, torch; torch is "
+        "torch-cpu and torch-cuda): only they load, and select-kernels{backends=LIST} considers "
+        "their kernels alone (default: every backend that loads here)",
+    )
+
+
+def _planner_backends(text: str) -> tuple[str, ...]:
+    """argparse type of --planner-backends: a checked list of backend families."""
+    import argparse
+
+    from tgc.planner import parse_families
+
+    try:
+        return parse_families(text)
+    except TgcError as e:
+        raise argparse.ArgumentTypeError(e.message) from None

@@ -1,10 +1,11 @@
 """tgc-plan: the ways a function can run, what they cost, and the one select-kernels chooses.
 
     tgc-plan FILE [--func NAME] [--list-paths N] [--explain [-k K]] [--tolerance T] [-p PIPE]
-             [--db [PATH]]
+             [--db [PATH]] [--planner-backends LIST]
 
 The function (after `-p`, then the canonical form select-kernels plans: canonicalize, cse) is
-planned on every backend that loads here (numpy always). Without --list-paths or --explain, the
+planned on every backend that loads here (numpy always), or with `--planner-backends LIST` on
+the kernels of those backends alone (as `select-kernels{backends=LIST}` plans). Without --list-paths or --explain, the
 chosen plan is printed on one line with its estimated time. `--list-paths N` prints the first N
 complete plans, one line each with its cost, and how many there are in all (counted, not
 enumerated). `--explain` prints, for each op the plan runs, its options ranked by cost (the
@@ -19,7 +20,7 @@ import math
 import sys
 
 import tgc
-from tgc.tools._common import EXIT_OK, EXIT_USAGE, guarded, read_input
+from tgc.tools._common import EXIT_OK, EXIT_USAGE, add_planner_backends, guarded, read_input
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -65,6 +66,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
         help="cost kernels from this measurement database (tgc-profile writes it; without PATH: "
         "$TGC_DB, else the one in the user cache directory); default: the roofline model",
     )
+    add_planner_backends(ap, "plan")
     ap.add_argument("-p", "--passes", default="", help="pipeline to run before planning")
     ap.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
     return ap
@@ -83,7 +85,7 @@ def usage_error(args) -> str | None:
 def run(args) -> int:
     from tgc.parser import parse_module
     from tgc.pass_manager import PassManager, parse_pipeline
-    from tgc.planner import load_backends
+    from tgc.planner import kernel_backends, load_backends
     from tgc.planner.blocks import localize_sources
     from tgc.planner.cost import CachedCosts, RooflineCostSource
     from tgc.planner.options import PlanContext, live_ops
@@ -101,10 +103,12 @@ def run(args) -> int:
     verify(module)
     PassManager(pipeline).run(module)
     func = select_function(module, args.func)
-    load_backends()
+    families = args.planner_backends
+    load_backends(families, required=families is not None)
     prepare(func)
     localize_sources(func.body, live_ops(func.body))
-    ctx = PlanContext(tolerance=args.tolerance)
+    allowed = None if families is None else kernel_backends(families)
+    ctx = PlanContext(tolerance=args.tolerance, backends=allowed)
     costs = CachedCosts(RooflineCostSource())
     if args.db is not None:
         from tgc.planner.db import resolve_path

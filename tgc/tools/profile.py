@@ -1,10 +1,12 @@
 """tgc-profile: measure the kernels a module's plans could use, and keep the timings.
 
-    tgc-profile FILE [--func NAME] [-p PIPE] [--backend NAME]... [--db PATH] [--budget SECONDS]
-                [--tune] [--dry-run] [--tolerance T] [--min-time SECONDS] [--quiet]
+    tgc-profile FILE [--func NAME] [-p PIPE] [--planner-backends LIST] [--backend NAME]...
+                [--db PATH] [--budget SECONDS] [--tune] [--dry-run] [--tolerance T]
+                [--min-time SECONDS] [--quiet]
 
 Walks the options select-kernels would consider for the function (after `-p` and the canonical
-form; decompositions included; repeated blocks once), lists the kernel instances with no record
+form; decompositions included; repeated blocks once) with the backends that load here (or with
+`--planner-backends LIST` those alone, as `select-kernels{backends=LIST}` would), lists the kernel instances with no record
 on this device in the measurement database, and measures each: fresh random inputs, the result
 checked against float64 first (a wrong one is recorded as a failure), then the median of timed
 runs. Each measurement is committed on its own: kill it at any moment and run it again to go on.
@@ -20,7 +22,7 @@ import argparse
 import sys
 
 import tgc
-from tgc.tools._common import EXIT_OK, EXIT_USAGE, guarded, read_input
+from tgc.tools._common import EXIT_OK, EXIT_USAGE, add_planner_backends, guarded, read_input
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -32,13 +34,14 @@ def build_arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("input", help="input .tg file ('-' for stdin)")
     ap.add_argument("--func", default=None, help="function to profile (default: the only one)")
     ap.add_argument("-p", "--passes", default="", help="pipeline to run before planning")
+    add_planner_backends(ap, "profile the options select-kernels has")
     ap.add_argument(
         "--backend",
         action="append",
         default=None,
         metavar="NAME",
-        help="profile this backend's kernels only (repeat for several; default: every backend "
-        "that loads here)",
+        help="profile this kernel backend's kernels only (numpy, torch-cpu, torch-cuda, cuda; "
+        "repeat for several; default: every backend loaded)",
     )
     ap.add_argument(
         "--db",
@@ -95,6 +98,7 @@ def usage_error(args, backends: list[str]) -> str | None:
 def module_instances(args) -> list:
     from tgc.parser import parse_module
     from tgc.pass_manager import PassManager, parse_pipeline
+    from tgc.planner import kernel_backends
     from tgc.planner.blocks import localize_sources
     from tgc.planner.kernel import KERNELS
     from tgc.planner.options import PlanContext, is_copy, live_ops
@@ -115,7 +119,9 @@ def module_instances(args) -> list:
     if args.backend:
         chosen = set(args.backend)
         kernels = [k for k in KERNELS.values() if k.backend in chosen or is_copy(k)]
-    return instances(func, PlanContext(kernels, args.tolerance))
+    families = args.planner_backends
+    allowed = None if families is None else kernel_backends(families)
+    return instances(func, PlanContext(kernels, args.tolerance, backends=allowed))
 
 
 def run(args) -> int:
@@ -124,7 +130,7 @@ def run(args) -> int:
     from tgc.planner.db import Database, DatabaseUnavailable, resolve_path
     from tgc.planner.profile import MIN_TIME, Profiler, unknown
 
-    load_backends()
+    load_backends(args.planner_backends, required=args.planner_backends is not None)
     problem = usage_error(args, sorted(BACKENDS))
     if problem is not None:
         print(f"tgc-profile: error: {problem}", file=sys.stderr)

@@ -12,7 +12,7 @@ import numpy as np
 
 import tgc
 from tgc.diagnostics import TgcError
-from tgc.tools._common import EXIT_OK, guarded, read_input
+from tgc.tools._common import EXIT_OK, add_planner_backends, guarded, read_input
 
 # The route of --backend cuda when -p does not give one: it ends in placed IR.
 CUDA_PIPELINE = "cuda"
@@ -84,8 +84,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
         "'cuda{attention-kernel=false}'), then the placed function on the GPU; auto: run "
         "'select-kernels' (unless -p is given; it must end in planned IR, e.g. "
         "'lower-hl,select-kernels{tolerance=1e-4}'), then the planned function on the kernels "
-        "it chose, on every backend that loads here (numpy, torch, cuda)",
+        "it chose, on every backend that loads here (numpy, torch, cuda; see "
+        "--planner-backends)",
     )
+    add_planner_backends(ap, "--backend auto: plan")
     ap.add_argument(
         "--db",
         nargs="?",
@@ -231,6 +233,12 @@ def run(args) -> int:
         from tgc.planner.select import with_database
 
         pipeline = with_database(pipeline, resolve_path(args.db))
+    if args.planner_backends is not None:
+        from tgc.planner import load_backends
+        from tgc.planner.select import with_backends
+
+        load_backends(args.planner_backends, required=True)
+        pipeline = with_backends(pipeline, args.planner_backends)
     if args.output_dir is not None:
         make_output_dir(args.output_dir)
     text, name = read_input(args.input)
@@ -331,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
             "kernels compute in the program's element types; use --check to compare with "
             "float64)"
         )
+    if args.planner_backends is not None and args.backend != "auto":
+        parser.error("--planner-backends needs --backend auto (it chooses the planner's backends)")
     with np.errstate(all="ignore"):  # non-finite values are reported, not warned about
         return guarded("tgc-run", lambda: run(args), args.debug)
 
