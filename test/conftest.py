@@ -1,11 +1,11 @@
 """Shared pytest setup: tgc's dialects and passes are registered before any test module is
-collected (tests use the core modules, which know only what is registered, directly), and tests
-marked `cuda` are skipped, with the reason, where there is no GPU."""
+collected (tests use the core modules, which know only what is registered, directly), tests
+marked `cuda` are skipped, with the reason, where there is no GPU, and the planner backends a
+test loads are unloaded after it."""
 
 from __future__ import annotations
 
 import functools
-import os
 
 import pytest
 
@@ -28,11 +28,22 @@ def cuda_unavailable_reason() -> str | None:
 
 
 def pytest_configure(config):
-    # The planner with the numpy backend alone, whatever is installed (PyTorch, PyCUDA): plans,
-    # path counts and brute-force sizes do not depend on the machine. Tests of the other
-    # backends register them themselves (test_planner_torch.py, test_planner_cuda.py).
-    os.environ.setdefault("TGC_PLANNER_BACKENDS", "numpy")
     tgc.load_all()
+
+
+@pytest.fixture(autouse=True)
+def planner_backends_as_found():
+    """Tests plan with the backends they name (`backends=("numpy",)`, `--planner-backends
+    numpy`), so that plans, path counts and brute-force sizes do not depend on what is installed
+    (PyTorch, PyCUDA). A tool or pass run without them loads every backend that loads here: the
+    optional ones a test loaded are unloaded after it, so the next test finds what it found."""
+    from tgc.planner import family_of, unload_backends
+    from tgc.planner.backends import BACKENDS
+
+    before = set(BACKENDS)
+    yield
+    added = {family_of(name) for name in set(BACKENDS) - before}
+    unload_backends(sorted(f for f in added if f not in (None, "numpy")))
 
 
 def pytest_collection_modifyitems(config, items):

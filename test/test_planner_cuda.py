@@ -409,11 +409,16 @@ CUDA_CHEAP = DictCostSource(
 )
 
 
-def _selected(text: str, pipeline: str, costs=CUDA_CHEAP):
+# The backends the stand-in tests plan with (whatever else is installed), and the GPU tests.
+STAND_IN_FAMILIES = ("numpy", "cuda")
+GPU_FAMILIES = ("numpy", "cuda", "torch")
+
+
+def _selected(text: str, pipeline: str, costs=CUDA_CHEAP, backends=STAND_IN_FAMILIES):
     module, _ = parse(text)
     if pipeline:
         tgc.run_pipeline(module, pipeline)
-    selection = select_kernels(module.funcs[0], costs, tolerance=1e-5)
+    selection = select_kernels(module.funcs[0], costs, tolerance=1e-5, backends=backends)
     tgc.verify(module)
     return module.funcs[0], selection
 
@@ -502,12 +507,11 @@ HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
 
 @pytest.fixture
-def gpu_backends(monkeypatch):
+def gpu_backends():
     """Every backend that loads on this machine (cuda, torch, torch-cuda), removed afterwards."""
     import tgc.planner
 
-    monkeypatch.setenv("TGC_PLANNER_BACKENDS", "numpy,cuda,torch")
-    loaded = tgc.planner.load_backends()
+    loaded = tgc.planner.load_backends(GPU_FAMILIES)
     assert "tgc.planner.backends.cuda" in loaded, tgc.planner.UNAVAILABLE
     yield loaded
     tgc.planner.unload_backends()
@@ -548,7 +552,7 @@ def test_each_cuda_kernel_on_the_gpu_within_its_stated_error(what, gpu_backends)
     costs = DictCostSource(
         {**CUDA_CHEAP.table, f"cuda.{what}": 1e-12}, fallback=RooflineCostSource()
     )
-    func, _ = _selected(text, pipeline, costs)
+    func, _ = _selected(text, pipeline, costs, GPU_FAMILIES)
     callees = _callees(func)
     assert f"cuda.{what}" in callees
     # each CUDA kernel of the plan adds at most its stated error to the native evaluation's
@@ -586,7 +590,7 @@ def test_a_plan_mixing_numpy_cuda_and_torch_cuda_runs_and_matches_float64(gpu_ba
         },
         fallback=RooflineCostSource(),
     )
-    func, _ = _selected(text, "", costs)
+    func, _ = _selected(text, "", costs, GPU_FAMILIES)
     callees = _callees(func)
     assert any(c.startswith("numpy.") for c in callees), callees
     assert any(c.startswith("cuda.") for c in callees), callees
@@ -605,7 +609,7 @@ def test_a_plan_mixing_numpy_cuda_and_torch_cuda_runs_and_matches_float64(gpu_ba
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
 def test_examples_on_the_gpu_with_cuda_kernels_match_float64(example, pipeline, gpu_backends):
     text = example.read_text()
-    func, _ = _selected(text, pipeline)
+    func, _ = _selected(text, pipeline, backends=GPU_FAMILIES)
     assert any(c.startswith("cuda.") for c in _callees(func))
     reference = tgc.parse(text).funcs[0]
     inputs = random_inputs(reference, 1)

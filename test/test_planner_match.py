@@ -17,7 +17,7 @@ from tgc.planner.kernel import KERNELS, Kernel, register_kernel, unregister_kern
 from tgc.planner.match import Match, find_matches, matches_at
 from tgc.verifier import verify
 
-tgc.planner.load_backends()
+tgc.planner.load_backends(["numpy"])  # numpy's kernels alone, whatever is installed
 
 T = "tensor<4x8xf32>"
 S = "tensor<f32>"

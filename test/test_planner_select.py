@@ -19,7 +19,7 @@ from planner_fakes import (
 import tgc
 from tgc.diagnostics import TgcError
 from tgc.pass_manager import PipelineError, parse_pipeline
-from tgc.planner import load_backends
+from tgc.planner import kernel_backends, load_backends
 from tgc.planner.cost import CachedCosts, DictCostSource
 from tgc.planner.executor import run_plan
 from tgc.planner.kernel import Kernel
@@ -30,6 +30,8 @@ from tgc.runtime.interpreter import random_inputs, run_function
 from tgc.verifier import verify
 
 MAX_PLANS = 4000  # brute force enumerates at most this many plans per case
+# The real kernels these tests plan with: numpy's alone, whatever else is installed.
+NUMPY = ("numpy",)
 
 
 def _case(seed: int, shape: str):
@@ -200,7 +202,7 @@ def test_written_ir_places_values_copies_and_annotates():
 
 def test_decomposition_is_written_as_the_calls_of_its_plan():
     """Without a tanh kernel, hl.tanh runs as its decomposition; the IR holds its calls."""
-    load_backends()
+    load_backends(NUMPY)
     module = tgc.parse(TANH)
     func = module.funcs[0]
     selection = select_kernels(
@@ -246,10 +248,10 @@ func.func @f(%x: tensor<4x16xf32>) -> tensor<4x16xf32> {
 def test_graph_kernel_is_a_call_with_its_subgraph_in_a_region():
     """The hand-written tanh formula runs as numpy.tanh (one kernel instead of six); the call
     holds the covered subgraph in its region."""
-    load_backends()
+    load_backends(NUMPY)
     module = tgc.parse(FORMULA)
     func = module.funcs[0]
-    selection = select_kernels(func, tolerance=1e-5)
+    selection = select_kernels(func, tolerance=1e-5, backends=NUMPY)
     verify(module)
     assert selection.plan.kernels() == ["numpy.tanh"]
     (call,) = [op for op in func.body.ops if op.name == "kernel.call"]
@@ -259,7 +261,7 @@ def test_graph_kernel_is_a_call_with_its_subgraph_in_a_region():
     _check_runs(module, FORMULA)
     # at a tolerance below the kernel's stated error, the six op kernels run instead
     module = tgc.parse(FORMULA)
-    selection = select_kernels(module.funcs[0], tolerance=0.0)
+    selection = select_kernels(module.funcs[0], tolerance=0.0, backends=NUMPY)
     assert "numpy.tanh" not in selection.plan.kernels()
     assert len(selection.plan.kernels()) == 6
 
@@ -275,7 +277,7 @@ def test_examples_run_and_match_the_float64_interpreter(example, lowered):
     module = tgc.parse(text)
     if lowered:
         tgc.run_pipeline(module, "lower-hl")
-    tgc.run_pipeline(module, "select-kernels")
+    tgc.run_pipeline(module, "select-kernels{backends=numpy}")
     verify(module)
     assert all(
         op.name in ("kernel.call", "kernel.copy", "func.return") for op in module.funcs[0].body.ops
@@ -304,7 +306,7 @@ def test_dp_equals_brute_force_with_the_numpy_backend_and_the_roofline(name, tex
     from tgc.planner.cost import RooflineCostSource
     from tgc.planner.select import prepare
 
-    load_backends()
+    load_backends(NUMPY)
     if not text.lstrip().startswith("func.func"):
         text = (Path(__file__).resolve().parent.parent / "examples" / f"{text}.tg").read_text()
     module = tgc.parse(text)
@@ -312,7 +314,8 @@ def test_dp_equals_brute_force_with_the_numpy_backend_and_the_roofline(name, tex
         tgc.run_pipeline(module, pipeline)
     func = module.funcs[0]
     prepare(func)
-    ctx, costs = PlanContext(tolerance=1e-5), CachedCosts(RooflineCostSource())
+    ctx = PlanContext(tolerance=1e-5, backends=kernel_backends(NUMPY))
+    costs = CachedCosts(RooflineCostSource())
     selection = plan_function(func, ctx, costs)
     assert count_paths(func, ctx) <= MAX_PLANS
     assert selection.exact
@@ -333,3 +336,89 @@ def test_pass_options_are_checked_when_the_pipeline_is_parsed():
         parse_pipeline("select-kernels{tolerance=-1}")
     with pytest.raises(PipelineError, match="invalid value 'tight' for option 'tolerance'"):
         parse_pipeline("select-kernels{tolerance=tight}")
+
+
+def test_the_backends_option_is_checked_and_kept():
+    import tgc.planner.select  # noqa: F401  (registers the pass)
+
+    (p,) = parse_pipeline("select-kernels{backends=numpy,torch}")
+    assert p.backends == ("numpy", "torch")
+    assert parse_pipeline("select-kernels")[0].backends == ()
+    with pytest.raises(PipelineError, match=r"unknown planner backend 'tpu' \(known: numpy, cuda,"):
+        parse_pipeline("select-kernels{backends=numpy,tpu}")
+
+
+# -- which backends' kernels are considered ------------------------------------------------------
+
+
+def _three_backends() -> tuple[list[Kernel], DictCostSource]:
+    """hl.tanh on three backends, cheapest on cuda, then torch-cpu, then numpy."""
+    kernels = [
+        Kernel("numpy.t.tanh", "numpy", op="hl.tanh"),
+        Kernel("torch-cpu.t.tanh", "torch-cpu", op="hl.tanh"),
+        Kernel("cuda.t.tanh", "cuda", op="hl.tanh"),
+    ]
+    costs = {"numpy.t.tanh": 9.0, "torch-cpu.t.tanh": 5.0, "cuda.t.tanh": 1.0}
+    return kernels, DictCostSource({**costs, "copy.host_to_cuda": 1.0, "copy.cuda_to_host": 1.0})
+
+
+@pytest.mark.parametrize(
+    ("backends", "chosen"),
+    [
+        (None, ["copy.host_to_cuda", "cuda.t.tanh", "copy.cuda_to_host"]),
+        (("numpy", "torch", "cuda"), ["copy.host_to_cuda", "cuda.t.tanh", "copy.cuda_to_host"]),
+        (("numpy", "torch"), ["torch-cpu.t.tanh"]),
+        (("torch",), ["torch-cpu.t.tanh"]),
+        (("numpy",), ["numpy.t.tanh"]),
+        (("numpy", "cuda"), ["copy.host_to_cuda", "cuda.t.tanh", "copy.cuda_to_host"]),
+    ],
+)
+def test_backends_limit_the_kernels_considered_to_theirs(backends, chosen):
+    """`backends` (families) keeps the kernels of those backends ("torch": torch-cpu and
+    torch-cuda): the cheapest of the others is never chosen, and no value is placed in the
+    memory of a backend left out (no copy to cuda without cuda)."""
+    kernels, costs = _three_backends()
+    module = tgc.parse(TANH)
+    func = module.funcs[0]
+    select_kernels(func, costs, kernels=kernels, canonicalize=False, backends=backends)
+    verify(module)
+    written = []
+    for op in func.body.ops:
+        if op.name == "kernel.call":
+            written.append(op.attr("callee"))
+        elif op.name == "kernel.copy":
+            to_device = op.results[0].type.encoding == "cuda"
+            written.append("copy.host_to_cuda" if to_device else "copy.cuda_to_host")
+    assert written == chosen
+
+
+def test_backends_leaving_no_kernel_for_an_op_is_the_located_no_kernel_error():
+    kernels, costs = _three_backends()
+    module = tgc.parse(TANH, "tanh.tg")
+    with pytest.raises(TgcError, match="no kernel can run 'hl.tanh'") as e:
+        select_kernels(
+            module.funcs[0],
+            costs,
+            kernels=kernels[1:],
+            canonicalize=False,
+            backends=("numpy",),
+        )
+    assert (e.value.loc.file, e.value.loc.line) == ("tanh.tg", 3)
+
+
+def test_the_pass_plans_with_the_backends_of_its_option(monkeypatch):
+    """`select-kernels{backends=...}` reaches the planner (and an empty option: every backend,
+    None)."""
+    import tgc.planner.select as select
+
+    seen = []
+    real = select.select_kernels
+
+    def spy(func, *args, **kwargs):
+        seen.append(kwargs.get("backends"))
+        return real(func, *args, **kwargs)
+
+    monkeypatch.setattr(select, "select_kernels", spy)
+    for pipeline in ("select-kernels{backends=numpy}", "select-kernels"):
+        tgc.run_pipeline(tgc.parse(TANH), pipeline)
+    assert seen == [("numpy",), None]

@@ -34,8 +34,8 @@ SEEDS = (0, 1, 2)
 
 @pytest.fixture(scope="module", autouse=True)
 def torch_kernels():
-    """The torch kernels registered for this module only (pytest runs the planner with numpy
-    alone, see TGC_PLANNER_BACKENDS in conftest.py)."""
+    """The torch kernels registered for this module only (the other test modules plan with
+    numpy's alone)."""
     torch_backend.register()
     yield
     torch_backend.unregister()
@@ -354,7 +354,7 @@ def test_a_plan_mixing_numpy_and_torch_runs_and_matches_float64():
     )
     module = tgc.parse(MIXED)
     func = module.funcs[0]
-    selection = select_kernels(func, costs, tolerance=1e-5)
+    selection = select_kernels(func, costs, tolerance=1e-5, backends=("numpy", "torch"))
     tgc.verify(module)
     callees = [op.attr("callee") for op in func.body.ops if op.name == "kernel.call"]
     assert {"torch-cpu.atomic.matmul", "torch-cpu.hl.layernorm", "torch-cpu.hl.softmax"} <= set(
@@ -394,7 +394,7 @@ def test_a_wrong_torch_kernel_makes_the_mixed_plan_wrong():
     module = tgc.parse(MIXED)
     func = module.funcs[0]
     costs = DictCostSource({"torch-cpu.hl.softmax": 1e-9}, fallback=RooflineCostSource())
-    select_kernels(func, costs, tolerance=1e-5)
+    select_kernels(func, costs, tolerance=1e-5, backends=("numpy", "torch"))
     name = "torch-cpu.hl.softmax"
     good = torch_backend.TENSOR_RUN[name]
     torch_backend.TENSOR_RUN[name] = torch_backend.tensor_run("hl.softmax", _softmax_on_axis_0)

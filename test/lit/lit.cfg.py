@@ -18,8 +18,8 @@ config.environment["PATH"] = os.pathsep.join(
     [bin_dir, config.environment.get("PATH", os.environ.get("PATH", ""))]
 )
 config.environment["PYTHONUNBUFFERED"] = "1"
-# The planner with the numpy backend alone, whatever is installed: plans do not depend on it.
-config.environment["TGC_PLANNER_BACKENDS"] = os.environ.get("TGC_PLANNER_BACKENDS", "numpy")
+# Planner tests name their backends (`--planner-backends numpy`, `select-kernels{backends=numpy}`)
+# so that plans do not depend on what is installed (PyTorch, PyCUDA).
 config.substitutions.append(("%python", sys.executable))
 config.substitutions.append(
     (
