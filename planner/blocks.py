@@ -243,15 +243,17 @@ def localize(
     position = dict(zip(ops, range(len(ops))))
     ends = _ends(chain, position, len(ops))
     # The reads of a source by ops of a segment that does not own it, found from the sources'
-    # uses (few) rather than every op's operands; sources reading sources follow their reader.
+    # uses (few) rather than every op's operands. A source read by a source belongs to the
+    # segment of its reader (the reader's copies read copies); a source owned by one segment
+    # and read by one owned by another is copied for the latter too.
     reads: dict[int, list[tuple[int, int, Operation]]] = {}
     for d in owners:
         for r in d.results:
             for user, i in r.uses:
                 p = position.get(user)
-                if p is None or user in sources:
+                if p is None:
                     continue
-                k = bisect_left(ends, p)
+                k = first[user] if user in sources else bisect_left(ends, p)
                 if k != first[d]:
                     reads.setdefault(k, []).append((p, i, user))
     for k in sorted(reads):
@@ -331,48 +333,82 @@ def copy_map(
         return None
     if counts and _use_counts(a, rep.output) != _use_counts(b, seg.output):
         return None
-    ops = dict(zip(rep.core, seg.core))
-    outside: set[Value] = set()  # values of `seg` standing for an outside value of `rep`
-    if rep.input is not None:
-        if seg.input is None or seg.input.type is not rep.input.type:
+    # The outside values read: one of `seg`'s for each of `rep`'s, of its class and type (the
+    # input for the input), all at once.
+    ext = a.outside_of(rep)
+    ws = list(map(b.operands.__getitem__, ext.reads))
+    classes = list(map(type, ws))
+    for i in ext.input_reads:
+        if ws[i] is not seg.input:
             return None
-        values[rep.input] = seg.input
-        outside.add(seg.input)
-    get = values.get
-    for i in a.outside:
-        u, w = a.operands[i], b.operands[i]
-        m = get(u)
-        if m is not w and (
-            m is not None or not _map_outside(u, w, values, ops, outside, sources, origin)
-        ):
+        classes[i] = None
+    if classes != ext.classes or list(map(_TYPE, ws)) != ext.types:
+        return None
+    n = ext.distinct
+    if len(set(ws)) != n or len(set(zip(ext.values, ws))) != n:
+        return None  # two of `rep`'s values read as one of `seg`'s, or one as two
+    values.update(zip(ext.values, ws))
+    ops = dict(zip(rep.core, seg.core))
+    outside = set(ws)
+    for u in ext.sourced:
+        if not _map_source(u, values[u], values, ops, outside, sources, origin):
             return None
     return values, ops
 
 
-@dataclass(eq=False)
 class _Layout:
     """A segment's core ops flattened into lists that compare at C speed (list and tuple
     equality): op classes, attribute dicts (equal dicts: an op's attribute kinds are declared,
     so `1` never meets `true`), results and their types, operand counts, and for each operand
     the index of the result it reads in `results` (None: a value from outside)."""
 
-    classes: tuple
-    attributes: list
-    results: list
-    result_types: list
-    result_counts: list
-    operands: list
-    arity: list
-    wires: list
-    regions: bool
+    __slots__ = (
+        "classes",
+        "attributes",
+        "results",
+        "result_types",
+        "result_counts",
+        "operands",
+        "arity",
+        "wires",
+        "regions",
+        "_outside",
+    )
 
-    @property
-    def outside(self) -> list[int]:
-        """The operands that read a value from outside (cached)."""
-        found = self.__dict__.get("_outside")
-        if found is None:
-            found = self.__dict__["_outside"] = [i for i, w in enumerate(self.wires) if w is None]
-        return found
+    def __init__(self, core: list[Operation]) -> None:
+        result_lists = list(map(_RESULTS, core))
+        operand_lists = list(map(_OPERANDS, core))
+        self.results = results = list(itertools.chain.from_iterable(result_lists))
+        self.operands = operands = list(itertools.chain.from_iterable(operand_lists))
+        self.classes = tuple(map(type, core))
+        self.attributes = list(map(_ATTRIBUTES, core))
+        self.result_types = list(map(_TYPE, results))
+        self.result_counts = list(map(len, result_lists))
+        self.arity = list(map(len, operand_lists))
+        self.wires = list(map(dict(zip(results, range(len(results)))).get, operands))
+        self.regions = any(map(_REGIONS, core))
+        self._outside = None
+
+    def outside_of(self, seg: Segment) -> _Outside:
+        if self._outside is None:
+            self._outside = _Outside(self, seg.input)
+        return self._outside
+
+
+class _Outside:
+    """The operands of a segment (its `_Layout`) that read outside values: their indices, the
+    values, their classes (None for the input) and types, how many distinct values, and those
+    made by sources."""
+
+    def __init__(self, layout: _Layout, input: Value | None) -> None:
+        self.reads = [i for i, w in enumerate(layout.wires) if w is None]
+        self.values = list(map(layout.operands.__getitem__, self.reads))
+        self.classes = [None if v is input else type(v) for v in self.values]
+        self.types = list(map(_TYPE, self.values))
+        self.input_reads = [k for k, v in enumerate(self.values) if v is input]
+        self.distinct = len(set(self.values))
+        found = dict.fromkeys(v for v in self.values if v is not input)
+        self.sourced = [v for v in found if v.defining_op is not None]
 
 
 _TYPE, _RESULTS, _OPERANDS = attrgetter("type"), attrgetter("results"), attrgetter("operands")
@@ -381,23 +417,7 @@ _ATTRIBUTES, _REGIONS, _USES = attrgetter("attributes"), attrgetter("regions"), 
 
 def _layout(seg: Segment) -> _Layout:
     if seg.layout is None:
-        core = seg.core
-        result_lists = list(map(_RESULTS, core))
-        operand_lists = list(map(_OPERANDS, core))
-        results = list(itertools.chain.from_iterable(result_lists))
-        operands = list(itertools.chain.from_iterable(operand_lists))
-        index = dict(zip(results, range(len(results))))
-        seg.layout = _Layout(
-            tuple(map(type, core)),
-            list(map(_ATTRIBUTES, core)),
-            results,
-            list(map(_TYPE, results)),
-            list(map(len, result_lists)),
-            operands,
-            list(map(len, operand_lists)),
-            list(map(index.get, operands)),
-            any(map(_REGIONS, core)),
-        )
+        seg.layout = _Layout(seg.core)
     return seg.layout
 
 
@@ -427,36 +447,37 @@ def _same_node(a: Operation, b: Operation) -> bool:
     return _same_results(a.results, b.results) and _same_attributes(a.attributes, b.attributes)
 
 
-def _map_outside(
+def _map_source(
     u: Value, w: Value, values: dict, ops: dict, outside: set, sources: set, origin: dict | None
 ) -> bool:
-    """Pair `rep`'s outside value `u` (an argument or a source's result) with `seg`'s `w`."""
-    if w in outside:
-        return False  # two values of `rep` read as one in `seg`
+    """Pair the source op making `rep`'s value `u` with the one making `seg`'s `w`: alike
+    (copies of one source, `origin`, are alike but for their use counts), their operands
+    paired too."""
     d, e = u.defining_op, w.defining_op
-    if d is None:
-        if e is not None or w.type is not u.type:
-            return False
-        values[u] = w
-        outside.add(w)
-        return True
     if d not in sources or e not in sources or u.index != w.index:
         return False
+    if d in ops:
+        return ops[d] is e  # paired through another of its results
+    dr, er = d.results, e.results
     if origin is not None and origin.get(d, d) is origin.get(e, e):
-        if not _same_results(d.results, e.results):  # copies of one source: their uses may differ
+        if len(dr) == 1 == len(er):  # the common case, a constant or a splat: inline
+            if len(dr[0].uses) != len(er[0].uses):
+                return False
+        elif not _same_results(dr, er):
             return False
     elif not _same_node(d, e):
         return False
-    for x, y in zip(d.operands, e.operands):
-        m = values.get(x)
-        if m is None:
-            if not _map_outside(x, y, values, ops, outside, sources, origin):
+    if d.operands:
+        for x, y in zip(d.operands, e.operands):
+            m = values.get(x)
+            if m is None:
+                if y in outside or not _map_source(x, y, values, ops, outside, sources, origin):
+                    return False
+            elif m is not y:
                 return False
-        elif m is not y:
-            return False
     ops[d] = e
-    values.update(zip(d.results, e.results))
-    outside.update(e.results)
+    values.update(zip(dr, er))
+    outside.update(er)
     return True
 
 

@@ -289,7 +289,7 @@ class _Chain:
                 own = self._segment_plan(entry.copy_of, entry.kind, a_in, a_out)
                 values, ops = entry.values, entry.ops
                 for step, ranked in own:
-                    new = _map_step(step, values, ops)
+                    new = Step(_map_option(step.option, values, ops), step.nested)
                     steps.append(new)
                     alternatives[new] = ranked
             a_out = a_in
@@ -575,10 +575,6 @@ def _map_option(o: Option, values: dict, ops: dict) -> Option:
 
 
 _new = object.__new__
-
-
-def _map_step(step: Step, values: dict, ops: dict) -> Step:
-    return Step(_map_option(step.option, values, ops), step.nested)
 
 
 def _same_option(a: Option, b: Option) -> bool:

@@ -493,3 +493,38 @@ def test_matching_work_does_not_grow_with_blocks(monkeypatch, lowered):
     # Without reuse every live op is matched once (the decompositions' ops once in all).
     (calls_12, ops_12), (calls_48, ops_48) = work[False, 12], work[False, 48]
     assert calls_48 - calls_12 == ops_48 - ops_12 > many
+
+
+SOURCE_OF_A_SOURCE = """
+func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %c = atomic.constant {value = dense<2.0> : tensor<f32>} : () -> tensor<f32>
+  %b = atomic.broadcast %c : (tensor<f32>) -> tensor<4xf32>
+  %a = atomic.mul %x, %c : (tensor<4xf32>, tensor<f32>) -> tensor<4xf32>
+  %e = atomic.exp %a : (tensor<4xf32>) -> tensor<4xf32>
+  %n = atomic.neg %e : (tensor<4xf32>) -> tensor<4xf32>
+  %d = atomic.add %n, %b : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  func.return %d : tensor<4xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_a_source_made_from_a_source_of_another_segment_gets_its_own_copy(reuse):
+    """%c is first read by the first segment, %b (made from %c) only by the last: the last gets
+    its own %c for its %b (it was read across the cut, and planning failed on it)."""
+    module = tgc.parse(SOURCE_OF_A_SOURCE)
+    func = module.funcs[0]
+    selection = plan_function(func, PlanContext(_numpy_kernels()), reuse=reuse)
+    tgc.verify(module)
+    assert selection.segments == 4
+    assert sum(op.name == "atomic.constant" for op in func.body.ops) == 2
+    chain = segments(live_ops(func.body))
+    for seg in chain:  # segments share only their cut values
+        inside = set(seg.ops)
+        for op in seg.ops:
+            assert all(
+                v.defining_op in inside or v in (seg.input, *func.body.args) for v in op.operands
+            )
+    inputs = random_inputs(func, 1)
+    want = run_function(tgc.parse(SOURCE_OF_A_SOURCE).funcs[0], inputs, "f64")[0]
+    assert np.allclose(run_function(func, inputs, "f64")[0], want, rtol=1e-12)
