@@ -181,19 +181,35 @@ class _Chain:
         self.arg_vectors = {a: solver.spread(a.type.encoding, a.type) for a in func.body.args}
         self.reconstructions: dict[tuple, Reconstruction] = {}
         self.segment_plans: dict[tuple, list[tuple[Step, list]]] = {}
+        self.final = 0  # the mask the chain's last table is read at (see `_close`)
+        self.last_required = required
 
     def run(self) -> Selection:
         chain = segments(self.bo.ops, _no_cut(self.bo)) if self.bo.ops else []
         if len(chain) > 1:
             chain[0].input = self._first_input(chain, self.bo.position)
+        self._close(chain)
         entries, kinds = [], {}
         for k, seg in enumerate(chain):
-            required = self.required if k == len(chain) - 1 else {}
+            required = self.last_required if k == len(chain) - 1 else {}
             key = segment_key(seg, required, self._describe) if self.reuse else f"segment {k}"
             if key not in kinds:
                 kinds[key] = _Kind(seg, self._tables(seg, required))
             entries.append(_Entry(seg, kinds[key]))
         return self._finish(entries, len(kinds), self.bo.position)
+
+    def _close(self, chain: list[Segment]) -> None:
+        """A function returning one value computed in its last segment: that value is the last
+        segment's output, like any cut value, and the chain's answer its table at the mask the
+        signature asks for. So the last block of a model is a copy of the ones before (one
+        table less to solve) and its plan the same as if it returned through `required`."""
+        if len(self.required) != 1 or not chain:
+            return
+        ((v, mask),) = self.required.items()
+        if v.defining_op is not None and v.defining_op in set(chain[-1].ops):
+            chain[-1].output = v
+            self.final = mask
+            self.last_required = {}
 
     def _finish(self, entries: list[_Entry], distinct: int, position: dict) -> Selection:
         total, choices = self._chain(entries)
@@ -270,13 +286,13 @@ class _Chain:
             choices.append(arg)
         if vector is None:  # nothing to compute: the function returns its arguments
             return sum(self.arg_vectors[v][m] for v, m in self.required.items()), []
-        return vector[0], choices
+        return vector[self.final], choices
 
     def _read_back(self, entries: list[_Entry], choices):
         steps: list[Step] = []
         alternatives: dict[Step, list[tuple[Option, float]]] = {}
         exact = True
-        a_out = 0
+        a_out = self.final
         for k in reversed(range(len(entries))):
             entry = entries[k]
             a_in = choices[k][a_out]
@@ -392,6 +408,7 @@ class _CopyChain(_Chain):
         live.update(sources)  # the copies of sources made for each segment
         if len(chain) > 1:
             chain[0].input = self._first_input(chain, live)
+        self._close(chain)
         entries = self._classify(chain, sources, live, counts)
         if entries is None:
             return None
@@ -400,7 +417,7 @@ class _CopyChain(_Chain):
         for k, entry in enumerate(entries):
             if entry.copy_of is None:
                 seg = entry.seg
-                required = self.required if k == len(entries) - 1 else {}
+                required = self.last_required if k == len(entries) - 1 else {}
                 key = segment_key(seg, required, self._describe)
                 if key not in kinds:
                     kinds[key] = _Kind(seg, self._tables(seg, required))
@@ -417,14 +434,13 @@ class _CopyChain(_Chain):
         reach = _Reach.of(self.s.ctx)
         firsts: dict[tuple, list[Segment]] = {}  # core op classes -> segments matched
         entries = []
-        last = len(chain) - 1
         # (segment copied before, segment copied): no match can cross the cut between them.
         # Valid for all such pairs when every use count is known alike (`counts` False).
         self.unreached: set[tuple] = set()
-        for k, seg in enumerate(chain):
+        for seg in chain:
             shape = tuple(map(type, seg.core))
             entry = None
-            if k != last:
+            if seg.output is not None:  # (not a last segment returning through `required`)
                 before = entries[-1].copy_of or entries[-1].seg if entries else None
                 for rep in firsts.get(shape, ()):
                     mapped = copy_map(rep, seg, sources, counts, self.origin)
@@ -443,7 +459,7 @@ class _CopyChain(_Chain):
                 if not self._match(seg, live):
                     return None
                 entry = _Entry(seg)
-                if k != last:
+                if seg.output is not None:
                     firsts.setdefault(shape, []).append(seg)
             entries.append(entry)
         return entries

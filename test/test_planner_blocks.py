@@ -220,14 +220,31 @@ def test_planning_with_reuse_gives_the_plan_found_without(seed, lowered):
     assert every == 5 and distinct < every
 
 
-def test_repeated_blocks_are_planned_once():
-    """Five equal blocks: three kinds of segment (the first, the middle ones, the last, which
-    feeds the return), each solved once."""
+def two_results(blocks: int) -> str:
+    """`model(blocks)` returning the last block's gelu too."""
+    T = "tensor<16x32xf32>"
+    last = blocks - 1
+    return (
+        model(blocks)
+        .replace(f") -> {T} {{", f") -> ({T}, {T}) {{")
+        .replace(f"func.return %y{last} : {T}", f"func.return %y{last}, %a{last} : {T}, {T}")
+    )
+
+
+@pytest.mark.parametrize(("text", "kinds"), [(model(5), 1), (two_results(5), 2)])
+def test_repeated_blocks_are_planned_once(text, kinds):
+    """Five equal blocks, one kind of segment: the first reads the model's input as the others
+    read a cut value, and the last returns its cut value as the others hand it on. Returning
+    two values, the last block is a kind of its own (it returns through the values required)."""
     kernels, costs = _all_op_kernels(random.Random(0))
-    func = tgc.parse(model(5)).funcs[0]
-    selection = plan_function(func, PlanContext(kernels), costs)
-    assert (selection.segments, selection.distinct_segments) == (5, 2)
-    assert selection.exact
+    plans = []
+    for reuse in (True, False):
+        func = tgc.parse(text).funcs[0]
+        selection = plan_function(func, PlanContext(kernels), costs, reuse=reuse)
+        plans.append(str(selection.plan))
+        assert selection.exact
+        assert (selection.segments, selection.distinct_segments) == (5, kinds if reuse else 5)
+    assert plans[0] == plans[1]
 
 
 def _count_evaluations(monkeypatch) -> list[int]:
