@@ -1,6 +1,7 @@
 """Planner speed: time of `select-kernels`' planning on GPT-2 models of N transformer blocks.
 
-    python bench/plan_scaling.py [N ...] [--repeat K]          (default: 1 12 48)
+    python bench/plan_scaling.py [N ...] [--repeat K] [--kernels numpy|numpy+cuda]
+                                                                 (default: 1 12 48, both)
 
 The models are those of bench/pass_scaling.py (examples/gpt2_block.tg chained N times). Each is
 planned in two forms, as written (hl ops) and after `lower-hl` (atomic ops, where the graph
@@ -10,11 +11,13 @@ kernels numpy.tanh, numpy.softmax, ... match), and with two kernel sets:
 - `numpy+cuda`: the same plus a roofline-costed "cuda" op kernel for every op, so that every
   value has two placements and every copy a cost (planning only: nothing runs).
 
-For each: the planning time (`plan_function`: options, segments, structural hashes, the DP and
-reading the plan back; best of K, after a warm-up that builds the decompositions and the
-kernels' reference graphs once per process; the canonical form `prepare` is not included), the
-segments and how many distinct ones were planned, whether the plan is proven optimal, the
-ratio to one block, and whether the plan equals the one found planning every segment anew.
+For each: the planning time (`plan_function`: segments, copies found, options matched where
+needed, structural hashes, the DP and reading the plan back; best of K, after a warm-up that
+builds the decompositions and the kernels' reference graphs once per process; the canonical
+form `prepare` is not included), the segments and how many distinct ones were solved, the ops
+whose options were matched (counted, decompositions' ops included), whether the plan is proven
+optimal, the ratio to one block, and whether the plan equals the one found planning every
+segment anew.
 """
 
 from __future__ import annotations
@@ -65,24 +68,36 @@ def prepared(blocks: int, form: str):
     return func
 
 
+class CountingContext(PlanContext):
+    """A PlanContext that counts the ops whose options it finds (matching them)."""
+
+    matched = 0
+
+    def options_at(self, op):
+        self.matched += 1
+        return super().options_at(op)
+
+
 def plan_once(blocks: int, form: str, kernels, reuse: bool = True):
     func = prepared(blocks, form)
-    ctx = PlanContext(kernels, tolerance=1e-5)
+    ctx = CountingContext(kernels, tolerance=1e-5)
     costs = CachedCosts(RooflineCostSource())
     start = time.perf_counter()
     selection = plan_function(func, ctx, costs, reuse=reuse)
-    return time.perf_counter() - start, selection, sum(1 for _ in func.body.ops)
+    seconds = time.perf_counter() - start
+    return seconds, selection, sum(1 for _ in func.body.ops), ctx.matched
 
 
 def measure(blocks: int, form: str, kernels, repeat: int) -> dict:
-    best, selection, ops = None, None, 0
+    best, selection, ops, matched = None, None, 0, 0
     for _ in range(repeat):
-        seconds, selection, ops = plan_once(blocks, form, kernels)
+        seconds, selection, ops, matched = plan_once(blocks, form, kernels)
         best = seconds if best is None else min(best, seconds)
-    _, fresh, _ = plan_once(blocks, form, kernels, reuse=False)
+    _, fresh, _, _ = plan_once(blocks, form, kernels, reuse=False)
     return {
         "blocks": blocks,
         "ops": ops,
+        "matched": matched,
         "seconds": best,
         "segments": selection.segments,
         "distinct": selection.distinct_segments,
@@ -96,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("blocks", nargs="*", type=int, default=[1, 12, 48])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--kernels", choices=("numpy", "numpy+cuda"), action="append")
     args = ap.parse_args(argv)
     load_backends()
     print(
@@ -103,11 +119,11 @@ def main(argv: list[str] | None = None) -> None:
         f", {os.cpu_count()} CPUs, Python {platform.python_version()}"
     )
     print(
-        "| kernels | form | blocks | ops planned | segments (planned) | exact | plan estimate s | "
-        "planning s | vs 1 block | same plan without reuse |"
+        "| kernels | form | blocks | ops planned | segments (solved) | ops matched | exact | "
+        "plan estimate s | planning s | vs 1 block | same plan without reuse |"
     )
-    print("|---|---|---:|---:|---:|---|---:|---:|---:|---|")
-    for kernels_name in ("numpy", "numpy+cuda"):
+    print("|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|")
+    for kernels_name in args.kernels or ("numpy", "numpy+cuda"):
         kernels = kernel_set(kernels_name)
         for form in ("hl", "lowered"):
             plan_once(1, form, kernels)  # warm-up: decompositions, reference graphs
@@ -117,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
                 base = base or row["seconds"]
                 print(
                     f"| {kernels_name} | {form} | {n} | {row['ops']} | {row['segments']} "
-                    f"({row['distinct']}) | {'yes' if row['exact'] else 'no'} | "
+                    f"({row['distinct']}) | {row['matched']} | {'yes' if row['exact'] else 'no'} | "
                     f"{row['estimate']:.4g} | {row['seconds']:.4f} | "
                     f"{row['seconds'] / base:.2f}x | {'yes' if row['same'] else 'NO'} |"
                 )

@@ -148,6 +148,19 @@ def _no_cut(bo: BlockOptions) -> set[int]:
     return uncuttable(bo.ops, [o.ops for opts in bo.options.values() for o in opts])
 
 
+class _ArgumentVectors(dict):
+    """Per function argument, its cost vector (available where its type says, copied to the
+    other spaces), made when first asked for: a model has many weights, each read once."""
+
+    def __init__(self, solver: Solver) -> None:
+        super().__init__()
+        self.solver = solver
+
+    def __missing__(self, a: Value) -> list[float]:
+        found = self[a] = self.solver.spread(a.type.encoding, a.type)
+        return found
+
+
 @dataclass(eq=False)
 class _Kind:
     """Segments with one table: the one it was solved for and the table (input mask ->
@@ -178,7 +191,7 @@ class _Chain:
         self.func = func
         self.required = required
         self.reuse = reuse
-        self.arg_vectors = {a: solver.spread(a.type.encoding, a.type) for a in func.body.args}
+        self.arg_vectors = _ArgumentVectors(solver)
         self.reconstructions: dict[tuple, Reconstruction] = {}
         self.segment_plans: dict[tuple, list[tuple[Step, list]]] = {}
         self.final = 0  # the mask the chain's last table is read at (see `_close`)
