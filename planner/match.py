@@ -32,6 +32,7 @@ one dict look-up and `find_matches` over a block is linear in the block.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -92,31 +93,48 @@ def _index() -> _Index:
     """The index of the registry as it is now (rebuilt after a kernel is added or removed)."""
     global _INDEX
     if _INDEX.version != registry_version():
-        index = _Index(registry_version())
-        for k in KERNELS.values():
-            if k.op is not None:
-                index.op_kernels.setdefault(k.op, []).append(k)
-                continue
-            for ref in canonical_references(k):
-                index.roots.setdefault(reference_root(ref).name, []).append((k, ref))
-        _INDEX = index
+        _INDEX = _indexed(KERNELS.values(), registry_version())
     return _INDEX
+
+
+def _indexed(kernels, version: int) -> _Index:
+    index = _Index(version)
+    for k in kernels:
+        if k.op is not None:
+            index.op_kernels.setdefault(k.op, []).append(k)
+            continue
+        for ref in canonical_references(k):
+            index.roots.setdefault(reference_root(ref).name, []).append((k, ref))
+    return index
+
+
+# The index of the last few kernel lists passed in (a planner passes one list for every op):
+# id of the list -> (its kernels when indexed, the index).
+_LIST_INDEXES: dict[int, tuple[tuple[Kernel, ...], _Index]] = {}
+
+
+def _list_index(kernels: list[Kernel]) -> _Index:
+    """The index of a list of kernels, kept while the list holds the same kernels (compared
+    at C speed) and the registry the same reference graphs."""
+    snapshot = tuple(kernels)
+    found = _LIST_INDEXES.get(id(kernels))
+    version = registry_version()
+    if (
+        found is None
+        or found[1].version != version
+        or len(found[0]) != len(snapshot)
+        or not all(map(operator.is_, found[0], snapshot))
+    ):
+        if len(_LIST_INDEXES) >= 8:
+            _LIST_INDEXES.clear()
+        found = _LIST_INDEXES[id(kernels)] = (snapshot, _indexed(snapshot, version))
+    return found[1]
 
 
 def _candidates(op: Operation, kernels: list[Kernel] | None):
     """(op kernels named like `op`, graph-kernel references whose root is named like `op`)."""
-    if kernels is None:
-        index = _index()
-        return index.op_kernels.get(op.name, ()), index.roots.get(op.name, ())
-    op_kernels = [k for k in kernels if k.op == op.name]
-    refs = [
-        (k, ref)
-        for k in kernels
-        if k.op is None
-        for ref in canonical_references(k)
-        if reference_root(ref).name == op.name
-    ]
-    return op_kernels, refs
+    index = _index() if kernels is None else _list_index(kernels)
+    return index.op_kernels.get(op.name, ()), index.roots.get(op.name, ())
 
 
 # -- the API --------------------------------------------------------------------------------------
