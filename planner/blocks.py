@@ -21,6 +21,11 @@ and the order of independent ops do not enter it; one op or one attribute more o
 type, changes it. The planner adds each op's options (kernel, covered ops, inputs, named
 structurally), so that two segments with equal hashes have corresponding options and are
 planned once (`correspondence` maps one onto the other, op for op).
+
+Copies. Cheaper than the hash, and first: `copy_map` pairs a segment with an earlier one that
+it copies op for op, in the same order (flat lists of op classes, attributes, result types and
+wiring compared at C speed); the planner then neither matches nor hashes nor solves it. Cuts
+are counted in bulk (`cuts`: flat lists, live counts by numpy).
 """
 
 from __future__ import annotations

@@ -5,9 +5,11 @@ The function is first put in canonical form (`canonicalize`, `cse`: graph kernel
 canonical form), sources read by several segments are cloned into each (`planner.blocks`), and
 its live ops are cut into a chain of segments. Each segment is a problem of `planner.solve`
 (exact on one-reader graphs and, by enumerating shared values, on small shared ones), solved as
-a table over the placement of its input and output cut values; segments with equal structural
-hashes share one table and one plan (the plan is mapped op for op). The tables are chained and
-the plan read back from the end.
+a table over the placement of its input and output cut values. A segment that copies an
+earlier one op for op (`planner.blocks.copy_map`) takes its plan, mapped, without being matched
+against the kernels, hashed or solved (`_CopyChain`); the others are matched, and those with
+equal structural hashes share one table and one plan (mapped op for op). The tables are chained
+and the plan read back from the end.
 
 The result is IR: every planned op becomes a `kernel.call` (callee = the kernel's name; `op` and
 the op's attributes for an op kernel, the covered subgraph in a region for a graph kernel), a
