@@ -40,6 +40,7 @@ beside the op's attributes (so a parameter is not named like an attribute of its
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -236,7 +237,7 @@ def _parse_canonical(kernel: Kernel, text: str | Lowered) -> list[FuncOp]:
     lowered = isinstance(text, Lowered)
     source = text.text if lowered else text
     try:
-        module: ModuleOp = parse_module(source, f"<kernel {kernel.name}>")
+        module: ModuleOp = parse_module(source, _buffer_name(kernel, source))
         verify(module)
         PassManager.from_text(LOWERED_PIPELINE if lowered else CANONICAL_PIPELINE).run(module)
     except TgcError as e:
@@ -244,6 +245,16 @@ def _parse_canonical(kernel: Kernel, text: str | Lowered) -> list[FuncOp]:
     if not module.funcs:
         raise TypeError(f"kernel {kernel.name}: the reference text holds no function")
     return module.funcs
+
+
+def _buffer_name(kernel: Kernel, source: str) -> str:
+    """The name a reference text is parsed (and its lines quoted) under: one per text. The
+    regions of one template are kernels of one name, and a kernel's alternatives are texts of
+    one kernel; a shared name would quote another text's line in a diagnostic."""
+    if len(kernel.reference_texts()) == 1 and not kernel.params:
+        return f"<kernel {kernel.name}>"
+    digest = hashlib.blake2b(source.encode(), digest_size=4).hexdigest()
+    return f"<kernel {kernel.name} {digest}>"
 
 
 def _printed(func: FuncOp) -> str:
@@ -273,9 +284,10 @@ def reference_root(func: FuncOp):
 
 def instantiate_reference(func: FuncOp, arg_types) -> FuncOp:
     """A copy of reference graph `func` on other argument types, every result type inferred
-    again; a float constant takes the element type of the first float argument. Raises
-    TypeError when the types do not fit (verification fails) or an op cannot infer its result
-    type (reshape, broadcast)."""
+    again. An op that cannot infer its result types (a constant, reshape, iota, broadcast)
+    keeps the graph's, a float one taking the element type of the first float argument (as a
+    float constant does): a region kernel's graph, instantiated on its own types, is itself.
+    Raises TypeError when the types do not fit (verification fails)."""
     new = FuncOp.build(func.sym_name, list(arg_types), [], [a.name_hint for a in func.args])
     b = Builder.at_end(new.body)
     env = dict(zip(func.args, new.args))
@@ -290,12 +302,18 @@ def instantiate_reference(func: FuncOp, arg_types) -> FuncOp:
             attributes, declared = op.attributes, None
             if op.name == "atomic.constant":
                 attributes, declared = _constant_like(op, floats[0] if floats else None)
+            elif op.infer() is None:
+                declared = [_float_like(r.type, floats[0] if floats else None) for r in op.results]
             made = b.insert(create(type(op), operands, attributes, declared, loc=op.loc))
             env.update(zip(op.results, made.results))
         verify(new)
     except TgcError as e:
         raise TypeError(f"@{func.sym_name} does not fit {list(map(str, arg_types))}: {e}") from None
     return new
+
+
+def _float_like(t, element_type: str | None):
+    return t.with_element_type(element_type) if element_type and t.is_float else t
 
 
 def _constant_like(op, element_type: str | None) -> tuple[dict, list]:

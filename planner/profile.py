@@ -338,7 +338,8 @@ def _measure_copy(inst: Instance, min_time: float, origin: str) -> Measurement:
     src, dst = inst.operand_types[0], inst.result_types[0]
     host = src.with_encoding(None)
     rng = np.random.default_rng(secrets.randbits(32))
-    value = (rng.standard_normal(host.shape) + 2.0).astype(host.dtype)  # never zero
+    # never zero; an array even at rank 0 (arithmetic on a 0-d array gives a numpy scalar)
+    value = np.asarray(rng.standard_normal(host.shape) + 2.0, dtype=host.dtype)
     source, target = SPACES[src.encoding], SPACES[dst.encoding]
     start = source.from_host(value, src)
     back = np.asarray(SPACES[dst.encoding].to_host(target.from_host(source.to_host(start), dst)))

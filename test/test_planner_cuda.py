@@ -390,7 +390,7 @@ def stand_in():
 
     def from_host(a, t):
         counts["from_host"] += 1
-        return Boxed(np.array(a, dtype=t.dtype))
+        return Boxed(ck.host_array(a, t).copy())  # as cuda.py uploads
 
     def region(op, inputs):
         counts["regions"] += 1
@@ -673,3 +673,117 @@ func.func @f(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {{
     without = {k: b for k, b in BACKENDS.items() if k != "cuda"}
     with pytest.raises(TgcError, match="no backend here runs a 'kernel.fused' on values in cuda"):
         run_plan(func, [x], without)
+
+
+# -- the profiler on the stand-in device (planner/profile.py) ----------------------------------------
+
+# Regions holding ops that cannot infer their result types: a reshape (a view of an input the
+# region recomputes), an iota; and a rank-0 value, copied between the spaces.
+SHAPED = """
+func.func @f(%x: tensor<4x8xf32>, %y: tensor<32xf32>, %s: tensor<f32>) -> tensor<32xf32> {
+  %r = atomic.reshape %x : (tensor<4x8xf32>) -> tensor<32xf32>
+  %e = atomic.exp %r : (tensor<32xf32>) -> tensor<32xf32>
+  %i = atomic.iota {axis = 0} : () -> tensor<32xi32>
+  %c = atomic.cast %i : (tensor<32xi32>) -> tensor<32xf32>
+  %a = atomic.add %e, %c : (tensor<32xf32>, tensor<32xf32>) -> tensor<32xf32>
+  %z = atomic.add %a, %y : (tensor<32xf32>, tensor<32xf32>) -> tensor<32xf32>
+  %w = atomic.mul %z, %s : (tensor<32xf32>, tensor<f32>) -> tensor<32xf32>
+  func.return %w : tensor<32xf32>
+}
+"""
+
+
+@pytest.fixture
+def profiled(stand_in, monkeypatch):
+    """The instances of SHAPED on numpy and the stand-in device, timings said to be the
+    stand-in's (no GPU to describe)."""
+    from tgc.planner import db
+    from tgc.planner.options import PlanContext
+    from tgc.planner.profile import instances
+    from tgc.planner.select import prepare
+
+    monkeypatch.setitem(db.FINGERPRINTS, "cuda", lambda: {"gpu": "stand-in"})
+    db.device_info.cache_clear()
+    _, func = parse(SHAPED)
+    prepare(func)
+    kernels = [k for k in KERNELS.values() if k.backend in STAND_IN_FAMILIES]
+    yield instances(func, PlanContext(kernels, 1e-5))
+    db.device_info.cache_clear()
+
+
+def _holding(insts, name: str) -> list:
+    from tgc.planner.kernel import canonical_references
+
+    def names(kernel) -> set[str]:
+        return {op.name for op in canonical_references(kernel)[0].body.ops}
+
+    return [i for i in insts if i.kernel.name in TEMPLATES and name in names(i.kernel)]
+
+
+@pytest.mark.parametrize("name", ["atomic.reshape", "atomic.iota"])
+def test_a_region_holding_an_op_that_cannot_infer_its_type_is_measured(profiled, name):
+    from tgc.planner.profile import measure
+
+    regions = _holding(profiled, name)
+    assert regions
+    for inst in regions:
+        m = measure(inst, min_time=0.001)
+        assert m.ok, f"{inst.describe()}: {m.message}"
+        assert m.max_error <= inst.kernel.max_rel_error and m.median > 0
+
+
+def test_a_region_computing_a_wrong_value_is_recorded_as_failed(profiled, monkeypatch):
+    from tgc.planner.profile import measure
+
+    def off(op, inputs):
+        return [Boxed(b.array * b.array.dtype.type(1.001)) for b in _stand_in_region(op, inputs)]
+
+    monkeypatch.setitem(BACKENDS, "cuda", Backend("cuda", call=_stand_in_call, run_region=off))
+    (inst, *_) = _holding(profiled, "atomic.reshape")
+    m = measure(inst, min_time=0.001)
+    assert m.status == "failed" and m.message.startswith("wrong result")
+    assert m.median is None and 1e-4 < m.max_error < 1e-2
+
+
+def test_copies_of_every_rank_between_the_spaces_are_measured(profiled):
+    from tgc.planner.profile import measure
+
+    copies = [i for i in profiled if i.kernel.op == "kernel.copy"]
+    ranks = {i.operand_types[0].rank for i in copies}
+    assert {0, 1, 2} <= ranks
+    assert {i.kernel.name for i in copies} == {"copy.host_to_cuda", "copy.cuda_to_host"}
+    for inst in copies:
+        m = measure(inst, min_time=0.001)
+        assert m.ok and m.max_error == 0.0, f"{inst.describe()}: {m.message}"
+
+
+def test_an_upload_keeps_the_rank_and_makes_the_array_contiguous():
+    from tgc.types import TensorType
+
+    scalar = ck.host_array(np.float64(2.5), TensorType.get((), "f32"))
+    assert scalar.shape == () and scalar.dtype == np.float32 and float(scalar) == 2.5
+    strided = np.arange(12.0).reshape(3, 4).T
+    host = ck.host_array(strided)
+    assert host.shape == (4, 3) and host.flags["C_CONTIGUOUS"]
+    np.testing.assert_array_equal(host, strided)
+
+
+def test_a_region_that_does_not_fit_quotes_its_own_line(profiled):
+    """Every region of a template is parsed under a name of its own, so a diagnostic quotes
+    the line of the text it points into (not the same line of another region's text)."""
+    import re
+
+    from tgc.planner.profile import Instance, reference_function
+    from tgc.types import TensorType
+
+    inst = _holding(profiled, "atomic.reshape")[0]
+    assert len({i.kernel.reference for i in profiled if i.kernel.name == inst.kernel.name}) > 1
+    wrong = (TensorType.get((4, 9), "f32"), *inst.operand_types[1:])
+    with pytest.raises(TypeError) as e:
+        reference_function(Instance(inst.kernel, wrong, inst.result_types))
+    found = re.search(
+        r"(<kernel cuda\.elementwise [0-9a-f]+>):(\d+):\d+: error: (.*)\n(.*)\n", str(e.value)
+    )
+    assert found, str(e.value)
+    assert "reshape" in found[3]
+    assert found[4] == inst.kernel.reference.split("\n")[int(found[2]) - 1]

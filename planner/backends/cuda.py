@@ -71,7 +71,7 @@ class DeviceArray:
 
     @classmethod
     def from_host(cls, array: np.ndarray, t: TensorType | None = None) -> DeviceArray:
-        host = np.ascontiguousarray(np.asarray(array, dtype=t.dtype if t is not None else None))
+        host = planner_side.host_array(array, t)
         out = cls.empty(host.shape, host.dtype)
         if host.nbytes:
             cuda.memcpy_htod(out.ptr, host)

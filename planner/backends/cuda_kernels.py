@@ -35,6 +35,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+import numpy as np
+
 from tgc.attributes import attribute_key
 from tgc.builtin import FuncOp, ReturnOp
 from tgc.codegen.cuda_ops import REDUCE_CODE, has_code
@@ -407,6 +409,16 @@ def cublas_kernel(run=None) -> Kernel:
     )
 
 
+# -- the "cuda" space --------------------------------------------------------------------------------
+
+
+def host_array(array, t: TensorType | None = None) -> np.ndarray:
+    """`array` as the contiguous host array an upload copies, of `t`'s dtype where given and of
+    its own shape: a rank-0 value stays rank 0 (`np.ascontiguousarray` would make it a
+    1-element vector, and the value downloaded would not be the value uploaded)."""
+    return np.asarray(array, dtype=t.dtype if t is not None else None, order="C")
+
+
 # -- registration -------------------------------------------------------------------------------------
 
 
@@ -442,6 +454,7 @@ __all__ = [
     "fused_from_call",
     "fusion_groups",
     "gemm_of",
+    "host_array",
     "region_kernel",
     "region_of",
     "register",
