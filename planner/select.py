@@ -518,13 +518,13 @@ class _Reach:
     """Which ops of a program could root a graph-kernel match that covers a given op inside:
     the reference ops of every graph kernel considered, by name, with their use counts."""
 
-    _cache: ClassVar[dict[tuple, _Reach]] = {}
+    # (registry version, ids of the graph kernels) -> those kernels (held, so that their ids
+    # stay theirs) and what they reach.
+    _cache: ClassVar[dict[tuple, tuple[tuple, _Reach]]] = {}
 
     def __init__(self, kernels) -> None:
         self.inner: dict[str, list[tuple[Operation, int, Operation]]] = {}
         for k in kernels:
-            if k.op is not None:
-                continue
             for ref in canonical_references(k):
                 root = reference_root(ref)
                 for op in ref.body.ops:
@@ -535,12 +535,15 @@ class _Reach:
 
     @classmethod
     def of(cls, ctx: PlanContext) -> _Reach:
-        kernels = list(KERNELS.values()) if ctx.kernels is None else ctx.kernels
-        key = (registry_version(), tuple(k.name for k in kernels))
+        pool = KERNELS.values() if ctx.kernels is None else ctx.kernels
+        graph = tuple(k for k in pool if k.op is None)
+        key = (registry_version(), tuple(map(id, graph)))
         found = cls._cache.get(key)
         if found is None:
-            found = cls._cache[key] = cls(kernels)
-        return found
+            if len(cls._cache) >= 8:
+                cls._cache.clear()
+            found = cls._cache[key] = (graph, cls(graph))
+        return found[1]
 
     def roots(self, d: Operation) -> list[Operation]:
         """Program ops that a match covering `d` (not as its root) could be rooted at: those
