@@ -545,3 +545,45 @@ def test_a_source_made_from_a_source_of_another_segment_gets_its_own_copy(reuse)
     inputs = random_inputs(func, 1)
     want = run_function(tgc.parse(SOURCE_OF_A_SOURCE).funcs[0], inputs, "f64")[0]
     assert np.allclose(run_function(func, inputs, "f64")[0], want, rtol=1e-12)
+
+
+def _random_block(rng: random.Random) -> str:
+    """A block of random unary and binary ops over its input, a weight and each other, ending
+    in one value that the next block reads. Half the blocks start with `w + x` (with `x` the
+    previous block's last op, a mul: an fma across the cut); half leave some ops unused (dead),
+    half use every op."""
+    T2 = "({T}, {T}) -> {T}"
+    lines, values = [], ["{x}", "%w{i}"]
+    if rng.random() < 0.5:
+        lines.append(f"%s{{i}} = atomic.add %w{{i}}, {{x}} : {T2}")
+        values = ["%s{i}", "%w{i}"]
+    for j in range(rng.randint(3, 8)):
+        if rng.random() < 0.3:
+            op = rng.choice(("exp", "neg", "abs", "sin"))
+            line = f"%v{j}_{{i}} = atomic.{op} {rng.choice(values)} : ({{T}}) -> {{T}}"
+        else:
+            op = rng.choice(("add", "mul", "mul", "sub"))
+            line = f"%v{j}_{{i}} = atomic.{op} {rng.choice(values)}, {rng.choice(values)} : {T2}"
+        lines.append(line)
+        values.append(f"%v{j}_{{i}}")
+    last = values[-1]
+    if rng.random() < 0.5:  # every op used
+        text = "".join(lines)
+        for k, v in enumerate(values[2:-1]):
+            if text.count(v + " ") + text.count(v + ",") == 1:  # defined, never read
+                lines.append(f"%u{k}_{{i}} = atomic.add {last}, {v} : {T2}")
+                last = f"%u{k}_{{i}}"
+    lines.append(f"%p{{i}} = atomic.mul {last}, %b{{i}} : {T2}")
+    return "".join("\n  " + line for line in lines)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_repeated_blocks_give_the_plan_found_without_reuse(seed):
+    """Six copies of a random block (`_random_block`: fmas inside and across cuts, dead ops or
+    none), random costs on two backends: the plan with reuse is the plan without."""
+    rng = random.Random(100 + seed)
+    kernels, costs = _fma_kernels(seed)
+    text = _chained(_random_block(rng), 6, "wb")
+    (with_reuse, cost, _), (without, cost_without, _) = _plans(text, kernels, costs)
+    assert with_reuse == without
+    assert cost == pytest.approx(cost_without, rel=1e-12)
