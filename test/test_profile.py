@@ -242,7 +242,19 @@ func.func @f(%x: tensor<256x256xf32>) -> tensor<256x256xf32> {
 
 
 def profile_cmd(module: str, db: str, *extra: str) -> list[str]:
-    return [os.path.join(BIN, "tgc-profile"), module, "--db", db, "--backend", "numpy", *extra]
+    # The planner's backends are named, so the instances do not depend on what this machine
+    # has installed (with torch or a GPU, more options would reach numpy kernels).
+    return [
+        os.path.join(BIN, "tgc-profile"),
+        module,
+        "--db",
+        db,
+        "--backend",
+        "numpy",
+        "--planner-backends",
+        "numpy",
+        *extra,
+    ]
 
 
 def record_count(path: str) -> int:
