@@ -63,6 +63,20 @@ def guarded(tool: str, body: Callable[[], int], debug: bool) -> int:
         return EXIT_INPUT
 
 
+def add_planning_db(ap, what: str) -> None:
+    """`--db [PATH]` (tgc-run --backend auto, tgc-plan): plan from a measurement database."""
+    ap.add_argument(
+        "--db",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="PATH",
+        help=f"{what} costs kernels from this measurement database (tgc-profile writes it; "
+        "without PATH: $TGC_DB, else the one in the user cache directory); default: the "
+        "roofline model",
+    )
+
+
 def add_planner_backends(ap, what: str) -> None:
     """`--planner-backends LIST` (tgc-run, tgc-plan, tgc-profile): the backend families that
     load, and whose kernels `select-kernels{backends=LIST}` considers."""

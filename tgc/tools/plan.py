@@ -20,7 +20,14 @@ import math
 import sys
 
 import tgc
-from tgc.tools._common import EXIT_OK, EXIT_USAGE, add_planner_backends, guarded, read_input
+from tgc.tools._common import (
+    EXIT_OK,
+    EXIT_USAGE,
+    add_planner_backends,
+    add_planning_db,
+    guarded,
+    read_input,
+)
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -57,15 +64,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
         metavar="T",
         help="largest stated kernel error allowed (default 1e-5)",
     )
-    ap.add_argument(
-        "--db",
-        nargs="?",
-        const="",
-        default=None,
-        metavar="PATH",
-        help="cost kernels from this measurement database (tgc-profile writes it; without PATH: "
-        "$TGC_DB, else the one in the user cache directory); default: the roofline model",
-    )
+    add_planning_db(ap, "select-kernels")
     add_planner_backends(ap, "plan")
     ap.add_argument("-p", "--passes", default="", help="pipeline to run before planning")
     ap.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")

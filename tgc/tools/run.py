@@ -12,7 +12,7 @@ import numpy as np
 
 import tgc
 from tgc.diagnostics import TgcError
-from tgc.tools._common import EXIT_OK, add_planner_backends, guarded, read_input
+from tgc.tools._common import EXIT_OK, add_planner_backends, add_planning_db, guarded, read_input
 
 # The route of --backend cuda when -p does not give one: it ends in placed IR.
 CUDA_PIPELINE = "cuda"
@@ -88,15 +88,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
         "--planner-backends)",
     )
     add_planner_backends(ap, "--backend auto: plan")
-    ap.add_argument(
-        "--db",
-        nargs="?",
-        const="",
-        default=None,
-        metavar="PATH",
-        help="select-kernels costs kernels from this measurement database (tgc-profile writes "
-        "it; without PATH: $TGC_DB, else the one in the user cache directory)",
-    )
+    add_planning_db(ap, "select-kernels")
     ap.add_argument(
         "--precision",
         choices=["native", "f64"],
