@@ -1,17 +1,8 @@
 """The measurement database: every kernel timing tgc has taken, in one sqlite3 file.
 
-Tables (schema version in `PRAGMA user_version`, upgraded by `MIGRATIONS`):
-
-- `devices`: what a timing was taken on, as a *fingerprint* (a hash of its description: the CPU
-  model, numpy and its BLAS for the numpy backend; the GPU name, compute capability, driver and
-  CUDA version for a GPU backend; tgc's version for all). A record is used only on a device with
-  the same fingerprint.
-- `kernels`: name, backend, *source hash* (the kernel's code and reference graphs: a changed
-  kernel is a new row, its old timings are not used) and its parameter domains.
-- `measurements`: kernel, device, the instance (operand and result types, parameters, op
-  attributes), bytes and flops moved, then either a time (median, min, spread, runs) with the
-  error against float64, or a failure with its message; when, and what took it (profile, tune,
-  import). One row per instance and device: measuring again replaces it.
+What the file holds (tables, migrations, the `Measurement` record) is planner/db_schema.py; the
+kernel and device identities a record is keyed by are planner/fingerprints.py. This module opens
+the file and reads and writes it (`Database`).
 
 Writers use WAL mode and a busy timeout, so several profilers can write at once, and commit one
 measurement per transaction, so a killed profiler loses at most the one in flight. A file that
@@ -25,28 +16,69 @@ file; it does not change what a pipeline means.
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import inspect
 import json
 import os
-import platform
 import sqlite3
-import sys
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Self
 
 from tgc.diagnostics import TgcError
-from tgc.planner.kernel import BACKEND_SPACE, Kernel
+from tgc.planner.db_schema import (
+    FAILED,
+    MIGRATIONS,
+    OK,
+    ORIGINS,
+    SCHEMA_VERSION,
+    DeviceInfo,
+    KernelInfo,
+    Measurement,
+    dtypes_of,
+    params_text,
+    signature_of,
+)
+from tgc.planner.fingerprints import (
+    FINGERPRINTS,
+    cpu_description,
+    cuda_description,
+    device_backend,
+    device_info,
+    device_of,
+    kernel_info,
+)
 
-SCHEMA_VERSION = 2
+# Re-exported: the planner, tools and tests import these from here.
+__all__ = [
+    "BUSY_TIMEOUT_S",
+    "DB_FILE",
+    "FAILED",
+    "FINGERPRINTS",
+    "MIGRATIONS",
+    "OK",
+    "ORIGINS",
+    "SCHEMA_VERSION",
+    "SQLITE_HEADER",
+    "Database",
+    "DatabaseUnavailable",
+    "DeviceInfo",
+    "KernelInfo",
+    "Measurement",
+    "cpu_description",
+    "cuda_description",
+    "default_path",
+    "device_backend",
+    "device_info",
+    "device_of",
+    "dtypes_of",
+    "kernel_info",
+    "params_text",
+    "resolve_path",
+    "signature_of",
+]
+
 DB_FILE = "measurements.sqlite"
 BUSY_TIMEOUT_S = 60.0  # a writer waits this long for another writer's transaction
 SQLITE_HEADER = b"SQLite format 3\x00"
-OK, FAILED = "ok", "failed"
-ORIGINS = ("profile", "tune", "import")
 
 
 class DatabaseUnavailable(TgcError):
@@ -65,134 +97,6 @@ def default_path() -> str:
 
 def resolve_path(path: str | None) -> str:
     return path if path else default_path()
-
-
-# -- schema -----------------------------------------------------------------------------------------
-
-
-def _v1(con: sqlite3.Connection) -> None:
-    _statements(
-        con,
-        """
-        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-        CREATE TABLE devices (
-            id INTEGER PRIMARY KEY,
-            fingerprint TEXT NOT NULL UNIQUE,
-            backend TEXT NOT NULL,
-            description TEXT NOT NULL
-        );
-        CREATE TABLE kernels (
-            id INTEGER PRIMARY KEY,
-            name TEXT NOT NULL,
-            backend TEXT NOT NULL,
-            source_hash TEXT NOT NULL,
-            params TEXT NOT NULL,
-            UNIQUE (name, source_hash)
-        );
-        CREATE TABLE measurements (
-            id INTEGER PRIMARY KEY,
-            kernel_id INTEGER NOT NULL REFERENCES kernels(id),
-            device_id INTEGER NOT NULL REFERENCES devices(id),
-            signature TEXT NOT NULL,
-            dtypes TEXT NOT NULL,
-            params TEXT NOT NULL,
-            attrs_key TEXT NOT NULL,
-            attrs TEXT NOT NULL,
-            bytes REAL NOT NULL,
-            flops REAL NOT NULL,
-            status TEXT NOT NULL,
-            median REAL,
-            min REAL,
-            spread REAL,
-            runs INTEGER,
-            max_error REAL,
-            message TEXT,
-            created REAL NOT NULL,
-            UNIQUE (kernel_id, device_id, signature, params, attrs_key)
-        );
-        """,
-    )
-
-
-def _statements(con: sqlite3.Connection, script: str) -> None:
-    """Run `;`-separated statements inside the caller's transaction (executescript would
-    commit it first)."""
-    for statement in script.split(";"):
-        if statement.strip():
-            con.execute(statement)
-
-
-def _v2(con: sqlite3.Connection) -> None:
-    # What took a measurement (tuning points are told apart from the profile's defaults), and
-    # an index for the estimator's per-kernel, per-device reads.
-    con.execute("ALTER TABLE measurements ADD COLUMN origin TEXT NOT NULL DEFAULT 'profile'")
-    con.execute("CREATE INDEX measurements_by_kernel ON measurements (kernel_id, device_id)")
-
-
-# MIGRATIONS[i] takes a database from version i to i + 1; a new file runs them all.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2]
-assert len(MIGRATIONS) == SCHEMA_VERSION
-
-
-# -- records ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    fingerprint: str
-    backend: str
-    description: dict
-
-
-@dataclass(frozen=True)
-class KernelInfo:
-    name: str
-    backend: str
-    source_hash: str
-    params: dict  # name -> domain (list)
-
-
-@dataclass
-class Measurement:
-    """One row of `measurements`, with its kernel and device."""
-
-    kernel: KernelInfo
-    device: DeviceInfo
-    signature: str
-    dtypes: str
-    params: dict
-    attrs_key: str
-    attrs: str
-    bytes: float
-    flops: float
-    status: str
-    median: float | None = None
-    min: float | None = None
-    spread: float | None = None
-    runs: int | None = None
-    max_error: float | None = None
-    message: str | None = None
-    created: float = field(default_factory=time.time)
-    origin: str = "profile"
-
-    @property
-    def ok(self) -> bool:
-        return self.status == OK
-
-
-def signature_of(operand_types, result_types) -> str:
-    """An instance's types, encodings included: `tensor<4x8xf32>,tensor<8xf32>->tensor<4x8xf32>`."""
-    return ",".join(map(str, operand_types)) + "->" + ",".join(map(str, result_types))
-
-
-def dtypes_of(operand_types, result_types) -> str:
-    """The element types alone (`f32,f32->f32`): points of one curve share them."""
-    ins = ",".join(t.element_type for t in operand_types)
-    return ins + "->" + ",".join(t.element_type for t in result_types)
-
-
-def params_text(params: dict) -> str:
-    return json.dumps(params, sort_keys=True, separators=(",", ":"))
 
 
 # -- the file -------------------------------------------------------------------------------------
@@ -536,170 +440,3 @@ def _connect(target: str, path: str, uri: bool = False) -> sqlite3.Connection:
 def _unavailable(path: str, e: sqlite3.Error) -> DatabaseUnavailable:
     reason = str(e) or type(e).__name__
     return DatabaseUnavailable(f"cannot use measurement database '{path}': {reason}")
-
-
-# -- kernels and devices ----------------------------------------------------------------------------
-
-
-@functools.cache
-def kernel_info(kernel: Kernel) -> KernelInfo:
-    """The kernel's database identity: its source hash covers its name, backend, op or
-    reference texts, parameter domains, stated error and the code of `run` (and of the
-    functions and op classes it closes over)."""
-    parts = [
-        kernel.name,
-        kernel.backend,
-        str(kernel.op),
-        repr(kernel.reference_texts()),
-        repr(sorted(kernel.params.items())),
-        repr(kernel.max_rel_error),
-        _code_text(kernel.run),
-    ]
-    digest = hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:16]
-    domains = {k: list(v) for k, v in kernel.params.items()}
-    return KernelInfo(kernel.name, kernel.backend, digest, domains)
-
-
-def _code_text(fn) -> str:
-    if fn is None:
-        return "None"
-    parts = [_source(fn)]
-    for cell in getattr(fn, "__closure__", None) or ():
-        try:
-            value = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        if inspect.isfunction(value):
-            parts.append(_source(value))
-        elif inspect.isclass(value) and callable(getattr(value, "reference", None)):
-            parts.append(value.__qualname__ + _source(value.reference))
-    return "\n".join(parts)
-
-
-def _source(fn) -> str:
-    try:
-        return inspect.getsource(fn)
-    except (OSError, TypeError):
-        code = getattr(fn, "__code__", None)
-        return code.co_code.hex() if code is not None else repr(fn)
-
-
-def device_backend(kernel: Kernel) -> str:
-    """Whose fingerprint a kernel's timings belong to: its backend's; for a copy, that of the
-    device end (a host <-> cuda copy is timed on the GPU machine)."""
-    if kernel.op == "kernel.copy":
-        from tgc.planner.options import COPY_KERNELS
-
-        for (src, dst), name in COPY_KERNELS.items():
-            if name == kernel.name:
-                space = src or dst
-                if space is not None:
-                    return next(b for b, s in BACKEND_SPACE.items() if s == space)
-    return kernel.backend
-
-
-def _tgc_version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("tgc")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _blas() -> str:
-    import numpy as np
-
-    try:
-        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-        return f"{blas.get('name', '?')} {blas.get('version', '?')}"
-    except Exception:  # noqa: BLE001  (older numpy: no dicts mode; the version still tells)
-        return "unknown"
-
-
-def cpu_description() -> dict:
-    import numpy as np
-
-    threads = {
-        k: os.environ[k]
-        for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-        if k in os.environ
-    }
-    return {
-        "cpu": _cpu_model(),
-        "machine": platform.machine(),
-        "cores": len(os.sched_getaffinity(0))
-        if hasattr(os, "sched_getaffinity")
-        else os.cpu_count(),
-        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
-        "numpy": np.__version__,
-        "blas": _blas(),
-        "threads": threads,
-        "tgc": _tgc_version(),
-    }
-
-
-def cuda_description() -> dict:
-    """The GPU (device 0) through PyCUDA, else through torch."""
-    try:
-        import pycuda.driver as drv
-
-        drv.init()
-        dev = drv.Device(0)
-        gpu = {
-            "gpu": dev.name(),
-            "compute_capability": ".".join(map(str, dev.compute_capability())),
-            "driver": drv.get_driver_version(),
-            "cuda": ".".join(map(str, drv.get_version())),
-        }
-    except Exception:  # noqa: BLE001  (no PyCUDA: ask torch)
-        import torch
-
-        props = torch.cuda.get_device_properties(0)
-        gpu = {
-            "gpu": props.name,
-            "compute_capability": f"{props.major}.{props.minor}",
-            "cuda": torch.version.cuda,
-        }
-    return {**gpu, "host": _cpu_model(), "tgc": _tgc_version()}
-
-
-def _torch_version() -> str:
-    import torch
-
-    return torch.__version__
-
-
-# backend -> its device description (how a timing's machine is recognised); a backend module may
-# register a better one.
-FINGERPRINTS: dict[str, Callable[[], dict]] = {
-    "numpy": cpu_description,
-    "torch-cpu": lambda: {**cpu_description(), "torch": _torch_version()},
-    "cuda": cuda_description,
-    "torch-cuda": lambda: {**cuda_description(), "torch": _torch_version()},
-}
-
-
-@functools.cache
-def device_info(backend: str) -> DeviceInfo:
-    describe = FINGERPRINTS.get(backend)
-    if describe is None:
-        raise LookupError(f"no device fingerprint is defined for backend '{backend}'")
-    description = {"backend": backend, **describe()}
-    text = json.dumps(description, sort_keys=True)
-    return DeviceInfo(hashlib.sha256(text.encode()).hexdigest()[:16], backend, description)
-
-
-def device_of(kernel: Kernel) -> DeviceInfo:
-    return device_info(device_backend(kernel))

@@ -1,0 +1,153 @@
+"""What the measurement database (planner/db.py) holds: its tables, the migrations that bring
+an older file to `SCHEMA_VERSION`, and the records a row reads as (`Measurement`, with its
+`KernelInfo` and `DeviceInfo`).
+
+Tables (schema version in `PRAGMA user_version`, upgraded by `MIGRATIONS`):
+
+- `devices`: what a timing was taken on, as a *fingerprint* (planner/fingerprints.py).
+- `kernels`: name, backend, *source hash* (the kernel's code and reference graphs: a changed
+  kernel is a new row, its old timings are not used) and its parameter domains.
+- `measurements`: kernel, device, the instance (operand and result types, parameters, op
+  attributes), bytes and flops moved, then either a time (median, min, spread, runs) with the
+  error against float64, or a failure with its message; when, and what took it (profile, tune,
+  import). One row per instance and device: measuring again replaces it.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+SCHEMA_VERSION = 2
+OK, FAILED = "ok", "failed"
+ORIGINS = ("profile", "tune", "import")
+
+# -- schema -----------------------------------------------------------------------------------------
+
+
+def _v1(con: sqlite3.Connection) -> None:
+    _statements(
+        con,
+        """
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE devices (
+            id INTEGER PRIMARY KEY,
+            fingerprint TEXT NOT NULL UNIQUE,
+            backend TEXT NOT NULL,
+            description TEXT NOT NULL
+        );
+        CREATE TABLE kernels (
+            id INTEGER PRIMARY KEY,
+            name TEXT NOT NULL,
+            backend TEXT NOT NULL,
+            source_hash TEXT NOT NULL,
+            params TEXT NOT NULL,
+            UNIQUE (name, source_hash)
+        );
+        CREATE TABLE measurements (
+            id INTEGER PRIMARY KEY,
+            kernel_id INTEGER NOT NULL REFERENCES kernels(id),
+            device_id INTEGER NOT NULL REFERENCES devices(id),
+            signature TEXT NOT NULL,
+            dtypes TEXT NOT NULL,
+            params TEXT NOT NULL,
+            attrs_key TEXT NOT NULL,
+            attrs TEXT NOT NULL,
+            bytes REAL NOT NULL,
+            flops REAL NOT NULL,
+            status TEXT NOT NULL,
+            median REAL,
+            min REAL,
+            spread REAL,
+            runs INTEGER,
+            max_error REAL,
+            message TEXT,
+            created REAL NOT NULL,
+            UNIQUE (kernel_id, device_id, signature, params, attrs_key)
+        );
+        """,
+    )
+
+
+def _statements(con: sqlite3.Connection, script: str) -> None:
+    """Run `;`-separated statements inside the caller's transaction (executescript would
+    commit it first)."""
+    for statement in script.split(";"):
+        if statement.strip():
+            con.execute(statement)
+
+
+def _v2(con: sqlite3.Connection) -> None:
+    # What took a measurement (tuning points are told apart from the profile's defaults), and
+    # an index for the estimator's per-kernel, per-device reads.
+    con.execute("ALTER TABLE measurements ADD COLUMN origin TEXT NOT NULL DEFAULT 'profile'")
+    con.execute("CREATE INDEX measurements_by_kernel ON measurements (kernel_id, device_id)")
+
+
+# MIGRATIONS[i] takes a database from version i to i + 1; a new file runs them all.
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2]
+assert len(MIGRATIONS) == SCHEMA_VERSION
+
+
+# -- records ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    fingerprint: str
+    backend: str
+    description: dict
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    name: str
+    backend: str
+    source_hash: str
+    params: dict  # name -> domain (list)
+
+
+@dataclass
+class Measurement:
+    """One row of `measurements`, with its kernel and device."""
+
+    kernel: KernelInfo
+    device: DeviceInfo
+    signature: str
+    dtypes: str
+    params: dict
+    attrs_key: str
+    attrs: str
+    bytes: float
+    flops: float
+    status: str
+    median: float | None = None
+    min: float | None = None
+    spread: float | None = None
+    runs: int | None = None
+    max_error: float | None = None
+    message: str | None = None
+    created: float = field(default_factory=time.time)
+    origin: str = "profile"
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+
+def signature_of(operand_types, result_types) -> str:
+    """An instance's types, encodings included: `tensor<4x8xf32>,tensor<8xf32>->tensor<4x8xf32>`."""
+    return ",".join(map(str, operand_types)) + "->" + ",".join(map(str, result_types))
+
+
+def dtypes_of(operand_types, result_types) -> str:
+    """The element types alone (`f32,f32->f32`): points of one curve share them."""
+    ins = ",".join(t.element_type for t in operand_types)
+    return ins + "->" + ",".join(t.element_type for t in result_types)
+
+
+def params_text(params: dict) -> str:
+    return json.dumps(params, sort_keys=True, separators=(",", ":"))
