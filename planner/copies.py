@@ -13,16 +13,10 @@ from tgc.ir import Block, Operation
 from tgc.planner.blocks import Segment, copy_map, localize, segment_key, source_ops, split
 from tgc.planner.chain import Selection, _Chain, _Entry, _Kind, _map_option
 from tgc.planner.kernel import KERNELS, canonical_references, reference_root, registry_version
-from tgc.planner.options import FUSED_OPTIONS, Option, PlanContext, _default_match, live_ops
+from tgc.planner.options import Option, PlanContext, live_ops
 from tgc.planner.solve import Solver
 
 # -- copies of segments ---------------------------------------------------------------------------
-
-
-def _options_are_local(ctx: PlanContext) -> bool:
-    """Whether the options at an op are the registered kernels' matches there (and its
-    decomposition): what `_CopyChain` knows how far they reach."""
-    return ctx.match is _default_match and not FUSED_OPTIONS
 
 
 class _SegmentOptions:

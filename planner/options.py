@@ -216,6 +216,12 @@ class PlanContext:
         self._blocks: dict[Block, BlockOptions] = {}
         self._building: set[tuple] = set()
 
+    def options_are_local(self) -> bool:
+        """Whether the options at an op are the registered kernels' matches there (and its
+        decomposition) alone: no injected matcher and no fused-kernel provider, so how far an
+        option reaches is known from the kernels' reference graphs (what block reuse needs)."""
+        return self.match is _default_match and not FUSED_OPTIONS
+
     def allows(self, kernel: Kernel) -> bool:
         """Whether `kernel` may be an option: on an allowed backend, within the tolerance."""
         backend_ok = self.backends is None or kernel.backend in self.backends

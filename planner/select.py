@@ -29,7 +29,7 @@ from tgc.ir import Value, paused_gc
 from tgc.pass_manager import Pass, PassStatistics, PipelineError, register_pass
 from tgc.planner.blocks import localize_sources
 from tgc.planner.chain import Selection, _Chain
-from tgc.planner.copies import _CopyChain, _options_are_local
+from tgc.planner.copies import _CopyChain
 from tgc.planner.cost import CachedCosts, CostSource, RooflineCostSource
 from tgc.planner.estimate import DatabaseCostSource
 from tgc.planner.materialise import materialise
@@ -99,7 +99,7 @@ def _plan(
     required: dict[Value, int] = {}
     for v, t in zip(block.last.operands, declared):
         required[v] = required.get(v, 0) | spaces.bit(t.encoding)
-    if reuse and _options_are_local(ctx):
+    if reuse and ctx.options_are_local():
         selection = _CopyChain(solver, func, required).run()
         if selection is not None:
             return selection
