@@ -36,7 +36,8 @@ from tgc.ir import Operation
 from tgc.planner import family_of, load_backends
 from tgc.planner.backends import BACKENDS, SPACES, TEMPLATES, Backend, Space, Template
 from tgc.planner.kernel import BACKEND_SPACE, KERNELS, Kernel
-from tgc.runtime.interpreter import check_inputs, run_block
+from tgc.evaluate import evaluate_block
+from tgc.runtime.interpreter import check_inputs
 
 
 def run_plan(
@@ -103,7 +104,7 @@ def _run_op(op: Operation, values: list, backends: dict[str, Backend]) -> list:
             op.loc,
         )
     if isinstance(op, FusedOp):
-        return run_block(op.body, values, "native")
+        return evaluate_block(op.body, values, "native")
     from tgc.planner.backends.numpy import op_kernel_run
 
     return op_kernel_run(type(op))(values, op.attributes, [r.type for r in op.results])

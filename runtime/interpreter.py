@@ -24,9 +24,6 @@ from tgc.evaluate import PRECISIONS, allocating, evaluate_block, storage_dtype
 from tgc.ir import Value
 from tgc.types import TensorType
 
-# The block evaluator of tgc.evaluate, under the name the planner's executor knows.
-run_block = evaluate_block
-
 
 def check_inputs(func: FuncOp, inputs: list[np.ndarray], precision: str) -> list[np.ndarray]:
     args = func.body.args

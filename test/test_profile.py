@@ -350,13 +350,13 @@ func.func @fma(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>, %c: tensor<4x8xf32>) ->
 @pytest.mark.parametrize("offset, ok", [(0.0, True), (1.0, False)])
 def test_a_generated_kernel_is_checked_and_timed_through_run_region(monkeypatch, offset, ok):
     from tgc.planner.backends import BACKENDS, Backend
-    from tgc.runtime.interpreter import run_block
+    from tgc.evaluate import evaluate_block
 
     seen = []
 
     def run_region(op, inputs):  # what a CUDA backend does, interpreted on the host
         seen.append(op.attr("callee"))
-        return [r + np.float32(offset) for r in run_block(op.body, inputs, "native")]
+        return [r + np.float32(offset) for r in evaluate_block(op.body, inputs, "native")]
 
     monkeypatch.setitem(BACKENDS, "numpy", Backend("numpy", run_region=run_region))
     kernel = Kernel("numpy.generated_fma", "numpy", reference=FMA_TEXT)  # no run
