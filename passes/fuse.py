@@ -282,10 +282,7 @@ def _first_to_finish(a: Search, b: Search) -> tuple[Search, set[UnitNode] | None
 def fusion_groups(func: FuncOp, matmul_epilogue: bool = True) -> list[tuple[str, list[Operation]]]:
     """The groups `fuse` would form in `func`, as (template kind, ops in block order), without
     changing the IR: what the planner offers as generated fused kernels."""
-    fuser = _Fuser(func, matmul_epilogue)
-    fuser.number_ops()
-    fuser.run()
-    return [(g.kind, list(g.ops)) for g in fuser.groups]
+    return [(g.kind, list(g.ops)) for g in _Fuser.grouped(func, matmul_epilogue).groups]
 
 
 class _Fuser:
@@ -297,6 +294,14 @@ class _Fuser:
         self.groups: dict[Group, None] = {}
         self.units = UnitGraph()
         self.node_of: dict[Group | Operation, UnitNode] = self.units.add_ops(func.body.ops)
+
+    @classmethod
+    def grouped(cls, func: FuncOp, matmul_epilogue: bool) -> _Fuser:
+        """A fuser that has formed its groups over `func` (the IR is not changed yet)."""
+        fuser = cls(func, matmul_epilogue)
+        fuser.number_ops()
+        fuser.run()
+        return fuser
 
     # -- the graph of units (groups and loose ops), for the cycle check ------------------------
 
@@ -586,9 +591,7 @@ class Fuse(Pass):
         self.fuse_function(func, stats, existing_kernel_names(func))
 
     def fuse_function(self, func: FuncOp, stats: PassStatistics, taken: set[str]) -> None:
-        fuser = _Fuser(func, self.matmul_epilogue)
-        fuser.number_ops()
-        fuser.run()
+        fuser = _Fuser.grouped(func, self.matmul_epilogue)
         key = dict(fuser.index)
         for group in sorted(fuser.groups, key=lambda g: fuser.index[g.ops[0]]):
             if not _worth_a_kernel(group):
