@@ -1,9 +1,11 @@
 """Attribute values.
 
 Plain Python values stand for the simple attributes so that passes read them without
-unwrapping: `int`, `float`, `str`, `bool`, and `tuple` for arrays (`[0, 2, 1]`). Three small
-classes cover the rest: `DenseAttr` (a typed numpy constant), `SymbolRef` (`@name`) and
-`TensorType` itself for type attributes. `FunctionTypeAttr` holds `(T, T) -> T` for `func.func`.
+unwrapping: `int`, `float`, `str`, `bool`, and `tuple` for arrays (`[0, 2, 1]`). Small classes
+cover the rest: `DenseAttr` (a typed numpy constant), `SymbolRef` (`@name`), `TensorType` itself
+for type attributes, `FunctionTypeAttr` for `(T, T) -> T` in `func.func`, `DictAttr` for a
+dictionary (`{tgc.param, k = 1}`), and `UNIT`, the value of a key written alone (MLIR's unit
+attribute: `{tgc.param}` means the key is present).
 
 Strings and symbol names follow MLIR's spelling (`escape_string`, `unescape_string`,
 `format_symbol`), shared by the parser and the printer so that printed text reads back exactly.
@@ -20,6 +22,57 @@ import numpy as np
 from tgc.types import TensorType
 
 Attribute = object  # int | float | str | bool | tuple | DenseAttr | SymbolRef | TensorType | ...
+
+
+class UnitAttr:
+    """The value of a key that is written alone, `{tgc.param}`: only its presence says anything."""
+
+    __slots__ = ()
+    _instance: UnitAttr | None = None
+
+    def __new__(cls) -> UnitAttr:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "UNIT"
+
+    def __reduce__(self):
+        return (UnitAttr, ())
+
+
+UNIT = UnitAttr()
+
+
+class DictAttr:
+    """An immutable dictionary attribute, `{tgc.param, note = "x"}` (keys kept sorted)."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, entries: dict | None = None) -> None:
+        self._items = tuple(sorted((entries or {}).items()))
+
+    def as_dict(self) -> dict:
+        return dict(self._items)
+
+    def get(self, key: str, default=None):
+        return dict(self._items).get(key, default)
+
+    def __contains__(self, key: str) -> bool:
+        return any(k == key for k, _ in self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, DictAttr) and attribute_key(self) == attribute_key(other)
+
+    def __hash__(self) -> int:
+        return hash(attribute_key(self))
+
+    def __repr__(self) -> str:
+        return f"DictAttr({dict(self._items)!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +192,8 @@ def attribute_key(value) -> tuple:
         return ("nan",)
     if isinstance(value, tuple):
         return (tuple, tuple(attribute_key(v) for v in value))
+    if isinstance(value, DictAttr):
+        return (DictAttr, tuple((k, attribute_key(v)) for k, v in value._items))
     return (type(value), value)
 
 

@@ -6,7 +6,7 @@ are ordinary ops with a region.
 
 from __future__ import annotations
 
-from tgc.attributes import FunctionTypeAttr
+from tgc.attributes import UNIT, DictAttr, FunctionTypeAttr
 from tgc.diagnostics import UNKNOWN_LOC, Location, VerifyError
 from tgc.ir import Block, Operation, Region
 from tgc.opdef import (
@@ -15,12 +15,29 @@ from tgc.opdef import (
     STR,
     TERMINATOR,
     Attr,
+    AttrKind,
     VariadicOperand,
     attrs,
     check_memory_space,
     register,
 )
 from tgc.types import TensorType
+
+# The argument attribute that marks a parameter (a weight fixed between calls).
+PARAM_ATTR = "tgc.param"
+
+ARG_ATTRS = AttrKind(
+    "an array of dictionaries",
+    lambda v: isinstance(v, tuple) and all(isinstance(d, DictAttr) for d in v),
+)
+
+
+def _well_formed_arg_attrs(value, num_args: int) -> bool:
+    return (
+        isinstance(value, tuple)
+        and len(value) == num_args
+        and all(isinstance(d, DictAttr) for d in value)
+    )
 
 
 @register
@@ -76,7 +93,12 @@ class FuncOp(Operation):
     """
 
     name = "func.func"
-    attr_defs = attrs(Attr("sym_name", STR), Attr("function_type", FUNCTION_TYPE))
+    attr_defs = attrs(
+        Attr("sym_name", STR),
+        Attr("function_type", FUNCTION_TYPE),
+        # One dictionary per argument, as in MLIR; printed inline: `%w: tensor<..> {tgc.param}`.
+        Attr("arg_attrs", ARG_ATTRS, default=None),
+    )
     traits = frozenset({ISOLATED})
     num_results = 0
     num_regions = 1
@@ -110,6 +132,25 @@ class FuncOp(Operation):
     def args(self):
         return self.body.args
 
+    def arg_attrs(self, index: int) -> dict:
+        """The attributes of argument `index` (an empty dict when it has none)."""
+        found = self.attributes.get("arg_attrs")
+        if not _well_formed_arg_attrs(found, len(self.function_type.inputs)):
+            return {}
+        return found[index].as_dict()
+
+    def set_arg_attr(self, index: int, key: str, value=UNIT) -> None:
+        """Give argument `index` the attribute `key` (a unit attribute unless a value is given)."""
+        n = len(self.function_type.inputs)
+        per_arg = [self.arg_attrs(i) for i in range(n)]
+        per_arg[index][key] = value
+        self.attributes["arg_attrs"] = tuple(DictAttr(a) for a in per_arg)
+
+    def is_param(self, index: int) -> bool:
+        """Whether argument `index` is a parameter: a weight that does not change between calls,
+        so a plan may pack or pre-transform it once (`%w: tensor<..> {tgc.param}`)."""
+        return PARAM_ATTR in self.arg_attrs(index)
+
     def set_result_types(self, types: list[TensorType]) -> None:
         self.attributes["function_type"] = FunctionTypeAttr(self.function_type.inputs, tuple(types))
 
@@ -121,6 +162,14 @@ class FuncOp(Operation):
         ftype = self.function_type
         for i, t in enumerate(ftype.inputs):
             check_memory_space(t, f"argument #{i} type")
+        found = self.attributes.get("arg_attrs")
+        if found is not None and not _well_formed_arg_attrs(found, len(ftype.inputs)):
+            raise VerifyError(
+                f"'arg_attrs' must hold one dictionary per argument ({len(ftype.inputs)})"
+            )
+        for i in range(len(ftype.inputs)):
+            if self.arg_attrs(i).get(PARAM_ATTR, UNIT) is not UNIT:
+                raise VerifyError(f"'{PARAM_ATTR}' of argument #{i} takes no value")
         for i, t in enumerate(ftype.results):
             check_memory_space(t, f"result #{i} type")
         arg_types = tuple(a.type for a in block.args)

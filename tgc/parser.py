@@ -36,6 +36,8 @@ from tgc.attributes import (
     DenseAttr,
     FunctionTypeAttr,
     StringSyntaxError,
+    UNIT,
+    DictAttr,
     SymbolRef,
     unescape_string,
 )
@@ -112,7 +114,7 @@ class _ToTuples(Transformer):
         return list(c)
 
     def func_arg(self, c):
-        return ("arg", c[0], c[1])
+        return ("arg", c[0], c[1], c[2] if len(c) > 2 and c[2] is not None else [])
 
     def custom_op(self, c):
         results, name, operands, attr_dict, signature, region = c
@@ -178,7 +180,10 @@ class _ToTuples(Transformer):
         return [e for e in c if e is not None]
 
     def attr_entry(self, c):
-        return (c[0], c[1])
+        return (c[0], c[1] if len(c) > 1 else None)  # None: a unit attribute
+
+    def dict_value(self, c):
+        return ("dict", [e for e in c if e is not None])
 
     def array(self, c):
         return ("array", c[0], [x for x in c[1:] if x is not None])
@@ -467,14 +472,19 @@ class _IRBuilder:
 
     def build_func(self, item) -> FuncOp:
         _, kw, sym, args, results, attr_entries, ops = item
-        arg_types = [self.type_of(t) for _, _, t in args]
+        arg_types = [self.type_of(arg[2]) for arg in args]
         result_types = [self.type_of(t) for t in (results or [])]
         func = FuncOp.build(self.symbol(sym), arg_types, result_types, loc=_loc(kw, self.file))
         func.attributes.update(self.attributes(attr_entries))
+        arg_attrs = [self.attributes(arg[3]) for arg in args]
+        if any(arg_attrs):
+            if "arg_attrs" in func.attributes:
+                raise self.error("argument attributes are given both inline and as 'arg_attrs'", kw)
+            func.attributes["arg_attrs"] = tuple(DictAttr(a) for a in arg_attrs)
         self.enter_region(kw)
         self.scopes.append(None)
         self.scopes.append({})
-        for (_, name_tok, _), arg in zip(args, func.body.args):
+        for (_, name_tok, *_), arg in zip(args, func.body.args):
             self.define(name_tok, arg)
         for op in ops:
             func.body.append(self.build_op(op))
@@ -544,8 +554,8 @@ class _IRBuilder:
             self.scopes.append(None)
         self.scopes.append({})
         for _, label, args, ops in blocks:
-            block = Block([self.type_of(t) for _, _, t in args], label=label and label[1:])
-            for (_, name_tok, _), arg in zip(args, block.args):
+            block = Block([self.type_of(a[2]) for a in args], label=label and label[1:])
+            for (_, name_tok, *_), arg in zip(args, block.args):
                 self.define(name_tok, arg)
             for op in ops:
                 block.append(self.build_op(op))
@@ -558,13 +568,13 @@ class _IRBuilder:
 
     # attributes
 
-    def attributes(self, entries) -> dict:
+    def attributes(self, entries, depth: int = 0) -> dict:
         out = {}
         for key_tok, value in entries:
             key = self.string(key_tok) if key_tok.startswith('"') else str(key_tok)
             if key in out:
                 raise self.error(f"duplicate attribute '{key}'", key_tok)
-            out[key] = self.attr_value(value)
+            out[key] = UNIT if value is None else self.attr_value(value, depth)
         return out
 
     def attr_value(self, v, depth: int = 0):
@@ -597,6 +607,11 @@ class _IRBuilder:
             )
         if kind == "dense":
             return self.dense(v)
+        if kind == "dict":
+            if depth >= MAX_NESTING and v[1]:
+                limit = f"the limit is {MAX_NESTING} levels"
+                raise self.error(f"attribute dictionaries nested too deeply ({limit})", v[1][0][0])
+            return DictAttr(self.attributes(v[1], depth + 1))
         raise TypeError(f"unhandled attribute form {kind}")
 
     def dense(self, v) -> DenseAttr:

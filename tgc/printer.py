@@ -10,7 +10,9 @@ from __future__ import annotations
 import re
 
 from tgc.attributes import (
+    UNIT,
     DenseAttr,
+    DictAttr,
     FunctionTypeAttr,
     SymbolRef,
     escape_string,
@@ -48,6 +50,8 @@ def format_attribute(value, generic: bool = False) -> str:
         return str(value)
     if isinstance(value, FunctionTypeAttr):
         return format_function_type(value.inputs, value.results)
+    if isinstance(value, DictAttr):
+        return format_attr_dict(value.as_dict(), generic) or "{}"
     raise TypeError(f"cannot print attribute {value!r}")
 
 
@@ -65,7 +69,8 @@ def format_attr_dict(attributes: dict, generic: bool = False) -> str:
     parts = []
     for key in sorted(attributes):
         shown = key if _BARE_KEY.match(key) else format_string(key)
-        parts.append(f"{shown} = {format_attribute(attributes[key], generic)}")
+        value = attributes[key]
+        parts.append(shown if value is UNIT else f"{shown} = {format_attribute(value, generic)}")
     return "{" + ", ".join(parts) + "}"
 
 
@@ -145,14 +150,18 @@ class Printer:
 
     def func(self, func: FuncOp, depth: int) -> None:
         pad = "  " * depth
-        args = ", ".join(f"{self.name(a)}: {a.type}" for a in func.body.args)
+        args = ", ".join(
+            f"{self.name(a)}: {a.type}" + _spaced(format_attr_dict(func.arg_attrs(a.index)))
+            for a in func.body.args
+        )
         results = func.function_type.results
         head = f"{pad}func.func {format_symbol(func.sym_name)}({args})"
         if len(results) == 1:
             head += f" -> {results[0]}"
         elif results:
             head += " -> (" + ", ".join(map(str, results)) + ")"
-        extra = {k: v for k, v in func.attributes.items() if k not in ("sym_name", "function_type")}
+        printed_inline = ("sym_name", "function_type", "arg_attrs")
+        extra = {k: v for k, v in func.attributes.items() if k not in printed_inline}
         if extra:
             head += " attributes " + format_attr_dict(extra)
         self.lines.append(head + " {")
@@ -212,6 +221,10 @@ class Printer:
         label = block.label if block.label and _VALUE_NAME.match(block.label) else f"bb{index}"
         args = ", ".join(f"{self.name(a)}: {a.type}" for a in block.args)
         self.lines.append("  " * depth + f"^{label}" + (f"({args})" if args else "") + ":")
+
+
+def _spaced(text: str) -> str:
+    return " " + text if text else ""
 
 
 def print_module(module: ModuleOp, generic: bool = False) -> str:
