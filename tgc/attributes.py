@@ -95,11 +95,23 @@ class FunctionTypeAttr:
 
 
 class DenseAttr:
-    """`dense<[[1.0, 2.0]]> : tensor<1x2xf32>` or the splat `dense<0.5> : tensor<f32>`."""
+    """`dense<[[1.0, 2.0]]> : tensor<1x2xf32>` or the splat `dense<0.5> : tensor<f32>`.
 
-    __slots__ = ("type", "array", "is_splat", "_key")
+    A constant may also live in a `.npy` file beside the .tg file, `dense_file<"w/fc.npy"> :
+    tensor<768x3072xf32>` (large weights of an imported model): then `file` is the path as
+    written and `array` the file's data, memory-mapped by tgc.datafiles, which also writes it."""
 
-    def __init__(self, array: np.ndarray, type: TensorType, is_splat: bool | None = None):
+    __slots__ = ("type", "array", "is_splat", "file", "_key")
+
+    def __init__(
+        self,
+        array: np.ndarray,
+        type: TensorType,
+        is_splat: bool | None = None,
+        file: str | None = None,
+    ):
+        if file is not None:
+            is_splat = False  # never scan a file-sized array for a splat
         array = np.asarray(array, dtype=type.dtype)
         if math.prod(type.shape) == 0 and (is_splat or array.size == 0):
             # No element to hold: a splat or an empty literal of a zero-size type is empty.
@@ -113,9 +125,20 @@ class DenseAttr:
         self.type = type
         self.array = array
         self.is_splat = is_splat
-        # A splat's key is its one element, so a huge splat never has its bytes materialized.
-        data = array.flat[:1] if is_splat else array
-        self._key = (type, data.tobytes())
+        self.file = file
+        if file is not None:
+            # One file is one constant: its path is its identity, and its bytes are not read.
+            self._key = (type, "file", file)
+        else:
+            # A splat's key is its one element, so a huge splat never has its bytes materialized.
+            data = array.flat[:1] if is_splat else array
+            self._key = (type, data.tobytes())
+
+    @classmethod
+    def in_file(cls, array: np.ndarray, type: TensorType, file: str) -> DenseAttr:
+        """A constant that prints as `dense_file<"file">`; whoever prints it writes the file
+        (tgc.datafiles.write_dense_files)."""
+        return cls(array, type, file=file)
 
     @classmethod
     def splat(cls, value, type: TensorType) -> DenseAttr:
@@ -135,6 +158,8 @@ class DenseAttr:
         return hash(self._key)
 
     def __repr__(self) -> str:
+        if self.file is not None:
+            return f"DenseAttr(file {self.file!r} : {self.type})"
         return f"DenseAttr({format_dense_body(self)} : {self.type})"
 
 

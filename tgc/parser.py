@@ -32,6 +32,7 @@ import ml_dtypes
 import numpy as np
 from lark import Token, Transformer
 
+import tgc.datafiles as datafiles
 from tgc.attributes import (
     DenseAttr,
     FunctionTypeAttr,
@@ -71,6 +72,7 @@ _TERMINAL_WORDS = {
     "FUNC_KW": "'func.func'",
     "ATTRIBUTES_KW": "'attributes'",
     "DENSE_KW": "'dense'",
+    "DENSE_FILE_KW": "'dense_file'",
     "TYPE": "a type",
     "SIGNATURE": "':'",
     "VALUE_ID": "an SSA value",
@@ -190,6 +192,9 @@ class _ToTuples(Transformer):
 
     def dense(self, c):
         return ("dense", c[0], c[1], c[2])
+
+    def dense_file(self, c):
+        return ("dense_file", c[0], c[1], c[2])
 
     def dense_list(self, c):
         return ("dense_list", [x for x in c if x is not None])
@@ -341,8 +346,9 @@ def _show_char(ch: str) -> str:
 
 
 class _IRBuilder:
-    def __init__(self, file: str) -> None:
+    def __init__(self, file: str, data_dir: Path) -> None:
         self.file = file
+        self.data_dir = data_dir  # where `dense_file<"...">` paths start
         # A stack of scopes; None marks an isolated-from-above boundary.
         self.scopes: list[dict[str, Value] | None] = []
         self.region_depth = 0  # regions around the op being built, module and func bodies too
@@ -607,6 +613,8 @@ class _IRBuilder:
             )
         if kind == "dense":
             return self.dense(v)
+        if kind == "dense_file":
+            return self.dense_file(v)
         if kind == "dict":
             if depth >= MAX_NESTING and v[1]:
                 limit = f"the limit is {MAX_NESTING} levels"
@@ -631,6 +639,15 @@ class _IRBuilder:
         if array.shape != ty.shape:
             raise shape_error
         return DenseAttr(array, ty)
+
+    def dense_file(self, v) -> DenseAttr:
+        """`dense_file<"w.npy"> : T`: resolved against the .tg file's folder, read and checked."""
+        _, kw, path_tok, type_tok = v
+        ty = self.type_of(type_tok)
+        try:
+            return datafiles.load(self.data_dir, self.string(path_tok), ty)
+        except datafiles.DataFileError as e:
+            raise self.error(str(e), path_tok) from None
 
     def dense_nested(self, body, ty: TensorType, depth: int, shape_error: TgcError):
         """Nested lists of checked elements; lists deeper than the rank are a shape error (this
@@ -708,8 +725,11 @@ def _unknown_op_message(name: str) -> str:
 # -- entry points ----------------------------------------------------------------------------------
 
 
-def parse_module(text: str, file: str = "<string>") -> ModuleOp:
+def parse_module(text: str, file: str = "<string>", data_dir: Path | None = None) -> ModuleOp:
     """Parse text into a module (a file without `module` is wrapped in one). Not verified.
+
+    `dense_file<"w.npy">` paths are relative to `data_dir`: by default the folder of `file`, or
+    the working directory for a text that is not a file (`<stdin>`, `<string>`).
 
     Only registered ops parse: whoever wires the parts together (the tools, the `tgc` API)
     registers the dialects first, with `tgc.load_all()`."""
@@ -725,7 +745,9 @@ def parse_module(text: str, file: str = "<string>") -> ModuleOp:
             raise
         except lark.exceptions.LarkError as e:
             raise _syntax_error(e, file, text) from None
-        return _IRBuilder(file).build_top(items)
+        if data_dir is None:
+            data_dir = Path.cwd() if file.startswith("<") else Path(file).parent
+        return _IRBuilder(file, data_dir).build_top(items)
 
 
 def parse_file(path: str | Path) -> ModuleOp:

@@ -45,6 +45,8 @@ def format_attribute(value, generic: bool = False) -> str:
     if isinstance(value, tuple):
         return "[" + ", ".join(format_attribute(v, generic) for v in value) + "]"
     if isinstance(value, DenseAttr):
+        if value.file is not None:
+            return f"dense_file<{format_string(value.file)}> : {value.type}"
         return f"dense<{format_dense_body(value)}> : {value.type}"
     if isinstance(value, (SymbolRef, TensorType)):
         return str(value)
