@@ -365,15 +365,15 @@ class GraphImporter:
         return made
 
     def _dense_attr(self, array: np.ndarray, t: TensorType, name: str, inline: bool) -> DenseAttr:
-        """Small constants inline; large ones in a .npy file beside the output when a folder for
-        them is given (`weights_dir`)."""
+        """Small constants and splats inline; large ones in a .npy file beside the output when a
+        folder for them is given (`weights_dir`)."""
+        attr = DenseAttr(array, t)
         big = array.size > self.options.inline_limit
-        in_file = getattr(DenseAttr, "in_file", None)
-        if inline or not big or self.options.weights_dir is None or in_file is None:
-            return DenseAttr(array, t)
+        if inline or attr.is_splat or not big or self.options.weights_dir is None:
+            return attr
         path = self._file_path(name)
         self.files[path] = array
-        return in_file(array, t, path)
+        return DenseAttr.in_file(array, t, path)
 
     def _file_path(self, name: str) -> str:
         stem = _INVALID_FILE_CHARS.sub("_", name).lstrip(".") or "constant"
