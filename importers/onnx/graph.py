@@ -173,7 +173,7 @@ class GraphImporter:
         if given is not None:
             return TensorType.get(self._given_shape(info.name, dims, tuple(given)), elem)
         if any(d is None for d in dims):
-            spelled = "x".join(str(d) if d is not None else s for d, s in zip(dims, symbols))
+            spelled = ", ".join(str(d) if d is not None else s for d, s in zip(dims, symbols))
             raise self.error(
                 f"{what} has a dynamic shape [{spelled}]; tgc tensors are static: give the shape "
                 f"with --input-shape {info.name}=DIMS (e.g. "
