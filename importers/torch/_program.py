@@ -1,0 +1,428 @@
+"""The walker: an ExportedProgram's graph, node by node, into one tgc function.
+
+Placeholders become the function's arguments (parameters and buffers first, marked `tgc.param`,
+then the user inputs) or constants; each live `call_function` node is folded when its value is
+known while importing (factories such as `full` and `arange`, lifted constants), or lowered by
+its entry in `_registry.LOWERINGS`; the output node's values are returned. Every node's ops carry
+its source line (the last frame of its stack trace outside PyTorch itself).
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.export.graph_signature import InputKind, OutputKind
+
+import tgc.dialects  # noqa: F401  (registers the ops the builder makes)
+from tgc.builder import FunctionBuilder
+from tgc.builtin import ModuleOp
+from tgc.diagnostics import UNKNOWN_LOC, Location, TgcError
+from tgc.importers.torch import ops_elementwise, ops_nn, ops_shape  # noqa: F401  (registration)
+from tgc.importers.torch._context import (
+    TORCH_DTYPES,
+    Cx,
+    Static,
+    describe,
+    element_type,
+    to_numpy,
+)
+from tgc.importers.torch._registry import (
+    ASSERT_OPS,
+    LIKE_OPS,
+    LOWERINGS,
+    NONDETERMINISTIC_OPS,
+)
+from tgc.ir import Value
+from tgc.types import TensorType
+
+PARAM_ATTR = "tgc.param"
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def _kept_whole() -> list:
+    """The composite ops that map to one hl op: run_decompositions leaves them as they are."""
+    aten = torch.ops.aten
+    names = [
+        ("linear", "default"),
+        ("layer_norm", "default"),
+        ("rms_norm", "default"),
+        ("scaled_dot_product_attention", "default"),
+        ("softmax", "int"),
+        ("log_softmax", "int"),
+        ("silu", "default"),
+        ("matmul", "default"),
+        ("dropout", "default"),
+    ]
+    return [getattr(getattr(aten, op), overload) for op, overload in names if hasattr(aten, op)]
+
+
+def to_core_aten(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """`ep` in PyTorch's core aten opset, but for the ops that map to one hl op."""
+    table = torch.export.default_decompositions()
+    for op in _kept_whole():
+        table.pop(op, None)
+    return ep.run_decompositions(table)
+
+
+def load_program(path: Path) -> torch.export.ExportedProgram:
+    """The ExportedProgram saved at `path` by torch.export.save; a bad file is one TgcError."""
+    if not path.is_file():
+        raise TgcError(f"cannot read '{path}': no such file")
+    try:
+        return torch.export.load(path)
+    except Exception as e:  # torch raises many kinds for a corrupt or foreign file
+        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise TgcError(
+            f"cannot read '{path}' as a program saved by torch.export.save: {first_line}"
+        ) from None
+
+
+def parameter_arrays(ep: torch.export.ExportedProgram) -> list:
+    """The values of the parameters and buffers, in the order of the function's arguments."""
+    out = []
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            out.append(to_numpy(_state_tensor(ep, spec)))
+    return out
+
+
+def _state_tensor(ep: torch.export.ExportedProgram, spec) -> torch.Tensor:
+    if spec.target in ep.state_dict:
+        return ep.state_dict[spec.target]
+    return ep.constants[spec.target]  # non-persistent buffers and lifted constants
+
+
+def import_program(
+    ep: torch.export.ExportedProgram, *, params_as_args: bool, name: str, decompose: bool
+) -> ModuleOp:
+    if not isinstance(ep, torch.export.ExportedProgram):
+        raise TgcError(f"expected a torch.export.ExportedProgram, got {type(ep).__name__}")
+    if decompose:
+        ep = to_core_aten(ep)
+    return _Importer(ep, params_as_args).run(name)
+
+
+def node_location(node: torch.fx.Node) -> Location:
+    """The line of the model's source that made `node`: the last frame of its stack trace that
+    is not PyTorch's own code (an nn.Linear call, not torch/nn/modules/linear.py)."""
+    frames = _FRAME.findall(node.meta.get("stack_trace") or "")
+    if not frames:
+        return UNKNOWN_LOC
+    outside = [f for f in frames if not f[0].startswith(_TORCH_DIR)]
+    file, line = (outside or frames)[-1]
+    return Location(file, int(line), 1)
+
+
+def expected_types(node: torch.fx.Node) -> list[TensorType | None]:
+    """The types PyTorch says the node's results have (None for a non-tensor result)."""
+    val = node.meta.get("val")
+    vals = val if isinstance(val, (tuple, list)) else [val]
+    loc = node_location(node)
+    out = []
+    for i, v in enumerate(vals):
+        if not isinstance(v, torch.Tensor):
+            if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                raise _symbolic_error(node, loc)
+            out.append(None)
+            continue
+        if any(not isinstance(d, int) for d in v.shape):
+            raise _symbolic_error(node, loc)
+        what = describe(node) + (f" result {i}" if len(vals) > 1 else "")
+        out.append(TensorType.get(tuple(v.shape), element_type(v.dtype, what, loc)))
+    return out
+
+
+def _symbolic_error(node: torch.fx.Node, loc: Location) -> TgcError:
+    return TgcError(
+        f"{describe(node)} has a symbolic shape: tgc compiles static shapes only "
+        "(export without dynamic_shapes)",
+        loc,
+    )
+
+
+def _live_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The nodes the outputs depend on (dead ones are not imported)."""
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    live, stack = set(), [output]
+    while stack:
+        node = stack.pop()
+        if node not in live:
+            live.add(node)
+            stack.extend(node.all_input_nodes)
+    return live
+
+
+class _Importer:
+    def __init__(self, ep: torch.export.ExportedProgram, params_as_args: bool) -> None:
+        self.ep = ep
+        self.params_as_args = params_as_args
+        self.graph = ep.graph_module.graph
+        self.specs = {spec.arg.name: spec for spec in ep.graph_signature.input_specs}
+        self.env: dict[torch.fx.Node, Any] = {}
+        self.constants: dict[tuple, Value] = {}  # (Static node, element type) -> constant
+        self.fb: FunctionBuilder | None = None
+
+    def run(self, name: str) -> ModuleOp:
+        self._check_outputs()
+        live = _live_nodes(self.graph)
+        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        args, params = self._arguments(placeholders, live)
+        self.fb = FunctionBuilder(name, [t for _, _, t in args], [n for _, n, _ in args])
+        for (node, _, _), value in zip(args, self.fb.args):
+            self.env[node] = value
+        for index, (node, _, _) in enumerate(args):
+            if node in params:
+                self.fb.func.set_arg_attr(index, PARAM_ATTR)
+        for node in self.graph.nodes:
+            if node in live and node.op == "placeholder" and node not in self.env:
+                self._placeholder_value(node)
+            elif node in live and node.op == "call_function":
+                self._node(node)
+        output = next(n for n in reversed(self.graph.nodes) if n.op == "output")
+        self.fb.loc = UNKNOWN_LOC
+        results = [self._result(r) for r in _flat(output.args[0])]
+        return self.fb.ret(*results)
+
+    # -- signature ----------------------------------------------------------------------------
+
+    def _check_outputs(self) -> None:
+        for spec in self.ep.graph_signature.output_specs:
+            if spec.kind == OutputKind.USER_OUTPUT:
+                continue
+            what = spec.kind.name.lower().replace("_", " ")
+            target = f" '{spec.target}'" if spec.target else ""
+            raise TgcError(
+                f"the program has a {what}{target}: tgc functions have no state to update "
+                "(export a forward pass that mutates no buffer or input)"
+            )
+
+    def _arguments(self, placeholders, live):
+        """(node, name, type) of each function argument, and the placeholders that are
+        parameters; other placeholders (constants, unused non-tensor inputs) are left out."""
+        args, params = [], set()
+        for node in placeholders:
+            spec = self.specs[node.name]
+            kind = spec.kind
+            if kind in (InputKind.PARAMETER, InputKind.BUFFER):
+                if self.params_as_args:
+                    args.append((node, spec.target, self._placeholder_type(node, spec.target)))
+                    params.add(node)
+            elif kind == InputKind.USER_INPUT:
+                if isinstance(node.meta.get("val"), torch.Tensor):
+                    args.append((node, node.name, self._placeholder_type(node, node.name)))
+                elif node in live:
+                    raise TgcError(
+                        f"input '{node.name}' is not a tensor ({node.meta.get('val')!r}): tgc "
+                        "functions take tensors only"
+                    )
+            elif kind != InputKind.CONSTANT_TENSOR:
+                raise TgcError(
+                    f"input '{node.name}' is a {kind.name.lower()}, which tgc has no use for"
+                )
+        return args, params
+
+    def _placeholder_type(self, node: torch.fx.Node, name: str) -> TensorType:
+        val = node.meta["val"]
+        if any(not isinstance(d, int) for d in val.shape):
+            shape = ", ".join(str(d) for d in val.shape)
+            raise TgcError(
+                f"input '{name}' has a symbolic shape [{shape}]: tgc compiles static shapes only "
+                "(export without dynamic_shapes)"
+            )
+        return TensorType.get(tuple(val.shape), element_type(val.dtype, f"input '{name}'", None))
+
+    def _placeholder_value(self, node: torch.fx.Node) -> None:
+        """A placeholder that is no argument: a lifted constant (static, folds) or, with
+        params_as_args=False, a parameter or buffer made a constant."""
+        spec = self.specs[node.name]
+        tensor = _state_tensor(self.ep, spec)
+        if spec.kind == InputKind.CONSTANT_TENSOR:
+            self.env[node] = Static(node, tensor)
+            return
+        t = self._placeholder_type(node, spec.target)
+        cx = self._cx(node, {}, [t])
+        value = cx.constant(to_numpy(tensor), t.element_type)
+        value.name_hint = spec.target
+        self.env[node] = value
+
+    # -- nodes --------------------------------------------------------------------------------
+
+    def _cx(self, node: torch.fx.Node, args: dict, outs: list) -> Cx:
+        self.fb.loc = node_location(node)
+        return Cx(node, self.fb, args, outs, self._materialize)
+
+    def _node(self, node: torch.fx.Node) -> None:
+        self.fb.loc = node_location(node)
+        if node.target is operator.getitem:
+            self.env[node] = self._getitem(node)
+            return
+        if not isinstance(node.target, torch._ops.OpOverload) or node.target.namespace != "aten":
+            raise TgcError(
+                f"{describe(node)}: not an aten op; tgc imports programs of aten ops only",
+                self.fb.loc,
+            )
+        op = node.target._opname
+        if op in ASSERT_OPS:
+            return
+        if op in NONDETERMINISTIC_OPS:
+            raise TgcError(
+                f"{describe(node)}: makes random or uninitialised values, which a tgc function "
+                "cannot (dropout in training mode? export model.eval())",
+                self.fb.loc,
+            )
+        outs = expected_types(node)
+        args = _bind(node, self.env)
+        if _is_static(args) or op in LIKE_OPS:
+            self.env[node] = self._fold(node, args)
+            return
+        lower = LOWERINGS.get(op)
+        if lower is None:
+            raise TgcError(f"{describe(node)}: no lowering to tgc for aten.{op}", self.fb.loc)
+        cx = self._cx(node, args, outs)
+        try:
+            produced = lower(cx)
+        except TgcError as e:
+            if e.message.startswith(describe(node)):
+                raise
+            raise TgcError(f"{describe(node)}: {e.message}", e.loc or self.fb.loc) from None
+        self.env[node] = self._checked(node, produced, outs)
+
+    def _getitem(self, node: torch.fx.Node):
+        source, index = node.args
+        produced = self.env[source]
+        if isinstance(produced, Static):
+            return Static(node, produced.tensor[index])
+        item = produced[index]
+        if item is None:
+            raise TgcError(
+                f"{describe(source)}: result {index} is read but tgc does not compute it",
+                node_location(source),
+            )
+        if isinstance(item, Value) and item.name_hint is None:
+            item.name_hint = node.name
+        return item
+
+    def _checked(self, node: torch.fx.Node, produced, outs: list):
+        """The lowering's results, each of the type PyTorch says it has."""
+        values = produced if isinstance(produced, tuple) else (produced,)
+        for i, (value, want) in enumerate(zip(values, outs)):
+            if value is None or want is None:
+                continue
+            if value.type != want:
+                which = f" result {i}" if len(outs) > 1 else ""
+                raise TgcError(
+                    f"{describe(node)}{which}: imported as {value.type} but PyTorch computes "
+                    f"{want} (an importer bug: please report it)",
+                    self.fb.loc,
+                )
+        if isinstance(produced, Value) and produced.name_hint is None:
+            produced.name_hint = node.name
+        return produced
+
+    def _fold(self, node: torch.fx.Node, args: dict) -> Static:
+        """Run the node in PyTorch on the values known now (on the CPU)."""
+
+        def real(x):
+            if isinstance(x, Static):
+                return x.tensor
+            if isinstance(x, Value):  # a _like op's input: only its shape and dtype matter
+                return torch.zeros(x.type.shape, dtype=_torch_dtype(x.type))
+            if isinstance(x, torch.device):
+                return torch.device("cpu")
+            if isinstance(x, (list, tuple)):
+                return type(x)(real(v) for v in x)
+            return x
+
+        kwargs = {k: real(v) for k, v in args.items()}
+        if "device" in kwargs:
+            kwargs["device"] = torch.device("cpu")
+        try:
+            value = node.target(**kwargs)
+        except Exception as e:
+            raise TgcError(
+                f"{describe(node)}: cannot evaluate it while importing: {e}", self.fb.loc
+            ) from None
+        if isinstance(value, (tuple, list)):
+            return Static(node, tuple(value))
+        if not isinstance(value, torch.Tensor):
+            raise TgcError(f"{describe(node)}: its value is not a tensor", self.fb.loc)
+        element_type(value.dtype, describe(node), self.fb.loc)
+        return Static(node, value)
+
+    def _materialize(self, static: Static, elem: str | None = None) -> Value:
+        """A Static as a constant (of element type `elem` if given), made once per node and
+        type."""
+        key = (static.node, elem)
+        found = self.constants.get(key)
+        if found is not None:
+            return found
+        tensor = static.tensor
+        if elem is None:
+            elem = element_type(tensor.dtype, describe(static.node), node_location(static.node))
+        else:
+            tensor = tensor.to(TORCH_DTYPES[elem])
+        cx = Cx(static.node, self.fb, {}, [], self._materialize)
+        value = cx.constant(to_numpy(tensor), elem)
+        value.name_hint = static.node.name
+        self.constants[key] = value
+        return value
+
+    def _result(self, r) -> Value:
+        if not isinstance(r, torch.fx.Node):
+            raise TgcError(f"the program returns {r!r}, not a tensor: tgc functions return tensors")
+        value = self.env.get(r)
+        if isinstance(value, Static):
+            return self._materialize(value)
+        if not isinstance(value, Value):
+            raise TgcError(f"the program returns {describe(r)}, which is not one tensor")
+        return value
+
+
+def _bind(node: torch.fx.Node, env: dict) -> dict[str, Any]:
+    """The node's arguments by schema name (defaults filled in), fx nodes replaced by what
+    they were imported as."""
+    schema = node.target._schema
+    positional = [a for a in schema.arguments if not a.kwarg_only]
+    bound = {a.name: v for a, v in zip(positional, node.args)}
+    bound.update(node.kwargs)
+    for a in schema.arguments:
+        if a.name not in bound and a.has_default_value():
+            bound[a.name] = a.default_value
+    return {k: _substitute(v, env) for k, v in bound.items()}
+
+
+def _substitute(x, env: dict):
+    if isinstance(x, torch.fx.Node):
+        return env[x]
+    if isinstance(x, (list, tuple)):
+        return type(x)(_substitute(v, env) for v in x)
+    return x
+
+
+def _is_static(args: dict) -> bool:
+    """Whether no argument is a value computed when the function runs."""
+
+    def dynamic(x) -> bool:
+        if isinstance(x, Value):
+            return True
+        if isinstance(x, (list, tuple)):
+            return any(dynamic(v) for v in x)
+        return False
+
+    return not any(dynamic(v) for v in args.values())
+
+
+def _torch_dtype(t: TensorType) -> torch.dtype:
+    return TORCH_DTYPES[t.element_type]
+
+
+def _flat(x) -> list:
+    if isinstance(x, (list, tuple)):
+        return [v for item in x for v in _flat(item)]
+    return [x]

@@ -1,0 +1,196 @@
+"""Lowerings of aten ops that move data: views (view, reshape, permute, transpose, expand,
+squeeze, unsqueeze), slicing and selecting, cat and split, gathers (embedding, index_select,
+index), and the ops that return their operand (clone, detach, alias, contiguous).
+
+The `*_copy` forms (the edge dialect's view_copy, permute_copy, ...) lower as their views."""
+
+from __future__ import annotations
+
+import torch
+
+from tgc.importers.torch._context import Cx, Static
+from tgc.importers.torch._registry import IDENTITY_OPS, lowering
+from tgc.ir import Value
+
+
+def _with_copies(*names: str) -> tuple[str, ...]:
+    return names + tuple(f"{name}_copy" for name in names)
+
+
+@lowering(*IDENTITY_OPS)
+def identity(cx: Cx) -> Value:
+    return cx.value("self")
+
+
+@lowering(*_with_copies("view", "_unsafe_view", "reshape", "squeeze", "unsqueeze", "flatten"))
+def reshape(cx: Cx) -> Value:
+    """Every reshaping view: the result's shape is the one PyTorch computed (-1 resolved)."""
+    return cx.reshape(cx.value("self"), cx.out.shape)
+
+
+@lowering("unflatten", "_reshape_alias")
+def reshape_more(cx: Cx) -> Value:
+    return cx.reshape(cx.value("self"), cx.out.shape)
+
+
+def _transpose(cx: Cx, x: Value, perm: list[int]) -> Value:
+    if perm == list(range(x.type.rank)):
+        return x
+    return cx.b.atomic.transpose(x, perm=perm)
+
+
+@lowering(*_with_copies("permute"))
+def permute(cx: Cx) -> Value:
+    x = cx.value("self")
+    return _transpose(cx, x, [cx.axis(d, x.type.rank) for d in cx.arg("dims")])
+
+
+@lowering(*_with_copies("transpose"))
+def transpose(cx: Cx) -> Value:
+    x = cx.value("self")
+    rank = x.type.rank
+    perm = list(range(rank))
+    if rank:
+        a, b = cx.axis(cx.arg("dim0"), rank), cx.axis(cx.arg("dim1"), rank)
+        perm[a], perm[b] = perm[b], perm[a]
+    return _transpose(cx, x, perm)
+
+
+@lowering(*_with_copies("t"), "numpy_T")
+def t(cx: Cx) -> Value:
+    x = cx.value("self")
+    return _transpose(cx, x, list(reversed(range(x.type.rank))))
+
+
+@lowering(*_with_copies("expand"))
+def expand(cx: Cx) -> Value:
+    return cx.broadcast(cx.value("self"), cx.out.shape)
+
+
+# -- slicing --------------------------------------------------------------------------------------
+
+
+def _slice(cx: Cx, x: Value, axis: int, start: int, stop: int, step: int) -> Value:
+    shape = x.type.shape
+    if (start, stop, step) == (0, shape[axis], 1):
+        return x
+    starts = [0] * len(shape)
+    stops = list(shape)
+    steps = [1] * len(shape)
+    starts[axis], stops[axis], steps[axis] = start, max(start, stop), step
+    return cx.b.atomic.slice(x, start=starts, stop=stops, step=steps)
+
+
+@lowering(*_with_copies("slice"))
+def slice_(cx: Cx) -> Value:
+    x = cx.value("self")
+    axis = cx.axis(cx.arg("dim"), x.type.rank)
+    step = cx.arg("step")
+    if step < 1:
+        raise cx.error(f"step {step} (PyTorch slices with positive steps only)")
+    start, stop, _ = slice(cx.arg("start"), cx.arg("end"), step).indices(x.type.shape[axis])
+    return _slice(cx, x, axis, start, stop, step)
+
+
+@lowering(*_with_copies("select"))
+def select(cx: Cx) -> Value:
+    x = cx.value("self")
+    axis = cx.axis(cx.arg("dim"), x.type.rank)
+    size = x.type.shape[axis]
+    index = cx.arg("index")
+    if not -size <= index < size:
+        raise cx.error(f"index {index} is out of range for dim {axis} of size {size}")
+    index %= size
+    return cx.reshape(_slice(cx, x, axis, index, index + 1, 1), cx.out.shape)
+
+
+# -- cat and split --------------------------------------------------------------------------------
+
+
+@lowering("cat")
+def cat(cx: Cx) -> Value:
+    elem = cx.out.element_type
+    parts = [cx.value(t, elem) for t in cx.arg("tensors")]
+    # PyTorch skips 1-d empty tensors whatever the rank of the others (legacy behaviour).
+    kept = [p for p in parts if p.type.shape != (0,)] or parts[:1]
+    if len(kept) == 1:
+        return cx.reshape(kept[0], cx.out.shape)
+    return cx.b.atomic.concat(*kept, axis=cx.axis(cx.arg("dim"), kept[0].type.rank))
+
+
+def _split(cx: Cx, x: Value, axis: int, sizes: list[int]) -> tuple[Value, ...]:
+    if sum(sizes) != x.type.shape[axis]:
+        raise cx.error(f"split sizes {sizes} do not add up to {x.type.shape[axis]}")
+    if len(sizes) == 1:
+        return (x,)
+    pieces = cx.b.atomic.split(x, axis=axis, sizes=sizes)
+    return pieces if isinstance(pieces, tuple) else (pieces,)
+
+
+@lowering(*_with_copies("split", "split_with_sizes"))
+def split(cx: Cx) -> tuple[Value, ...]:
+    x = cx.value("self")
+    axis = cx.axis(cx.arg("dim"), x.type.rank)
+    # The result types are the pieces PyTorch made (split_size, or the list of sizes).
+    sizes = [t.shape[axis] for t in cx.outs]
+    return _split(cx, x, axis, sizes)
+
+
+@lowering("chunk")
+def chunk(cx: Cx) -> tuple[Value, ...]:
+    x = cx.value("self")
+    axis = cx.axis(cx.arg("dim"), x.type.rank)
+    return _split(cx, x, axis, [t.shape[axis] for t in cx.outs])
+
+
+@lowering(*_with_copies("unbind"))
+def unbind(cx: Cx) -> tuple[Value, ...]:
+    x = cx.value("self")
+    axis = cx.axis(cx.arg("dim"), x.type.rank)
+    pieces = _split(cx, x, axis, [1] * x.type.shape[axis])
+    return tuple(cx.reshape(p, t.shape) for p, t in zip(pieces, cx.outs))
+
+
+# -- gathers --------------------------------------------------------------------------------------
+
+
+@lowering("embedding")
+def embedding(cx: Cx) -> Value:
+    """weight[indices]: padding_idx and the gradient options do not change the forward value."""
+    return cx.b.atomic.gather(cx.value("weight"), _indices(cx, cx.arg("indices")), axis=0)
+
+
+@lowering("index_select")
+def index_select(cx: Cx) -> Value:
+    x = cx.value("self")
+    axis = cx.axis(cx.arg("dim"), x.type.rank)
+    return cx.b.atomic.gather(x, _indices(cx, cx.arg("index")), axis=axis)
+
+
+@lowering("index")
+def index(cx: Cx) -> Value:
+    """x[..., idx, ...] with one integer index tensor (x[:, idx]); negative indices count from
+    the end as in PyTorch."""
+    x = cx.value("self")
+    given = [(axis, i) for axis, i in enumerate(cx.arg("indices")) if i is not None]
+    if len(given) != 1:
+        raise cx.error(f"indexing with {len(given)} index tensors (tgc gathers along one dim)")
+    axis, indices = given[0]
+    if cx.dtype_of(indices) == torch.bool:
+        raise cx.error("indexing with a boolean mask has a data-dependent shape")
+    size = x.type.shape[axis]
+    if isinstance(indices, Static):
+        indices = Static(indices.node, indices.tensor % max(size, 1))
+        return cx.b.atomic.gather(x, _indices(cx, indices), axis=axis)
+    idx = _indices(cx, indices)
+    elem = idx.type.element_type
+    negative = cx.b.atomic.cmp(idx, cx.scalar(0, elem), pred="lt")
+    wrapped = cx.b.atomic.where(negative, cx.b.atomic.add(idx, cx.scalar(size, elem)), idx)
+    return cx.b.atomic.gather(x, wrapped, axis=axis)
+
+
+def _indices(cx: Cx, indices) -> Value:
+    value = cx.value(indices)
+    if value.type.element_type not in ("i8", "i32", "i64"):
+        raise cx.error(f"indices of type {value.type} (tgc gathers with integer indices)")
+    return value
