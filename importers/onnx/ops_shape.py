@@ -1,0 +1,390 @@
+"""Converters of the ops that move data or compute shapes: Reshape, Flatten, Squeeze, Unsqueeze,
+Transpose, Concat, Split, Slice, Gather, Expand, Tile, DepthToSpace, SpaceToDepth, and the
+shape arithmetic Shape, Size, ConstantOfShape, Range.
+
+tgc tensors have static shapes, so every input that carries a shape, axes, bounds or repeats
+must be known at import time (`ctx.require_static`) and becomes an attribute or a result type.
+Shape and Size always fold (the type says it); ConstantOfShape and Range fold when their inputs
+are known, the walker turning their arrays into constants where an op reads them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tgc.ir import Value
+
+from .context import NodeContext
+from .registry import converter
+
+# -- helpers ----------------------------------------------------------------------------------------
+
+
+def _ints(array: np.ndarray) -> list[int]:
+    return [int(v) for v in np.asarray(array).reshape(-1)]
+
+
+def _axis(ctx: NodeContext, axis: int, rank: int, what: str = "axis") -> int:
+    """A possibly negative axis in [-rank, rank) as an index in [0, rank)."""
+    if not -rank <= axis < rank:
+        raise ctx.error(f"{what} {axis} is out of range for rank {rank}")
+    return axis % rank
+
+
+def _axes(ctx: NodeContext, axes: list[int], rank: int, what: str = "axes") -> list[int]:
+    found = [_axis(ctx, a, rank, what) for a in axes]
+    if len(set(found)) != len(found):
+        raise ctx.error(f"{what} {axes} repeat an axis")
+    return found
+
+
+def _reshape(ctx: NodeContext, x: Value, shape) -> Value:
+    shape = tuple(int(d) for d in shape)
+    if shape == x.type.shape:
+        return x
+    return ctx.b.atomic.reshape(x, result_type=x.type.with_shape(shape))
+
+
+def _broadcast(ctx: NodeContext, x: Value, shape) -> Value:
+    shape = tuple(int(d) for d in shape)
+    if shape == x.type.shape:
+        return x
+    return ctx.b.atomic.broadcast(x, result_type=x.type.with_shape(shape))
+
+
+def _transpose(ctx: NodeContext, x: Value, perm) -> Value:
+    perm = [int(p) for p in perm]
+    if perm == list(range(len(perm))):
+        return x
+    return ctx.b.atomic.transpose(x, perm=perm)
+
+
+# -- reshapes -------------------------------------------------------------------------------------
+
+
+@converter("Reshape")
+def reshape(ctx: NodeContext):
+    """0 copies the input's dim at that position (unless allowzero=1: then it is a 0); one -1
+    is inferred from the element count."""
+    x = ctx.input(0)
+    requested = _ints(ctx.require_static(1, "'shape'"))
+    allowzero = ctx.attr("allowzero", 0)
+    in_shape = x.type.shape
+    if allowzero and 0 in requested and -1 in requested:
+        raise ctx.error(f"shape {requested} has both 0 and -1, which allowzero=1 forbids")
+    dims: list[int | None] = []
+    for i, d in enumerate(requested):
+        if d == 0 and not allowzero:
+            if i >= len(in_shape):
+                raise ctx.error(f"shape {requested} copies dim {i}, but the input is {x.type}")
+            dims.append(in_shape[i])
+        elif d == -1:
+            dims.append(None)
+        elif d < 0:
+            raise ctx.error(f"shape {requested} has the invalid dim {d}")
+        else:
+            dims.append(d)
+    return _reshape(ctx, x, _infer_dim(ctx, dims, x, requested))
+
+
+def _infer_dim(ctx: NodeContext, dims: list, x: Value, requested: list[int]) -> list[int]:
+    unknown = [i for i, d in enumerate(dims) if d is None]
+    if len(unknown) > 1:
+        raise ctx.error(f"shape {requested} has more than one -1")
+    known = math.prod(d for d in dims if d is not None)
+    total = x.type.num_elements
+    if unknown:
+        if known == 0 or total % known:
+            raise ctx.error(f"cannot reshape {x.type} to {requested}: no size for the -1 fits")
+        dims[unknown[0]] = total // known
+    elif known != total:
+        raise ctx.error(f"cannot reshape {x.type} ({total} elements) to {requested}")
+    return dims
+
+
+@converter("Flatten")
+def flatten(ctx: NodeContext):
+    """To 2-D: the dims before `axis` make the rows, the rest the columns."""
+    x = ctx.input(0)
+    rank = x.type.rank
+    axis = ctx.attr("axis", 1)
+    if not -rank <= axis <= rank:
+        raise ctx.error(f"axis {axis} is out of range for rank {rank}")
+    axis = axis + rank if axis < 0 else axis
+    shape = x.type.shape
+    return _reshape(ctx, x, (math.prod(shape[:axis]), math.prod(shape[axis:])))
+
+
+def _axes_input_or_attr(ctx: NodeContext, required: bool) -> list[int] | None:
+    """Axes from input 1 (opset 13 and later), or the attribute older exporters still write."""
+    if ctx.has_input(1):
+        return _ints(ctx.require_static(1, "'axes'"))
+    if ctx.has_attr("axes"):
+        return list(ctx.attr("axes"))
+    if required:
+        raise ctx.error("'axes' is required")
+    return None
+
+
+@converter("Squeeze")
+def squeeze(ctx: NodeContext):
+    """Remove the dims `axes` (each of size 1), or every dim of size 1 when none are given."""
+    x = ctx.input(0)
+    shape = x.type.shape
+    axes = _axes_input_or_attr(ctx, required=False)
+    if axes is None:
+        drop = [i for i, d in enumerate(shape) if d == 1]
+    else:
+        drop = _axes(ctx, axes, x.type.rank)
+        for a in drop:
+            if shape[a] != 1:
+                raise ctx.error(f"cannot squeeze dim {a} of {x.type}: its size is not 1")
+    return _reshape(ctx, x, [d for i, d in enumerate(shape) if i not in drop])
+
+
+@converter("Unsqueeze")
+def unsqueeze(ctx: NodeContext):
+    """Insert dims of size 1 at `axes`, which index the result (negative from its end)."""
+    x = ctx.input(0)
+    axes = _axes_input_or_attr(ctx, required=True)
+    rank = x.type.rank + len(axes)
+    inserted = set(_axes(ctx, axes, rank))
+    rest = iter(x.type.shape)
+    return _reshape(ctx, x, [1 if i in inserted else next(rest) for i in range(rank)])
+
+
+# -- permutations, concatenation, split ---------------------------------------------------------
+
+
+@converter("Transpose")
+def transpose(ctx: NodeContext):
+    """`perm` defaults to reversing the dims."""
+    x = ctx.input(0)
+    rank = x.type.rank
+    perm = ctx.attr("perm", list(reversed(range(rank))))
+    if sorted(_axis(ctx, p, rank, "perm entry") for p in perm) != list(range(rank)):
+        raise ctx.error(f"perm {perm} is not a permutation of the {rank} dims")
+    return _transpose(ctx, x, [p % rank for p in perm])
+
+
+@converter("Concat")
+def concat(ctx: NodeContext):
+    xs = ctx.inputs()
+    axis = _axis(ctx, ctx.attr("axis"), xs[0].type.rank)
+    if len(xs) == 1:
+        return xs[0]
+    return ctx.b.atomic.concat(*xs, axis=axis)
+
+
+@converter("Split")
+def split(ctx: NodeContext):
+    """Sizes from the `split` input (or attribute), else `num_outputs` pieces (opset 18: the
+    last may be smaller), else as many equal pieces as the node has outputs."""
+    x = ctx.input(0)
+    axis = _axis(ctx, ctx.attr("axis", 0), x.type.rank)
+    dim = x.type.shape[axis]
+    sizes = _split_sizes(ctx, dim)
+    if len(sizes) != ctx.num_outputs:
+        raise ctx.error(f"{len(sizes)} split sizes {sizes} for {ctx.num_outputs} outputs")
+    if any(s < 0 for s in sizes) or sum(sizes) != dim:
+        raise ctx.error(f"split sizes {sizes} do not add up to dim {axis} of {x.type} ({dim})")
+    if len(sizes) == 1:
+        return [x]
+    return list(ctx.b.atomic.split(x, axis=axis, sizes=sizes))
+
+
+def _split_sizes(ctx: NodeContext, dim: int) -> list[int]:
+    if ctx.has_input(1):
+        return _ints(ctx.require_static(1, "'split'"))
+    if ctx.has_attr("split"):
+        return list(ctx.attr("split"))
+    count = ctx.attr("num_outputs", None)
+    if count is not None:
+        if count < 1:
+            raise ctx.error(f"num_outputs {count} must be positive")
+        chunk = -(-dim // count)  # ceil: every piece as large as the first, the last smaller
+        return [chunk] * (count - 1) + [dim - chunk * (count - 1)]
+    count = ctx.num_outputs
+    if dim % count:
+        raise ctx.error(f"dim of size {dim} does not split into {count} equal parts")
+    return [dim // count] * count
+
+
+# -- slicing and gathering ----------------------------------------------------------------------
+
+
+@converter("Slice")
+def slice_(ctx: NodeContext):
+    """x[starts:ends:steps] on `axes` (default all, in order), bounds clamped as ONNX says.
+    Positive steps become one atomic.slice; a negative step on an axis becomes a gather of the
+    indices it walks (atomic.slice steps forward only)."""
+    x = ctx.input(0)
+    shape = x.type.shape
+    starts = _ints(ctx.require_static(1, "'starts'"))
+    ends = _ints(ctx.require_static(2, "'ends'"))
+    axes = _ints(ctx.require_static(3, "'axes'")) if ctx.has_input(3) else None
+    steps = _ints(ctx.require_static(4, "'steps'")) if ctx.has_input(4) else [1] * len(starts)
+    axes = list(range(len(starts))) if axes is None else axes
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ctx.error("starts, ends, axes and steps must have the same length")
+    axes = _axes(ctx, axes, x.type.rank)
+    start, stop, step = [0] * len(shape), list(shape), [1] * len(shape)
+    backward: dict[int, range] = {}
+    for axis, lo, hi, st in zip(axes, starts, ends, steps):
+        walk = _clamped_range(ctx, lo, hi, st, shape[axis])
+        if st > 0:
+            start[axis], stop[axis], step[axis] = walk.start, max(walk.stop, walk.start), st
+        else:
+            backward[axis] = walk
+    y = x
+    if (start, stop, step) != ([0] * len(shape), list(shape), [1] * len(shape)):
+        y = ctx.b.atomic.slice(x, start=start, stop=stop, step=step)
+    for axis, walk in backward.items():
+        indices = ctx.constant(np.array(list(walk), np.int64))
+        y = ctx.b.atomic.gather(y, indices, axis=axis)
+    return y
+
+
+def _clamped_range(ctx: NodeContext, start: int, end: int, step: int, dim: int) -> range:
+    """The indices one axis of a Slice walks: negative bounds count from the end, then clamp
+    to [0, dim] going forward, to [-1, dim - 1] going backward."""
+    if step == 0:
+        raise ctx.error("a step of 0 is not allowed")
+    start = start + dim if start < 0 else start
+    end = end + dim if end < 0 else end
+    if step > 0:
+        return range(min(max(start, 0), dim), min(max(end, 0), dim), step)
+    return range(min(max(start, -1), dim - 1), min(max(end, -1), dim - 1), step)
+
+
+@converter("Gather")
+def gather(ctx: NodeContext):
+    """np.take along `axis`; negative indices count from the end (known ones are wrapped at
+    import, others where the model runs)."""
+    table = ctx.input(0)
+    axis = _axis(ctx, ctx.attr("axis", 0), table.type.rank)
+    size = table.type.shape[axis]
+    known = ctx.static(1)
+    if known is not None:
+        if np.any((known < -size) | (known >= size)):
+            bad = known[(known < -size) | (known >= size)].reshape(-1)[0]
+            raise ctx.error(f"index {int(bad)} is out of range for dim {axis} of size {size}")
+        wrapped = ctx.constant(np.where(known < 0, known + size, known))
+        return ctx.b.atomic.gather(table, wrapped, axis=axis)
+    indices = ctx.input(1)
+    negative = ctx.b.atomic.cmp(indices, ctx.scalar(0, like=indices), pred="lt")
+    wrapped = ctx.b.atomic.add(indices, ctx.scalar(size, like=indices))
+    return ctx.b.atomic.gather(table, ctx.b.atomic.where(negative, wrapped, indices), axis=axis)
+
+
+# -- broadcasting and repetition ----------------------------------------------------------------
+
+
+@converter("Expand")
+def expand(ctx: NodeContext):
+    """Broadcast x with `shape` both ways (numpy rules): a 1 in `shape` keeps x's dim."""
+    x = ctx.input(0)
+    requested = _ints(ctx.require_static(1, "'shape'"))
+    try:
+        shape = np.broadcast_shapes(x.type.shape, tuple(requested))
+    except ValueError:
+        raise ctx.error(f"cannot expand {x.type} to shape {requested}") from None
+    return _broadcast(ctx, x, shape)
+
+
+@converter("Tile")
+def tile(ctx: NodeContext):
+    """np.tile: each dim d repeated r times is (r, d) broadcast from (1, d), then merged."""
+    x = ctx.input(0)
+    repeats = _ints(ctx.require_static(1, "'repeats'"))
+    shape = x.type.shape
+    if len(repeats) != len(shape) or any(r < 0 for r in repeats):
+        raise ctx.error(f"repeats {repeats} must be {len(shape)} non-negative counts")
+    if all(r == 1 for r in repeats):
+        return x
+    spread = _reshape(ctx, x, [n for d in shape for n in (1, d)])
+    tiled = _broadcast(ctx, spread, [n for r, d in zip(repeats, shape) for n in (r, d)])
+    return _reshape(ctx, tiled, [r * d for r, d in zip(repeats, shape)])
+
+
+@converter("DepthToSpace")
+def depth_to_space(ctx: NodeContext):
+    """[N, C, H, W] -> [N, C/b², H·b, W·b] in DCR (default) or CRD order."""
+    x = ctx.input(0)
+    block = ctx.attr("blocksize")
+    mode = ctx.attr("mode", "DCR")
+    if x.type.rank != 4 or block < 1 or x.type.shape[1] % (block * block):
+        raise ctx.error(f"needs a 4-D input whose channels divide by {block}², got {x.type}")
+    n, c, h, w = x.type.shape
+    depth = c // (block * block)
+    if mode == "DCR":
+        spread = _reshape(ctx, x, (n, block, block, depth, h, w))
+        moved = _transpose(ctx, spread, (0, 3, 4, 1, 5, 2))
+    elif mode == "CRD":
+        spread = _reshape(ctx, x, (n, depth, block, block, h, w))
+        moved = _transpose(ctx, spread, (0, 1, 4, 2, 5, 3))
+    else:
+        raise ctx.error(f"mode '{mode}' is not supported (DCR or CRD)")
+    return _reshape(ctx, moved, (n, depth, h * block, w * block))
+
+
+@converter("SpaceToDepth")
+def space_to_depth(ctx: NodeContext):
+    """[N, C, H, W] -> [N, C·b², H/b, W/b] (the inverse of DepthToSpace's DCR)."""
+    x = ctx.input(0)
+    block = ctx.attr("blocksize")
+    if x.type.rank != 4 or block < 1 or any(d % block for d in x.type.shape[2:]):
+        raise ctx.error(f"needs a 4-D input whose H and W divide by {block}, got {x.type}")
+    n, c, h, w = x.type.shape
+    spread = _reshape(ctx, x, (n, c, h // block, block, w // block, block))
+    moved = _transpose(ctx, spread, (0, 3, 5, 1, 2, 4))
+    return _reshape(ctx, moved, (n, c * block * block, h // block, w // block))
+
+
+# -- shape arithmetic: folded at import ---------------------------------------------------------
+
+
+@converter("Shape")
+def shape(ctx: NodeContext):
+    """The input's shape (int64), dims start..end (negative from the end, clamped)."""
+    dims = ctx.input_type(0).shape
+    rank = len(dims)
+    start, end = ctx.attr("start", 0), ctx.attr("end", rank)
+    start = min(max(start + rank if start < 0 else start, 0), rank)
+    end = min(max(end + rank if end < 0 else end, 0), rank)
+    return np.array(dims[start:end], dtype=np.int64)
+
+
+@converter("Size")
+def size(ctx: NodeContext):
+    return np.array(ctx.input_type(0).num_elements, dtype=np.int64)
+
+
+@converter("ConstantOfShape")
+def constant_of_shape(ctx: NodeContext):
+    """A tensor of `shape` filled with `value` (a one-element tensor, default float32 0)."""
+    dims = _ints(ctx.require_static(0, "'shape'"))
+    if any(d < 0 for d in dims):
+        raise ctx.error(f"shape {dims} has a negative dim")
+    value = ctx.attr("value", None)
+    value = np.zeros(1, np.float32) if value is None else np.asarray(value)
+    if value.size != 1:
+        raise ctx.error(f"'value' must have one element, got {value.size}")
+    return np.full(dims, value.reshape(()), dtype=value.dtype)
+
+
+@converter("Range")
+def range_(ctx: NodeContext):
+    """start, start + delta, ... up to limit (excluded), in start's element type."""
+    start = ctx.require_static(0, "'start'")
+    limit = ctx.require_static(1, "'limit'")
+    delta = ctx.require_static(2, "'delta'")
+    if any(v.size != 1 for v in (start, limit, delta)):
+        raise ctx.error("start, limit and delta must be scalars")
+    if delta.reshape(()) == 0:
+        raise ctx.error("delta must not be 0")
+    start, limit, delta = (v.reshape(()) for v in (start, limit, delta))
+    count = max(math.ceil((float(limit) - float(start)) / float(delta)), 0)
+    return (start + np.arange(count, dtype=start.dtype) * delta).astype(start.dtype)
