@@ -93,8 +93,6 @@ def _reduction_axes(ctx: NodeContext, rank: int) -> tuple[int, ...] | None:
     """The axes to reduce, sorted and non-negative; None when nothing is reduced (no axes and
     noop_with_empty_axes)."""
     noop = ctx.attr("noop_with_empty_axes", 0)
-    if ctx.has_attr("axes") and ctx.has_input(1):
-        raise ctx.error("axes are given both as an attribute and as an input")
     if ctx.has_input(1):
         axes = ctx.require_static(1, "axes").reshape(-1).tolist()
     else:
