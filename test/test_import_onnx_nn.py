@@ -795,3 +795,53 @@ def test_attention_errors():
         "node 'n' (Attention): attn_mask tensor<2x3xf32> does not broadcast to the scores "
         "[1, 2, 3, 3]"
     )
+
+
+# -- the imported ops survive the optimisation pipeline -------------------------------------------
+
+
+def _argmax_with_nan():
+    model = one_node(
+        "ArgMin", [("x", F32, (3, 6))], [("y", I64, (3,))], axis=1, keepdims=0, select_last_index=1
+    )
+    x = random((3, 6))
+    x[1, 2] = x[1, 4] = np.nan
+    return model, {"x": x}
+
+
+def _gqa_causal_with_mask():
+    q, k = (1, 4, 3, 8), (1, 2, 5, 8)
+    model = attention_model(
+        q, k, k, [("mask", F32, (3, 5))], outputs=[("Y", F32, q)], is_causal=1, softcap=3.0
+    )
+    return model, {"Q": random(q), "K": random(k), "V": random(k), "mask": random((3, 5))}
+
+
+def _layernorm_three_outputs():
+    return norm_model("LayerNormalization", (2, 3, 4), 1, (3, 4), outputs=3), norm_feeds(
+        (2, 3, 4), (3, 4)
+    )
+
+
+def _prod_and_log_sum_exp():
+    x = ("x", F32, (3, 5, 2))
+    nodes = [
+        helper.make_node("ReduceProd", ["x", "a"], ["p"], keepdims=0),
+        helper.make_node("ReduceLogSumExp", ["x", "a"], ["l"], keepdims=1),
+    ]
+    model = make_model(
+        nodes, [x], [("p", F32, (3, 2)), ("l", F32, (3, 1, 2))], [ints("a", [1])], opset=18
+    )
+    return model, {"x": random((3, 5, 2)) + 1}
+
+
+@pytest.mark.parametrize(
+    "make",
+    [_argmax_with_nan, _gqa_causal_with_mask, _layernorm_three_outputs, _prod_and_log_sum_exp],
+)
+def test_imported_ops_keep_their_values_through_optimize(make):
+    model, feeds = make()
+    module = import_onnx(model)
+    before = tgc.run(module, list(feeds.values()))
+    after = tgc.run(tgc.run_pipeline(module, "optimize"), list(feeds.values()))
+    compare(after, before, rtol=1e-5, atol=1e-5)
