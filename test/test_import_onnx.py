@@ -19,7 +19,7 @@ from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import tgc  # noqa: E402
 from tgc.diagnostics import TgcError  # noqa: E402
-from tgc.importers.onnx import import_onnx  # noqa: E402
+from tgc.importers.onnx import import_model, import_onnx  # noqa: E402
 
 OPSET = 17
 RNG = np.random.default_rng()
@@ -512,3 +512,428 @@ def test_sixteen_bit_floats():
         want = np.tanh(a.astype(np.float64) * b.astype(np.float64))
         assert got.dtype == dtype
         np.testing.assert_allclose(got.astype(np.float64), want, rtol=rtol, atol=rtol)
+
+
+# -- import-time values, weights, shapes ----------------------------------------------------------
+
+
+def test_nodes_on_known_values_fold_to_one_constant():
+    """Add and Cast of initializers are computed at import time: the IR holds their result."""
+    a = helper.make_tensor("a", TensorProto.FLOAT, [3], [1.0, 2.0, 3.0])
+    b = helper.make_tensor("b", TensorProto.FLOAT, [3], [0.5, 0.5, 0.5])
+    model = make_model(
+        [
+            helper.make_node("Add", ["a", "b"], ["s"]),
+            helper.make_node("Cast", ["s"], ["si"], to=TensorProto.INT64),
+            helper.make_node("Cast", ["si"], ["sf"], to=TensorProto.FLOAT),
+            helper.make_node("Mul", ["x", "sf"], ["y"]),
+        ],
+        [("x", TensorProto.FLOAT, [3])],
+        [("y", TensorProto.FLOAT, [3])],
+        [a, b],
+    )
+    module = check_against_reference(model, {"x": random_input((3,))})
+    ops = [op.name for op in module.funcs[0].body.ops]
+    assert ops == ["atomic.constant", "atomic.mul", "func.return"]
+    assert "%sf = atomic.constant {value = dense<[1.0, 2.0, 3.0]>" in tgc.print_ir(module)
+
+
+def big_linear_model(rows=40, cols=30):
+    w = random_input((rows, cols))
+    init = helper.make_tensor("fc/w:0", TensorProto.FLOAT, [rows, cols], w.ravel())
+    zeros = helper.make_tensor("zeros", TensorProto.FLOAT, [rows, cols], np.zeros(rows * cols))
+    model = make_model(
+        [
+            helper.make_node("Add", ["fc/w:0", "zeros"], ["w2"]),
+            helper.make_node("MatMul", ["x", "fc/w:0"], ["h"]),
+            helper.make_node("Add", ["h", "bias"], ["y"]),
+        ],
+        [("x", TensorProto.FLOAT, [2, rows])],
+        [("y", TensorProto.FLOAT, [2, cols]), ("w2", TensorProto.FLOAT, [rows, cols])],
+        [init, zeros, helper.make_tensor("bias", TensorProto.FLOAT, [cols], np.ones(cols))],
+    )
+    return model, w
+
+
+def test_large_constants_go_to_files_and_read_back(tmp_path):
+    model, w = big_linear_model()
+    result = import_model(model, weights_dir="m.weights", inline_limit=1000)
+    text = tgc.print_ir(result.module)
+    # Sanitised names: the value %fc_w_0, the file fc_w_0.npy; the bias (30 elements) is inline.
+    assert '%fc_w_0 = atomic.constant {value = dense_file<"m.weights/fc_w_0.npy">' in text
+    assert "%bias = atomic.constant {value = dense<1.0> : tensor<30xf32>}" in text
+    # The folded w + 0 is another constant of 1200 elements: a file of its own.
+    assert 'dense_file<"m.weights/w2.npy">' in text
+    assert sorted(result.files) == ["m.weights/fc_w_0.npy", "m.weights/w2.npy"]
+
+    from tgc.tools.import_ import write_weights
+
+    write_weights(result.module, tmp_path)
+    (tmp_path / "m.tg").write_text(text)
+    reread = tgc.parse_file(tmp_path / "m.tg")
+    x = random_input((2, 40))
+    y, w2 = tgc.run(reread, [x])
+    np.testing.assert_allclose(y, x.astype(np.float64) @ w + 1, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(w2, w)
+
+
+def test_inline_without_weights_dir_and_below_the_limit():
+    model, _ = big_linear_model(4, 3)
+    assert "dense_file" not in tgc.print_ir(import_onnx(model, weights_dir="w", inline_limit=12))
+    model, _ = big_linear_model()
+    assert "dense_file" not in tgc.print_ir(import_onnx(model, inline_limit=10))
+
+
+def test_weights_as_args_keeps_integers_and_scalars_constant():
+    w = helper.make_tensor("w", TensorProto.FLOAT, [3, 4], random_input((3, 4)).ravel())
+    scale = helper.make_tensor("scale", TensorProto.FLOAT, [], [2.0])
+    shift = helper.make_tensor("shift", TensorProto.INT64, [4], [1, 2, 3, 4])
+    b = helper.make_tensor("b", TensorProto.FLOAT, [3], random_input((3,)))
+    model = make_model(
+        [
+            helper.make_node("Add", ["x", "b"], ["xb"]),  # b is read first: the first parameter
+            helper.make_node("MatMul", ["xb", "w"], ["h"]),
+            helper.make_node("Mul", ["h", "scale"], ["s"]),
+            helper.make_node("Cast", ["shift"], ["shift_f"], to=TensorProto.FLOAT),
+            helper.make_node("Add", ["s", "shift_f"], ["y"]),
+        ],
+        [("x", TensorProto.FLOAT, [2, 3])],
+        [("y", TensorProto.FLOAT, [2, 4])],
+        [w, scale, shift, b],
+    )
+    module = import_onnx(model, weights_as_args=True)
+    func = module.funcs[0]
+    assert [a.name_hint for a in func.args] == ["x", "b", "w"]
+    assert [func.is_param(i) for i in range(3)] == [False, True, True]
+    text = tgc.print_ir(module)
+    assert "%b: tensor<3xf32> {tgc.param}, %w: tensor<3x4xf32> {tgc.param}" in text
+    assert "%scale = atomic.constant" in text
+    assert "%shift_f = atomic.constant" in text  # folded from the integer initializer
+    x = random_input((2, 3))
+    bv, wv = (onnx.numpy_helper.to_array(t) for t in (b, w))
+    (got,) = tgc.run(module, [x, bv, wv])
+    want = (x.astype(np.float64) + bv) @ wv * 2 + np.arange(1, 5)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_graph_output_that_is_an_initializer_or_input():
+    c = helper.make_tensor("c", TensorProto.FLOAT, [2], [1.0, 2.0])
+    model = make_model(
+        [], [("x", TensorProto.FLOAT, [2])], [("c", TensorProto.FLOAT, [2]), ("x", 1, [2])], [c]
+    )
+    x = random_input((2,))
+    got = tgc.run(import_onnx(model), [x])
+    np.testing.assert_array_equal(got[0], [1.0, 2.0])
+    np.testing.assert_array_equal(got[1], x)
+
+
+def dynamic_model():
+    return make_model(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        [("x", TensorProto.FLOAT, ["batch", 4])],
+        [("y", TensorProto.FLOAT, ["batch", 4])],
+    )
+
+
+def test_input_shapes_fix_symbolic_dims():
+    module = import_onnx(dynamic_model(), input_shapes={"x": (3, 4)})
+    assert "tensor<3x4xf32>" in tgc.print_ir(module)
+    x = random_input((3, 4))
+    np.testing.assert_array_equal(tgc.run(module, [x])[0], np.maximum(x, 0))
+
+
+def test_declared_output_dims_that_are_symbols_are_not_checked():
+    module = import_onnx(dynamic_model(), input_shapes={"x": (0, 4)})
+    assert "tensor<0x4xf32>" in tgc.print_ir(module)
+
+
+# -- diagnostics ------------------------------------------------------------------------------------
+
+
+def one_node(op, inputs=("x",), attrs=None, name="n", in_type=TensorProto.FLOAT, shape=(2, 3)):
+    return make_model(
+        [helper.make_node(op, list(inputs), ["y"], name=name, **(attrs or {}))],
+        [(i, in_type, list(shape)) for i in inputs if i],
+        [("y", TensorProto.FLOAT, list(shape))],
+    )
+
+
+def test_dynamic_shape_without_a_shape_is_refused():
+    assert import_error(dynamic_model()) == (
+        "<onnx model>: error: graph input 'x' has a dynamic shape [batch, 4]; tgc tensors are "
+        "static: give the shape with --input-shape x=DIMS (e.g. 1x4)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("shapes", "message"),
+    [
+        ({"z": (1,)}, "an input shape is given for 'z', which is not a graph input (inputs: 'x')"),
+        ({"x": (2,)}, "the shape given for input 'x' has rank 1, the model's has rank 2"),
+        ({"x": (2, 5)}, "the shape given for input 'x' has 5 at dim 1, the model fixes it to 4"),
+    ],
+)
+def test_bad_input_shapes(shapes, message):
+    assert import_error(dynamic_model(), input_shapes=shapes) == f"<onnx model>: error: {message}"
+
+
+def test_unnamed_node_is_named_by_its_position():
+    model = make_model(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Hardmax", ["r"], ["y"])],
+        [("x", TensorProto.FLOAT, [2])],
+        [("y", TensorProto.FLOAT, [2])],
+    )
+    assert "error: node #1 (Hardmax): op type 'Hardmax' is not supported" in import_error(model)
+
+
+def test_other_domains_are_refused():
+    model = one_node("FusedMatMul", ("x", "z"), name="f")
+    model.graph.node[0].domain = "com.microsoft"
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    assert import_error(model) == (
+        "<onnx model>: error: node 'f' (FusedMatMul): operator domain 'com.microsoft' is not "
+        "supported"
+    )
+
+
+def test_unsupported_attribute_value():
+    model = one_node("Gelu", attrs={"approximate": "sigmoid"}, name="g")
+    model.opset_import[0].version = 20
+    assert import_error(model) == (
+        "<onnx model>: error: node 'g' (Gelu): approximate = 'sigmoid' is not supported "
+        "(only 'none', 'tanh')"
+    )
+
+
+def test_a_converter_that_leaves_an_attribute_or_input_unread_is_refused(monkeypatch):
+    from tgc.importers.onnx import registry
+
+    # Hardmax has an 'axis' attribute; this converter does not read it.
+    monkeypatch.setitem(registry.CONVERTERS, "Hardmax", lambda ctx: ctx.b.hl.relu(ctx.input(0)))
+    model = one_node("Hardmax", attrs={"axis": 0}, name="h")
+    assert import_error(model) == (
+        "<onnx model>: error: node 'h' (Hardmax): attribute 'axis' is not supported"
+    )
+    monkeypatch.setitem(registry.CONVERTERS, "Add", lambda ctx: ctx.b.hl.relu(ctx.input(0)))
+    assert import_error(one_node("Add", ("x", "z"), name="a")) == (
+        "<onnx model>: error: node 'a' (Add): input #1 ('z') is not supported"
+    )
+
+
+def test_an_output_not_produced_is_refused(monkeypatch):
+    from tgc.importers.onnx import registry
+
+    monkeypatch.setitem(registry.CONVERTERS, "Dropout", lambda ctx: [ctx.input(0), None])
+    model = make_model(
+        [helper.make_node("Dropout", ["x"], ["y", "mask"], name="d")],
+        [("x", TensorProto.FLOAT, [2])],
+        [("y", TensorProto.FLOAT, [2]), ("mask", TensorProto.BOOL, [2])],
+    )
+    message = import_error(model)
+    assert message == "<onnx model>: error: node 'd' (Dropout): output #1 ('mask') is not supported"
+
+
+def test_require_static_names_the_input(monkeypatch):
+    from tgc.importers.onnx import registry
+
+    def needs_constant_slope(ctx):
+        ctx.require_static(1, "'slope'")
+        return ctx.input(0)
+
+    monkeypatch.setitem(registry.CONVERTERS, "PRelu", needs_constant_slope)
+    assert import_error(one_node("PRelu", ("x", "s"), name="p")) == (
+        "<onnx model>: error: node 'p' (PRelu): 'slope' ('s') must be a constant (an "
+        "initializer or computed from constants): tgc tensors have static shapes"
+    )
+
+
+def test_verifier_errors_are_worded_for_the_node():
+    model = make_model(
+        [helper.make_node("Add", ["a", "b"], ["y"], name="add")],
+        [("a", TensorProto.FLOAT, [2, 3]), ("b", TensorProto.FLOAT, [4])],
+        [("y", TensorProto.FLOAT, [2, 3])],
+    )
+    assert import_error(model) == (
+        "<onnx model>: error: node 'add' (Add): shapes (2, 3) and (4,) are not broadcast-compatible"
+    )
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        (
+            lambda: make_model(
+                [helper.make_node("MatMul", ["a", "b"], ["y"], name="mm")],
+                [("a", TensorProto.FLOAT, []), ("b", TensorProto.FLOAT, [3])],
+                [("y", TensorProto.FLOAT, [3])],
+            ),
+            "node 'mm' (MatMul): operands must have rank >= 1, got tensor<f32> and tensor<3xf32>",
+        ),
+        (
+            lambda: make_model(
+                [helper.make_node("Gemm", ["a", "b"], ["y"], name="gm")],
+                [("a", TensorProto.FLOAT, [2, 2, 3]), ("b", TensorProto.FLOAT, [3, 4])],
+                [("y", TensorProto.FLOAT, [2, 4])],
+            ),
+            "node 'gm' (Gemm): A and B must have rank 2, got tensor<2x2x3xf32> and tensor<3x4xf32>",
+        ),
+        (
+            lambda: make_model(
+                [helper.make_node("Gemm", ["a", "b", "c"], ["y"], name="gm")],
+                [
+                    ("a", TensorProto.FLOAT, [2, 3]),
+                    ("b", TensorProto.FLOAT, [3, 4]),
+                    ("c", TensorProto.FLOAT, [3, 2, 4]),
+                ],
+                [("y", TensorProto.FLOAT, [2, 4])],
+            ),
+            "node 'gm' (Gemm): C tensor<3x2x4xf32> does not broadcast to the product's shape "
+            "[2, 4]",
+        ),
+        (
+            lambda: make_model(
+                [helper.make_node("Clip", ["x", "lo"], ["y"], name="cl")],
+                [("x", TensorProto.FLOAT, [2, 3]), ("lo", TensorProto.FLOAT, [2])],
+                [("y", TensorProto.FLOAT, [2, 3])],
+            ),
+            "node 'cl' (Clip): input #1 must be a scalar, got tensor<2xf32>",
+        ),
+        (
+            lambda: make_model(
+                [helper.make_node("Softplus", ["x"], ["y"], name="sp")],
+                [("x", TensorProto.INT32, [2])],
+                [("y", TensorProto.INT32, [2])],
+            ),
+            "node 'sp' (Softplus): input #0 must have a float element type, got tensor<2xi32>",
+        ),
+        (
+            lambda: make_model(
+                [helper.make_node("Where", ["c", "x", "x"], ["y"], name="w")],
+                [("c", TensorProto.FLOAT, [2]), ("x", TensorProto.FLOAT, [2])],
+                [("y", TensorProto.FLOAT, [2])],
+            ),
+            "node 'w' (Where): input #0 must be bool, got tensor<2xf32>",
+        ),
+        (
+            lambda: make_model(
+                [helper.make_node("Relu", ["x"], ["y"])],
+                [("x", TensorProto.FLOAT, [2])],
+                [("y", TensorProto.FLOAT, [3])],
+            ),
+            "graph output 'y' is tensor<2xf32> here, but the model declares float [3]",
+        ),
+    ],
+    ids=["matmul-rank0", "gemm-rank3", "gemm-c", "clip-bound", "float-only", "where-cond", "out"],
+)
+def test_converter_diagnostics(model, message):
+    assert import_error(model()) == f"<onnx model>: error: {message}"
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (
+            lambda: one_node("Relu", in_type=TensorProto.UINT8),
+            "graph input 'x' has element type uint8, which tgc does not support (supported: "
+            "float, double, float16, bfloat16, int8, int32, int64, bool)",
+        ),
+        (
+            lambda: make_model(
+                [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.UINT16, name="c")],
+                [("x", TensorProto.FLOAT, [2])],
+                [("y", TensorProto.UINT16, [2])],
+            ),
+            "node 'c' (Cast): casting to uint16 is not supported (tgc's element types: float, "
+            "double, float16, bfloat16, int8, int32, int64, bool)",
+        ),
+        (
+            lambda: make_model(
+                [helper.make_node("Identity", ["u"], ["y"])],
+                [],
+                [("y", TensorProto.UINT8, [2])],
+                [helper.make_tensor("u", TensorProto.UINT8, [2], [1, 2])],
+            ),
+            "initializer 'u' has element type uint8, which tgc does not support (supported: "
+            "float, double, float16, bfloat16, int8, int32, int64, bool)",
+        ),
+        (
+            lambda: make_model(
+                [helper.make_node("Constant", [], ["y"], value_string="hi", name="k")],
+                [],
+                [("y", TensorProto.STRING, [])],
+            ),
+            "node 'k' (Constant): attribute 'value_string' is not supported (no such tgc tensor)",
+        ),
+        (
+            lambda: make_model(
+                [
+                    helper.make_node(
+                        "Constant",
+                        [],
+                        ["y"],
+                        name="k",
+                        value=helper.make_tensor("v", TensorProto.INT16, [1], [3]),
+                    )
+                ],
+                [],
+                [("y", TensorProto.INT16, [1])],
+            ),
+            "node 'k' (Constant): attribute 'value' has element type int16, which tgc does not "
+            "support (supported: float, double, float16, bfloat16, int8, int32, int64, bool)",
+        ),
+        (
+            lambda: one_node("Relu", name="r").__class__(),
+            "not a valid ONNX model: The model does not have an ir_version set properly.",
+        ),
+    ],
+    ids=["input-dtype", "cast-target", "initializer-dtype", "string", "constant-dtype", "empty"],
+)
+def test_unsupported_types(build, message):
+    assert import_error(build()) == f"<onnx model>: error: {message}"
+
+
+def test_old_opsets_are_refused():
+    model = one_node("Relu")
+    model.opset_import[0].version = 11
+    assert import_error(model) == (
+        "<onnx model>: error: the model uses ONNX opset 11; tgc-import reads opset 13 and later "
+        "(onnx.version_converter.convert_version can upgrade it)"
+    )
+
+
+def test_files_that_are_not_models(tmp_path):
+    assert import_error(tmp_path / "missing.onnx") == (
+        f"error: could not open input file '{tmp_path / 'missing.onnx'}': no such file or directory"
+    )
+    assert import_error(tmp_path) == (
+        f"error: could not open input file '{tmp_path}': it is a directory"
+    )
+    path = tmp_path / "m.onnx"
+    path.write_bytes(b"\x08\x07\x12\xff\xff")  # ir_version 7, then a string of absurd length
+    assert import_error(path) == (
+        f"{path}: error: not a valid ONNX model (the file is not a readable ONNX protobuf: "
+        "truncated or corrupt?)"
+    )
+
+
+def test_every_truncation_of_a_model_is_one_clear_error():
+    model, _ = big_linear_model(6, 5)
+    data = model.SerializeToString()
+    messages = set()
+    for cut in range(len(data)):
+        with pytest.raises(TgcError) as info:
+            import_onnx(data[:cut])
+        messages.add(info.value.message.split(":")[0])
+    assert messages == {
+        "not a valid ONNX model (the file is not a readable ONNX protobuf",
+        "not a valid ONNX model",
+    }
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_bytes_are_one_clear_error(seed):
+    rng = np.random.default_rng(seed)
+    data = rng.bytes(int(rng.integers(1, 400)))
+    with pytest.raises(TgcError) as info:
+        import_onnx(data)
+    assert info.value.message.startswith("not a valid ONNX model")

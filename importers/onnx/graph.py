@@ -161,13 +161,7 @@ class GraphImporter:
         tensor_type = info.type.tensor_type
         elem = self._element_type(tensor_type.elem_type, what)
         given = self.options.input_shapes.get(info.name)
-        if not tensor_type.HasField("shape"):
-            if given is None:
-                raise self.error(
-                    f"{what} has no shape (unknown rank): give one with --input-shape "
-                    f"{info.name}=DIMS (e.g. 1x128)"
-                )
-            return TensorType.get(tuple(given), elem)
+        # onnx.checker has made sure that a graph input has a shape (a rank).
         dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
         symbols = [d.dim_param or "?" for d in tensor_type.shape.dim]
         if given is not None:
