@@ -276,11 +276,11 @@ class _Importer:
                 "cannot (dropout in training mode? export model.eval())",
                 self.fb.loc,
             )
-        outs = expected_types(node)
         args = _bind(node, self.env)
         if _is_static(args) or op in LIKE_OPS:
             self.env[node] = self._fold(node, args)
             return
+        outs = expected_types(node)
         lower = LOWERINGS.get(op)
         if lower is None:
             raise TgcError(f"{describe(node)}: no lowering to tgc for aten.{op}", self.fb.loc)
@@ -352,7 +352,6 @@ class _Importer:
             return Static(node, tuple(value))
         if not isinstance(value, torch.Tensor):
             raise TgcError(f"{describe(node)}: its value is not a tensor", self.fb.loc)
-        element_type(value.dtype, describe(node), self.fb.loc)
         return Static(node, value)
 
     def _materialize(self, static: Static, elem: str | None = None) -> Value:
