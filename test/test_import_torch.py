@@ -577,7 +577,9 @@ def test_dropout_in_training_mode_is_refused():
     model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.25)).train()
     ep = torch.export.export(model, (torch.randn(2, 4),))
     with pytest.raises(
-        TgcError, match=r"\(aten\.native_dropout\.default\): makes random .*model\.eval"
+        TgcError,
+        match=r"node 'native_dropout' \(aten\.native_dropout\.default\) in module '1' \(Dropout\): "
+        r"makes random .*model\.eval",
     ):
         import_exported_program(ep)
 

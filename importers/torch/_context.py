@@ -44,8 +44,16 @@ class Static:
 
 
 def describe(node: torch.fx.Node) -> str:
-    """`node 'add_1' (aten.add.Tensor)`: how messages name a node."""
-    return f"node '{node.name}' ({target_name(node)})"
+    """`node 'add_1' (aten.add.Tensor)`: how messages name a node; `... in module 'h.0.mlp'
+    (MLP)` when a submodule made it (its source line may be PyTorch's own)."""
+    text = f"node '{node.name}' ({target_name(node)})"
+    stack = node.meta.get("nn_module_stack") or {}
+    if stack:
+        path, cls = list(stack.values())[-1]
+        if path:
+            name = cls.rsplit(".", 1)[-1] if isinstance(cls, str) else getattr(cls, "__name__", "")
+            text += f" in module '{path}' ({name})"
+    return text
 
 
 def target_name(node: torch.fx.Node) -> str:
