@@ -1,6 +1,7 @@
 """Converters of the ops that move data or compute shapes: Reshape, Flatten, Squeeze, Unsqueeze,
-Transpose, Concat, Split, Slice, Gather, Expand, Tile, DepthToSpace, SpaceToDepth, and the
-shape arithmetic Shape, Size, ConstantOfShape, Range.
+Transpose, Concat, Split, Slice, Gather, GatherElements, GatherND, Expand, Tile, Pad,
+CenterCropPad, DepthToSpace, SpaceToDepth, Trilu, and the shape arithmetic Shape, Size,
+ConstantOfShape, Range, EyeLike.
 
 tgc tensors have static shapes, so every input that carries a shape, axes, bounds or repeats
 must be known at import time (`ctx.require_static`) and becomes an attribute or a result type.
@@ -15,8 +16,10 @@ import math
 import numpy as np
 
 from tgc.ir import Value
+from tgc.types import NUMPY_DTYPES, TensorType
 
 from .context import NodeContext
+from .dtypes import element_type, onnx_type_name
 from .registry import converter
 
 # -- helpers ----------------------------------------------------------------------------------------
@@ -279,6 +282,82 @@ def gather(ctx: NodeContext):
     return ctx.b.atomic.gather(table, ctx.b.atomic.where(negative, wrapped, indices), axis=axis)
 
 
+def _wrap_negative(ctx: NodeContext, indices: Value, sizes) -> Value:
+    """Indices with the negative ones counted from the end: i + size where i < 0 (`sizes` a
+    number or an array that broadcasts against the indices)."""
+    size = ctx.constant(np.asarray(sizes, dtype=indices.type.dtype))
+    negative = ctx.b.atomic.cmp(indices, ctx.scalar(0, like=indices), pred="lt")
+    return ctx.b.atomic.where(negative, ctx.b.atomic.add(indices, size), indices)
+
+
+def _linear_index(ctx: NodeContext, parts: list[tuple[Value, int]], shape) -> Value:
+    """sum(part * stride) over (part, stride) pairs, as i64 of `shape`."""
+    total = None
+    for part, stride in parts:
+        if part.type.element_type != "i64":
+            part = ctx.b.atomic.cast(part, result_type=part.type.with_element_type("i64"))
+        if stride != 1:
+            part = ctx.b.atomic.mul(part, ctx.constant(np.array(stride, np.int64)))
+        total = part if total is None else ctx.b.atomic.add(total, part)
+    if total is None:
+        return ctx.constant(np.zeros(shape, np.int64))
+    return _broadcast(ctx, total, shape)
+
+
+def _iota(ctx: NodeContext, axis: int, shape) -> Value:
+    return ctx.b.atomic.iota(axis=axis, result_type=TensorType.get(tuple(shape), "i64"))
+
+
+def _strides(shape) -> list[int]:
+    return [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+
+
+@converter("GatherElements")
+def gather_elements(ctx: NodeContext):
+    """np.take_along_axis: out[i] = data[i with i[axis] replaced by indices[i]]. Built as one
+    gather on the flattened data at the linear index of each element (iota on the other axes)."""
+    data, indices = ctx.input(0), ctx.input(1)
+    rank = data.type.rank
+    axis = _axis(ctx, ctx.attr("axis", 0), rank)
+    out = indices.type.shape
+    if indices.type.rank != rank or any(
+        o > d for i, (o, d) in enumerate(zip(out, data.type.shape)) if i != axis
+    ):
+        raise ctx.error(f"indices {indices.type} do not fit data {data.type} along axis {axis}")
+    strides = _strides(data.type.shape)
+    wrapped = _wrap_negative(ctx, indices, data.type.shape[axis])
+    parts = [(wrapped if d == axis else _iota(ctx, d, out), strides[d]) for d in range(rank)]
+    flat = _reshape(ctx, data, (data.type.num_elements,))
+    return ctx.b.atomic.gather(flat, _linear_index(ctx, parts, out), axis=0)
+
+
+@converter("GatherND")
+def gather_nd(ctx: NodeContext):
+    """Indices [..., k] address the first k dims after the `batch_dims` shared ones. Built as
+    one gather on the data reshaped to [batch * addressed, rest...] at each tuple's linear
+    index (sum of index * stride, plus the batch's offset)."""
+    data, indices = ctx.input(0), ctx.input(1)
+    batch = ctx.attr("batch_dims", 0)
+    shape, ishape = data.type.shape, indices.type.shape
+    depth = ishape[-1] if ishape else 0
+    if not ishape or batch < 0 or batch + depth > len(shape) or ishape[:batch] != shape[:batch]:
+        raise ctx.error(f"indices {indices.type} do not address data {data.type}")
+    addressed = shape[batch : batch + depth]
+    rows = ishape[:-1]
+    wrapped = _wrap_negative(ctx, indices, np.array(addressed, np.int64))
+    strides = np.array(_strides(addressed), np.int64)
+    if wrapped.type.element_type != "i64":
+        wrapped = ctx.b.atomic.cast(wrapped, result_type=wrapped.type.with_element_type("i64"))
+    weighted = ctx.b.atomic.mul(wrapped, ctx.constant(strides))
+    inner = ctx.b.atomic.reduce_sum(weighted, axes=[-1]) if depth else None
+    block = math.prod(addressed)
+    parts = [(inner, 1)] if inner is not None else []
+    batch_strides = _strides(shape[:batch])
+    parts += [(_iota(ctx, d, rows), batch_strides[d] * block) for d in range(batch)]
+    flat = _reshape(ctx, data, (math.prod(shape[:batch]) * block, *shape[batch + depth :]))
+    return ctx.b.atomic.gather(flat, _linear_index(ctx, parts, rows), axis=0)
+
+
 # -- broadcasting and repetition ----------------------------------------------------------------
 
 
@@ -307,6 +386,104 @@ def tile(ctx: NodeContext):
     spread = _reshape(ctx, x, [n for d in shape for n in (1, d)])
     tiled = _broadcast(ctx, spread, [n for r, d in zip(repeats, shape) for n in (r, d)])
     return _reshape(ctx, tiled, [r * d for r, d in zip(repeats, shape)])
+
+
+@converter("Pad")
+def pad(ctx: NodeContext):
+    """Pads [begin..., end...] on `axes` (default all); negative pads crop. "constant" fills
+    with the value input (default 0); "edge", "reflect" and "wrap" read the input at mirrored,
+    clamped or wrapped positions: one gather of known indices per padded axis."""
+    x = ctx.input(0)
+    rank = x.type.rank
+    pads = _ints(ctx.require_static(1, "'pads'"))
+    axes = _ints(ctx.require_static(3, "'axes'")) if ctx.has_input(3) else list(range(rank))
+    axes = _axes(ctx, axes, rank)
+    mode = ctx.attr("mode", "constant")
+    if len(pads) != 2 * len(axes):
+        raise ctx.error(f"pads {pads} must have 2 entries per padded axis ({len(axes)})")
+    widths = {a: (pads[i], pads[i + len(axes)]) for i, a in enumerate(axes)}
+    if mode == "constant":
+        value = ctx.optional_input(2)
+        return _pad_constant(ctx, x, widths, value)
+    if mode not in ("edge", "reflect", "wrap"):
+        raise ctx.error(f"mode '{mode}' is not supported (constant, edge, reflect, wrap)")
+    y = x
+    for axis, (before, after) in widths.items():
+        if before or after:
+            dim = y.type.shape[axis]
+            if dim == 0:
+                raise ctx.error(f"mode '{mode}' cannot pad dim {axis}, which has size 0")
+            source = [_padded_source(mode, i, dim) for i in range(-before, dim + after)]
+            y = ctx.b.atomic.gather(y, ctx.constant(np.array(source, np.int64)), axis=axis)
+    return y
+
+
+def _padded_source(mode: str, i: int, dim: int) -> int:
+    """The input position that padded position `i` (0 = the input's first) reads."""
+    if mode == "edge":
+        return min(max(i, 0), dim - 1)
+    if mode == "wrap":
+        return i % dim
+    if dim == 1:  # reflect: mirrored about the edges, without repeating them
+        return 0
+    period = 2 * (dim - 1)
+    i %= period
+    return i if i < dim else period - i
+
+
+def _pad_constant(ctx: NodeContext, x: Value, widths: dict, value: Value | None) -> Value:
+    if value is None:
+        value = ctx.scalar(0, like=x)
+    elif value.type.num_elements != 1 or value.type.element_type != x.type.element_type:
+        raise ctx.error(f"the pad value {value.type} must be one {x.type.element_type}")
+    value = _reshape(ctx, value, ())
+    y = x
+    for axis, (before, after) in widths.items():
+        dim = y.type.shape[axis]
+        if before < 0 or after < 0:
+            lo, hi = max(-before, 0), dim - max(-after, 0)
+            if lo > hi:
+                raise ctx.error(f"pads crop more than dim {axis} has ({dim})")
+            start, stop = [0] * y.type.rank, list(y.type.shape)
+            start[axis], stop[axis] = lo, hi
+            y = ctx.b.atomic.slice(y, start=start, stop=stop, step=[1] * y.type.rank)
+        pieces = []
+        for width in (max(before, 0), None, max(after, 0)):
+            if width is None:
+                pieces.append(y)
+            elif width:
+                block = list(y.type.shape)
+                block[axis] = width
+                pieces.append(_broadcast(ctx, value, block))
+        if len(pieces) > 1:
+            y = ctx.b.atomic.concat(*pieces, axis=axis)
+    return y
+
+
+@converter("CenterCropPad")
+def center_crop_pad(ctx: NodeContext):
+    """Each axis of `axes` (default all) cropped or zero-padded to `shape`, centred (the extra
+    element of an odd difference goes at the end)."""
+    x = ctx.input(0)
+    rank = x.type.rank
+    target = _ints(ctx.require_static(1, "'shape'"))
+    axes = _axes(ctx, ctx.attr("axes", list(range(rank))), rank)
+    if len(target) != len(axes) or any(t < 0 for t in target):
+        raise ctx.error(f"shape {target} must have one non-negative size per axis {axes}")
+    start, stop = [0] * rank, list(x.type.shape)
+    widths = {}
+    for axis, size in zip(axes, target):
+        dim = x.type.shape[axis]
+        if size < dim:
+            start[axis] = (dim - size) // 2
+            stop[axis] = start[axis] + size
+        elif size > dim:
+            before = (size - dim) // 2
+            widths[axis] = (before, size - dim - before)
+    y = x
+    if (start, stop) != ([0] * rank, list(x.type.shape)):
+        y = ctx.b.atomic.slice(x, start=start, stop=stop, step=[1] * rank)
+    return _pad_constant(ctx, y, widths, None)
 
 
 @converter("DepthToSpace")
@@ -341,6 +518,24 @@ def space_to_depth(ctx: NodeContext):
     spread = _reshape(ctx, x, (n, c, h // block, block, w // block, block))
     moved = _transpose(ctx, spread, (0, 3, 5, 1, 2, 4))
     return _reshape(ctx, moved, (n, c * block * block, h // block, w // block))
+
+
+@converter("Trilu")
+def trilu(ctx: NodeContext):
+    """The upper (j - i >= k) or lower (j - i <= k) triangle of the last two dims, zeros
+    elsewhere; k (input 1, default 0) may be known only when the model runs."""
+    x = ctx.input(0)
+    if x.type.rank < 2:
+        raise ctx.error(f"needs rank >= 2, got {x.type}")
+    upper = ctx.attr("upper", 1)
+    rows, cols = x.type.shape[-2:]
+    k = ctx.optional_input(1)
+    k = ctx.constant(np.array(0, np.int64)) if k is None else _reshape(ctx, k, ())
+    if k.type.element_type != "i64":
+        raise ctx.error(f"k must be int64, got {k.type}")
+    diagonal = ctx.b.atomic.sub(_iota(ctx, 1, (rows, cols)), _iota(ctx, 0, (rows, cols)))
+    keep = ctx.b.atomic.cmp(diagonal, k, pred="ge" if upper else "le")
+    return ctx.b.atomic.where(keep, x, ctx.scalar(0, like=x))
 
 
 # -- shape arithmetic: folded at import ---------------------------------------------------------
@@ -388,3 +583,20 @@ def range_(ctx: NodeContext):
     start, limit, delta = (v.reshape(()) for v in (start, limit, delta))
     count = max(math.ceil((float(limit) - float(start)) / float(delta)), 0)
     return (start + np.arange(count, dtype=start.dtype) * delta).astype(start.dtype)
+
+
+@converter("EyeLike")
+def eye_like(ctx: NodeContext):
+    """A 2-D tensor of the input's shape with ones on diagonal k, of `dtype` (default the
+    input's element type): known at import."""
+    t = ctx.input_type(0)
+    if t.rank != 2:
+        raise ctx.error(f"needs a 2-D input, got {t}")
+    code = ctx.attr("dtype", None)
+    dtype = t.dtype
+    if code is not None:
+        elem = element_type(code)
+        if elem is None:
+            raise ctx.error(f"dtype {onnx_type_name(code)} is not supported")
+        dtype = NUMPY_DTYPES[elem]
+    return np.eye(*t.shape, k=ctx.attr("k", 0), dtype=dtype)
