@@ -34,6 +34,12 @@ if shutil.which("xdsl-opt", path=path):
 if shutil.which("nvcc", path=path + os.pathsep + "/usr/local/cuda/bin"):
     config.available_features.add("nvcc")
 try:
+    import onnx  # noqa: F401  (tgc-import's tests; the onnx extra)
+
+    config.available_features.add("onnx")
+except ImportError:
+    pass
+try:
     import pycuda.driver as _drv  # noqa: F401
 
     _drv.init()
