@@ -937,3 +937,74 @@ def test_random_bytes_are_one_clear_error(seed):
     with pytest.raises(TgcError) as info:
         import_onnx(data)
     assert info.value.message.startswith("not a valid ONNX model")
+
+
+# -- the tool ---------------------------------------------------------------------------------------
+
+
+def run_tool(args, capsys) -> tuple[int, str, str]:
+    from tgc.tools.import_ import main
+
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as e:  # argparse's usage errors
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_tool_exit_codes_and_outputs(tmp_path, capsys):
+    model, w = big_linear_model()
+    onnx.save(model, tmp_path / "m.onnx")
+    code, out, err = run_tool([tmp_path / "m.onnx", "-o", "-"], capsys)
+    assert (code, err) == (0, "")
+    assert "func.func @g(" in out and "dense_file" not in out  # stdout: every constant inline
+
+    code, out, err = run_tool([tmp_path / "m.onnx", "-o", tmp_path / "m.tg"], capsys)
+    assert (code, out, err) == (0, "", "")
+    np.testing.assert_array_equal(np.load(tmp_path / "m.weights" / "fc_w_0.npy"), w)
+    assert 'dense_file<"m.weights/fc_w_0.npy">' in (tmp_path / "m.tg").read_text()
+
+    code, out, err = run_tool([tmp_path / "missing.onnx"], capsys)
+    assert code == 1 and out == ""
+    assert (
+        err
+        == f"error: could not open input file '{tmp_path / 'missing.onnx'}': no such file or directory\n"
+    )
+
+    code, _, err = run_tool([tmp_path / "m.onnx", "--inline-limit", "-3"], capsys)
+    assert code == 2 and "N must be a non-negative integer, got '-3'" in err
+
+    code, _, err = run_tool([tmp_path / "m.onnx", "-o", tmp_path / "no" / "such" / "m.tg"], capsys)
+    assert code == 1
+    assert err == (
+        f"error: could not write output file '{tmp_path / 'no' / 'such' / 'm.tg'}': its folder "
+        "does not exist\n"
+    )
+    assert not (tmp_path / "no").exists()
+
+
+def test_tool_does_not_write_through_a_symbolic_link(tmp_path, capsys):
+    model, _ = big_linear_model()
+    onnx.save(model, tmp_path / "m.onnx")
+    (tmp_path / "m.weights").mkdir()
+    victim = tmp_path / "precious.npy"
+    victim.write_bytes(b"keep")
+    (tmp_path / "m.weights" / "fc_w_0.npy").symlink_to(victim)
+    code, _, err = run_tool([tmp_path / "m.onnx", "-o", tmp_path / "m.tg"], capsys)
+    assert code == 1
+    assert err.strip() == (
+        f"error: cannot write weights file '{tmp_path / 'm.weights' / 'fc_w_0.npy'}': something "
+        "that is not a regular file is in the way"
+    )
+    assert victim.read_bytes() == b"keep" and not (tmp_path / "m.tg").exists()
+
+
+def test_tool_reports_an_unsupported_op_with_exit_1(tmp_path, capsys):
+    onnx.save(one_node("Hardmax", name="hm"), tmp_path / "h.onnx")
+    code, out, err = run_tool([tmp_path / "h.onnx"], capsys)
+    assert (code, out) == (1, "")
+    assert err == (
+        f"{tmp_path / 'h.onnx'}: error: node 'hm' (Hardmax): op type 'Hardmax' is not supported "
+        "(docs/onnx.md lists those that are)\n"
+    )

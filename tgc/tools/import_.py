@@ -100,8 +100,10 @@ def run(args) -> int:
             f"tgc-import needs the onnx package ({e}): pip install 'tgc[onnx]'"
         ) from None
 
-    source = sys.stdin.buffer.read() if args.input == "-" else args.input
     to_file = args.output != "-"
+    if to_file and not Path(args.output).parent.is_dir():  # before anything is written
+        raise TgcError(f"could not write output file '{args.output}': its folder does not exist")
+    source = sys.stdin.buffer.read() if args.input == "-" else args.input
     weights_dir = f"{Path(args.output).stem}.weights" if to_file else None
     shapes = dict(args.input_shapes)
     result = import_model(
