@@ -4,7 +4,8 @@ interpreter, compared with the expected outputs at the ONNX runner's tolerances.
 Scope and expected failures: test/onnx_conformance_cases.py (its docstring states the rule).
 Every case is one test named after its folder: in scope it must pass, or is an
 xfail(strict=True) with its reason; out of scope it is skipped with "out of scope: ..." (so
-`pytest -rs` lists them and the summary counts them). docs/onnx.md's "Conformance" table is
+`pytest -rs` lists them and the summary counts them). test_node_optimized runs the in-scope
+cases again after `-p optimize`. docs/onnx.md's "Conformance" table is
 written from the same data (test/onnx_conformance_table.py); `test_doc_table_is_current` fails
 when it is stale.
 """
@@ -39,6 +40,23 @@ def test_node(case):
     cases.run_case(case)
 
 
+def _optimized_params():
+    params = []
+    for case in cases.all_cases():
+        if cases.out_of_scope(case):
+            continue  # reported once, by test_node
+        reason = cases.expected_failure(case, optimized=True)
+        marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+        params.append(pytest.param(case, id=case.name, marks=marks))
+    return params
+
+
+@pytest.mark.parametrize("case", _optimized_params())
+def test_node_optimized(case):
+    """The in-scope cases again, after `-p optimize` (decompositions and rewrites)."""
+    cases.run_case(case, pipeline=cases.PIPELINE)
+
+
 def test_suite_is_the_one_of_onnx_1_22():
     """The cases are onnx 1.22.0's (later releases ship no test data): 1765 of them."""
     assert onnx.__version__ == "1.22.0"
@@ -52,8 +70,14 @@ def test_expected_failures_name_in_scope_cases():
     names = {c.name for c in in_scope}
     ops = {op for c in in_scope for op in c.op_types}
     assert sorted(set(cases.EXPECTED_FAILURES) - names) == []
+    assert sorted(set(cases.EXPECTED_FAILURES_OPTIMIZED) - names) == []
     assert sorted(set(cases.EXPECTED_FAILING_OPS) - ops) == []
-    assert all(cases.EXPECTED_FAILURES.values()) and all(cases.EXPECTED_FAILING_OPS.values())
+    listed = [
+        cases.EXPECTED_FAILURES,
+        cases.EXPECTED_FAILING_OPS,
+        cases.EXPECTED_FAILURES_OPTIMIZED,
+    ]
+    assert all(reason for found in listed for reason in found.values())
 
 
 def test_scope_rule():
