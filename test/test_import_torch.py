@@ -392,6 +392,8 @@ class Shapes(nn.Module):
             x[:, :, idx],
             x.mT @ x,
             x.clone().detach().contiguous(),
+            x.gather(1, idx[:3].clamp(max=1).view(3, 1, 1).expand(3, 1, 6)),
+            x.gather(-1, idx.view(1, 1, 4).expand(2, 2, 4)),
         )
 
 
@@ -405,6 +407,22 @@ def test_shape_ops():
     assert len(got) == len(expected) == len(ep.graph_signature.output_specs)
     for g, e in zip(got, expected):
         np.testing.assert_allclose(g, e.numpy(), **F64)
+
+
+def test_gather_index_out_of_range_fails_when_run():
+    """torch.gather with an index past its dim: an error, not the element of the next row."""
+
+    class Along(nn.Module):
+        def forward(self, x, idx):
+            return x.gather(1, idx)
+
+    x = torch.randn(3, 4, dtype=torch.float64)
+    module = import_module(Along(), (x, torch.zeros(3, 2, dtype=torch.int64)))
+    idx = torch.tensor([[0, 3], [1, 2], [3, 0]])
+    (got,) = tgc.run(module, [x.numpy(), idx.numpy()])
+    np.testing.assert_array_equal(got, x.gather(1, idx).numpy())
+    with pytest.raises(TgcError, match=r"'atomic.gather' op index -1 .* is out of range"):
+        tgc.run(module, [x.numpy(), np.array([[0, 4], [1, 2], [3, 0]])])
 
 
 def test_negative_index_tensor_counts_from_the_end():
@@ -612,3 +630,49 @@ def test_gpt2_block_import_is_deterministic():
     model = Block().double().eval()
     ep = _export(model, (torch.randint(0, 10, (2, 8)),))
     assert tgc.print_ir(import_exported_program(ep)) == tgc.print_ir(import_exported_program(ep))
+
+
+# -- Hugging Face models ----------------------------------------------------------------------------
+
+
+def _tiny_transformer(kind: str):
+    transformers = pytest.importorskip(
+        "transformers", reason="the Hugging Face models need transformers (not a tgc extra)"
+    )
+    small = {"vocab_size": 100, "num_hidden_layers": 2, "num_attention_heads": 4}
+    if kind == "gpt2":
+        config = transformers.GPT2Config(n_positions=16, n_embd=32, **small)
+        return transformers.GPT2Model(config)
+    if kind == "bert":
+        config = transformers.BertConfig(
+            hidden_size=32, intermediate_size=64, max_position_embeddings=16, **small
+        )
+        return transformers.BertModel(config)
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        max_position_embeddings=16,
+        num_key_value_heads=2,
+        **small,
+    )
+    return transformers.LlamaModel(config)
+
+
+# Llama computes its rotary embedding in float32 whatever the model's dtype (cos and sin of
+# float32 differ by an ulp between numpy and PyTorch), hence its float32-sized tolerance.
+@pytest.mark.parametrize(("kind", "tol"), [("gpt2", F64), ("bert", F64), ("llama", F32)])
+def test_hugging_face_transformer(kind, tol):
+    """Tiny GPT-2, BERT (its token-type buffer read through torch.gather) and Llama (rotary
+    embedding, grouped-query attention, RMSNorm, SiLU) with random weights: the last hidden
+    state matches PyTorch on fresh token ids."""
+    torch.manual_seed(0)
+    model = _tiny_transformer(kind).double().eval()
+    model.config.use_cache = False
+    ids = torch.randint(0, 100, (2, 8))
+    ep = _export(model, (ids,))
+    module = import_exported_program(ep)
+    fresh = torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(1))
+    got = _run(module, ep, (fresh,))
+    with torch.no_grad():
+        expected = model(fresh).last_hidden_state
+    np.testing.assert_allclose(got[0], expected.numpy(), **tol)

@@ -1,6 +1,6 @@
 """Lowerings of aten ops that move data: views (view, reshape, permute, transpose, expand,
 squeeze, unsqueeze), slicing and selecting, cat and split, gathers (embedding, index_select,
-index), and the ops that return their operand (clone, detach, alias, contiguous).
+index, gather), and the ops that return their operand (clone, detach, alias, contiguous).
 
 The `*_copy` forms (the edge dialect's view_copy, permute_copy, ...) lower as their views."""
 
@@ -194,3 +194,34 @@ def _indices(cx: Cx, indices) -> Value:
     if value.type.element_type not in ("i8", "i32", "i64"):
         raise cx.error(f"indices of type {value.type} (tgc gathers with integer indices)")
     return value
+
+
+@lowering("gather")
+def take_along_dim(cx: Cx) -> Value:
+    """torch.gather: out[i][j][k] = x[i][index[i][j][k]][k] (dim 1), index no larger than x
+    outside dim. As one atomic.gather on x flattened: the flat position of each element is
+    index * stride(dim) + the sum over the other dims of its coordinate (an iota) * stride."""
+    x = cx.value("self")
+    idx = _indices(cx, cx.arg("index"))
+    rank = x.type.rank
+    if idx.type.rank != rank:
+        raise cx.error(f"index of rank {idx.type.rank} for a tensor of rank {rank}")
+    axis = cx.axis(cx.arg("dim"), rank)
+    strides = [1] * rank
+    for d in range(rank - 2, -1, -1):
+        strides[d] = strides[d + 1] * x.type.shape[d + 1]
+    flat = cx.b.atomic.mul(idx, cx.scalar(strides[axis], idx.type.element_type))
+    for d in range(rank):
+        if d != axis and idx.type.shape[d] > 1:
+            coordinate = cx.b.atomic.iota(axis=d, result_type=idx.type)
+            offset = cx.b.atomic.mul(coordinate, cx.scalar(strides[d], idx.type.element_type))
+            flat = cx.b.atomic.add(flat, offset)
+    # An index outside dim would land in a neighbouring row: make it -1, which the gather
+    # refuses when it runs (PyTorch raises there too), rather than read a wrong element.
+    elem = idx.type.element_type
+    below = cx.b.atomic.cmp(idx, cx.scalar(0, elem), pred="lt")
+    above = cx.b.atomic.cmp(idx, cx.scalar(x.type.shape[axis], elem), pred="ge")
+    outside = cx.b.atomic.where(below, cx.scalar(True, "i1"), above)
+    flat = cx.b.atomic.where(outside, cx.scalar(-1, elem), flat)
+    table = cx.reshape(x, (x.type.num_elements,))
+    return cx.b.atomic.gather(table, flat, axis=0)
