@@ -39,20 +39,6 @@ RTOL, ATOL = 1e-3, 1e-4
 
 # Every folder the generator makes; listed, not globbed, so that a lost folder fails.
 NAMES = ("tiny_gpt2", "tiny_bert", "tiny_gpt2_dynamo", "tiny_bert_dynamo")
-# Models that cannot import yet, each with the reason (strict: a pass is reported, so the
-# entry is removed when the reason goes away).
-XFAIL = {
-    "tiny_gpt2_dynamo": "GatherND (the padding mask, gathered at constant indices) has no converter",
-    "tiny_bert_dynamo": "GatherND (the padding mask, gathered at constant indices) has no converter",
-}
-
-
-def model_param(name: str):
-    marks = [pytest.mark.xfail(reason=XFAIL[name], strict=True)] if name in XFAIL else []
-    return pytest.param(name, marks=marks, id=name)
-
-
-MODEL_PARAMS = [model_param(n) for n in NAMES]
 
 
 def load_tensors(folder: Path, prefix: str) -> list[np.ndarray]:
@@ -136,7 +122,7 @@ def test_stored_outputs_agree(name):
 # -- import, optimize, run ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", MODEL_PARAMS)
+@pytest.mark.parametrize("name", NAMES)
 def test_optimized_model_matches_pytorch(name):
     inputs, f32, f64 = stored_case(name)
     module = import_and_optimize(name)
@@ -147,7 +133,7 @@ def test_optimized_model_matches_pytorch(name):
     assert_close(got, f32, f"{name} optimised vs PyTorch float32")
 
 
-@pytest.mark.parametrize("name", MODEL_PARAMS)
+@pytest.mark.parametrize("name", NAMES)
 def test_imported_model_matches_pytorch(name):
     """The import alone, before any pass: a mismatch here is the importer's, not a pass's."""
     inputs, _, f64 = stored_case(name)
@@ -155,7 +141,7 @@ def test_imported_model_matches_pytorch(name):
     assert_close(got, f64, f"{name} as imported vs PyTorch float64")
 
 
-@pytest.mark.parametrize("name", MODEL_PARAMS)
+@pytest.mark.parametrize("name", NAMES)
 def test_fresh_inputs_match_onnx_reference(name):
     """New ids, padding lengths and token types each run, against onnx's own evaluator: the
     import holds for the model's inputs, not only the stored ones (which it must not bake in)."""
@@ -170,7 +156,7 @@ def test_fresh_inputs_match_onnx_reference(name):
         assert_close(run(module, inputs), want, f"{name} on fresh inputs vs onnx reference")
 
 
-@pytest.mark.parametrize("name", MODEL_PARAMS)
+@pytest.mark.parametrize("name", NAMES)
 def test_fresh_inputs_match_pytorch_float64(name):
     """Where PyTorch and transformers are installed: the generator's model (same seed, so the
     committed weights) in float64 on fresh inputs."""
@@ -202,7 +188,7 @@ def tool(name: str, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("name", MODEL_PARAMS)
+@pytest.mark.parametrize("name", NAMES)
 def test_command_line_import_optimize_run(name, tmp_path):
     """tgc-import (weights in .npy files beside the .tg), tgc-opt -p optimize into the same
     folder, tgc-run with the stored inputs bound by argument name."""
@@ -222,3 +208,22 @@ def test_command_line_import_optimize_run(name, tmp_path):
     got = [np.load(results / f"result_{i}.npy") for i in range(len(f64))]
     assert not (results / f"result_{len(f64)}.npy").exists(), "one result per graph output"
     assert_close(got, f64, f"{name} through the tools vs PyTorch float64")
+
+
+# -- the GPU benchmark's CPU part ---------------------------------------------------------------
+
+
+def test_gpu_benchmark_dry_run(capsys):
+    """bench/models_gpu.py --dry-run (no GPU, PyTorch or PyCUDA): every model imports, matches
+    PyTorch on numpy and gets a plan from the `cuda` route, so the GPU session only times."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import models_gpu
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    assert models_gpu.NAMES == NAMES
+    assert models_gpu.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    for name in NAMES:
+        row = next(line for line in out.splitlines() if line.startswith(f"| {name} |"))
+        assert re.search(r"\| \d+ kernels, \d+ cuBLAS", row), row
