@@ -107,14 +107,22 @@ def test_weights_as_args_marks_parameters():
     np.testing.assert_allclose(tgc.run(module, [x, wv])[0], x @ wv, rtol=1e-5, atol=1e-6)
 
 
-def test_unsupported_op_names_the_node():
+@pytest.fixture
+def no_det(monkeypatch):
+    """'Det' has no converter (should one be written, these tests still test the error)."""
+    from tgc.importers.onnx import registry
+
+    monkeypatch.delitem(registry.CONVERTERS, "Det", raising=False)
+
+
+def test_unsupported_op_names_the_node(no_det):
     model = make_model(
-        [helper.make_node("Hardmax", ["x"], ["y"], name="hm")],
-        [("x", TensorProto.FLOAT, [2, 3])],
-        [("y", TensorProto.FLOAT, [2, 3])],
+        [helper.make_node("Det", ["x"], ["y"], name="det")],
+        [("x", TensorProto.FLOAT, [3, 3])],
+        [("y", TensorProto.FLOAT, [])],
     )
     assert import_error(model) == (
-        "<onnx model>: error: node 'hm' (Hardmax): op type 'Hardmax' is not supported "
+        "<onnx model>: error: node 'det' (Det): op type 'Det' is not supported "
         "(docs/onnx.md lists those that are)"
     )
 
@@ -677,13 +685,13 @@ def test_bad_input_shapes(shapes, message):
     assert import_error(dynamic_model(), input_shapes=shapes) == f"<onnx model>: error: {message}"
 
 
-def test_unnamed_node_is_named_by_its_position():
+def test_unnamed_node_is_named_by_its_position(no_det):
     model = make_model(
-        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Hardmax", ["r"], ["y"])],
-        [("x", TensorProto.FLOAT, [2])],
-        [("y", TensorProto.FLOAT, [2])],
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Det", ["r"], ["y"])],
+        [("x", TensorProto.FLOAT, [2, 2])],
+        [("y", TensorProto.FLOAT, [])],
     )
-    assert "error: node #1 (Hardmax): op type 'Hardmax' is not supported" in import_error(model)
+    assert "error: node #1 (Det): op type 'Det' is not supported" in import_error(model)
 
 
 def test_other_domains_are_refused():
@@ -1000,11 +1008,40 @@ def test_tool_does_not_write_through_a_symbolic_link(tmp_path, capsys):
     assert victim.read_bytes() == b"keep" and not (tmp_path / "m.tg").exists()
 
 
-def test_tool_reports_an_unsupported_op_with_exit_1(tmp_path, capsys):
-    onnx.save(one_node("Hardmax", name="hm"), tmp_path / "h.onnx")
+def test_tool_reports_an_unsupported_op_with_exit_1(tmp_path, capsys, no_det):
+    onnx.save(one_node("Det", name="det", shape=(2, 2)), tmp_path / "h.onnx")
     code, out, err = run_tool([tmp_path / "h.onnx"], capsys)
     assert (code, out) == (1, "")
     assert err == (
-        f"{tmp_path / 'h.onnx'}: error: node 'hm' (Hardmax): op type 'Hardmax' is not supported "
+        f"{tmp_path / 'h.onnx'}: error: node 'det' (Det): op type 'Det' is not supported "
         "(docs/onnx.md lists those that are)\n"
     )
+
+
+def test_external_data_is_read_beside_the_model_file(tmp_path, monkeypatch):
+    model, w = big_linear_model()
+    for t in model.graph.initializer:  # external data is written for raw_data tensors only
+        t.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(t), t.name))
+    onnx.save_model(
+        model,
+        tmp_path / "m.onnx",
+        save_as_external_data=True,
+        location="m.bin",
+        size_threshold=0,
+    )
+    monkeypatch.chdir(tmp_path.parent)  # the data file is found beside the model, not here
+    x = random_input((2, 40))
+    y, _ = tgc.run(import_onnx(tmp_path / "m.onnx"), [x])
+    np.testing.assert_allclose(y, x.astype(np.float64) @ w + 1, rtol=1e-5, atol=1e-5)
+
+    data = (tmp_path / "m.onnx").read_bytes()
+    assert import_error(data) == (
+        "<onnx bytes>: error: initializer 'fc/w:0' keeps its data in an external file: import "
+        "the model from its path, so that the file is found beside it"
+    )
+    (tmp_path / "m.bin").unlink()
+    message = import_error(tmp_path / "m.onnx")
+    assert message.startswith(
+        f"{tmp_path / 'm.onnx'}: error: could not load the model's external data: "
+    )
+    assert "\n" not in message

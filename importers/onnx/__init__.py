@@ -84,6 +84,8 @@ def load_model(source) -> tuple[ModelProto, str]:
         display = os.fspath(source)
         model = _parse(_read(display), display)
         _load_external_data(model, display)
+    if not isinstance(source, (str, os.PathLike)):
+        _refuse_external_data(model, display)
     _check(model, display)
     return model, display
 
@@ -125,6 +127,19 @@ def _load_external_data(model: ModelProto, path: str) -> None:
             f"could not load the model's external data: {_first_line(e)}",
             FileLocation(path, 0, 0),
         ) from None
+
+
+def _refuse_external_data(model: ModelProto, display: str) -> None:
+    """Without a path there is no folder to find external data in (not the working directory)."""
+    from onnx.external_data_helper import uses_external_data
+
+    for tensor in model.graph.initializer:
+        if uses_external_data(tensor):
+            raise TgcError(
+                f"initializer '{tensor.name}' keeps its data in an external file: import the "
+                "model from its path, so that the file is found beside it",
+                FileLocation(display, 0, 0),
+            )
 
 
 def _check(model: ModelProto, display: str) -> None:

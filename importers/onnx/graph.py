@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from onnx import ModelProto, TensorProto, ValueInfoProto, numpy_helper
+from onnx.external_data_helper import uses_external_data
 
 from tgc.attributes import DenseAttr, FunctionTypeAttr
 from tgc.builder import Builder
@@ -383,6 +384,12 @@ class GraphImporter:
             message = (
                 f"{what} has element type {onnx_type_name(tensor.data_type)}, which tgc does "
                 f"not support (supported: {SUPPORTED_WORDS})"
+            )
+            raise ctx.error(message) if ctx is not None else self.error(message)
+        if uses_external_data(tensor):  # only a model read from its path has loaded them
+            message = (
+                f"{what} keeps its data in an external file: import the model from its path, "
+                "so that the file is found beside it"
             )
             raise ctx.error(message) if ctx is not None else self.error(message)
         try:

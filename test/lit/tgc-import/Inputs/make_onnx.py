@@ -63,10 +63,10 @@ def unsupported_op():
     return model(
         [
             helper.make_node("Relu", ["x"], ["r"]),
-            helper.make_node("Hardmax", ["r"], ["y"], name="hm"),
+            helper.make_node("Det", ["r"], ["y"], name="det"),
         ],
-        [("x", F32, [2, 3])],
-        [("y", F32, [2, 3])],
+        [("x", F32, [3, 3])],
+        [("y", F32, [])],
     )
 
 
