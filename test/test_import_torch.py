@@ -676,3 +676,22 @@ def test_hugging_face_transformer(kind, tol):
     with torch.no_grad():
         expected = model(fresh).last_hidden_state
     np.testing.assert_allclose(got[0], expected.numpy(), **tol)
+
+
+def test_docs_op_table_lists_every_lowering():
+    """docs/torch-import.md's op table names exactly the aten ops with a lowering (the `*_copy`
+    forms of views are covered by one sentence there)."""
+    import tgc.importers.torch._program  # noqa: F401  (registers the lowerings)
+    from tgc.importers.torch._registry import LOWERINGS
+
+    doc = (THIS_FILE.parent.parent / "docs" / "torch-import.md").read_text()
+    table = doc.split("## Op table", 1)[1].split("\n\n", 2)[1]
+    listed = set()
+    for row in table.splitlines()[2:]:
+        listed |= set(re.findall(r"`([A-Za-z_]+)`", row.split("|")[1]))
+    registered = {
+        name
+        for name in LOWERINGS
+        if not (name.endswith("_copy") and name.removesuffix("_copy") in LOWERINGS)
+    }
+    assert listed == registered
