@@ -164,7 +164,7 @@ def gpu_one(name: str, do_compile: bool) -> Row:
 
     row = Row(name)
     model, path, row.source = torch_model(name)
-    inputs = [torch.from_numpy(x).cuda() for x in stored(name)[0]]
+    inputs = [torch.tensor(x, device="cuda") for x in stored(name)[0]]
     runner = tgc_runner(print_module(import_module(path)))
     row.steps = plan_summary(runner.plan)
 
