@@ -20,7 +20,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 import tgc.dialects  # noqa: F401  (registers the ops the builder makes)
 from tgc.builder import FunctionBuilder
-from tgc.builtin import ModuleOp
+from tgc.builtin import PARAM_ATTR, ModuleOp
 from tgc.diagnostics import UNKNOWN_LOC, Location, TgcError
 from tgc.importers.torch import ops_elementwise, ops_nn, ops_shape  # noqa: F401  (registration)
 from tgc.importers.torch._context import (
@@ -40,7 +40,6 @@ from tgc.importers.torch._registry import (
 from tgc.ir import Value
 from tgc.types import TensorType
 
-PARAM_ATTR = "tgc.param"
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
@@ -63,11 +62,21 @@ def _kept_whole() -> list:
 
 
 def to_core_aten(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    """`ep` in PyTorch's core aten opset, but for the ops that map to one hl op."""
-    table = torch.export.default_decompositions()
-    for op in _kept_whole():
-        table.pop(op, None)
-    return ep.run_decompositions(table)
+    """`ep` in PyTorch's core aten opset, but for the ops that map to one hl op (a PyTorch
+    older than 2.6 has no default table to take them from: everything is decomposed there)."""
+    table = None
+    if hasattr(torch.export, "default_decompositions"):
+        table = torch.export.default_decompositions()
+        for op in _kept_whole():
+            table.pop(op, None)
+    try:
+        return ep.run_decompositions(table)
+    except Exception as e:  # PyTorch's own failure (a custom op without a meta kernel, ...)
+        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise TgcError(
+            f"PyTorch could not decompose the program to core aten ops: {first_line} "
+            "(import it with decompose=False to take its ops as they are)"
+        ) from None
 
 
 def load_program(path: Path) -> torch.export.ExportedProgram:
