@@ -120,23 +120,12 @@ def flatten(ctx: NodeContext):
     return _reshape(ctx, x, (math.prod(shape[:axis]), math.prod(shape[axis:])))
 
 
-def _axes_input_or_attr(ctx: NodeContext, required: bool) -> list[int] | None:
-    """Axes from input 1 (opset 13 and later), or the attribute older exporters still write."""
-    if ctx.has_input(1):
-        return _ints(ctx.require_static(1, "'axes'"))
-    if ctx.has_attr("axes"):
-        return list(ctx.attr("axes"))
-    if required:
-        raise ctx.error("'axes' is required")
-    return None
-
-
 @converter("Squeeze")
 def squeeze(ctx: NodeContext):
     """Remove the dims `axes` (each of size 1), or every dim of size 1 when none are given."""
     x = ctx.input(0)
     shape = x.type.shape
-    axes = _axes_input_or_attr(ctx, required=False)
+    axes = _ints(ctx.require_static(1, "'axes'")) if ctx.has_input(1) else None
     if axes is None:
         drop = [i for i, d in enumerate(shape) if d == 1]
     else:
@@ -151,7 +140,7 @@ def squeeze(ctx: NodeContext):
 def unsqueeze(ctx: NodeContext):
     """Insert dims of size 1 at `axes`, which index the result (negative from its end)."""
     x = ctx.input(0)
-    axes = _axes_input_or_attr(ctx, required=True)
+    axes = _ints(ctx.require_static(1, "'axes'"))
     rank = x.type.rank + len(axes)
     inserted = set(_axes(ctx, axes, rank))
     rest = iter(x.type.shape)
@@ -201,8 +190,6 @@ def split(ctx: NodeContext):
 def _split_sizes(ctx: NodeContext, dim: int) -> list[int]:
     if ctx.has_input(1):
         return _ints(ctx.require_static(1, "'split'"))
-    if ctx.has_attr("split"):
-        return list(ctx.attr("split"))
     count = ctx.attr("num_outputs", None)
     if count is not None:
         if count < 1:
