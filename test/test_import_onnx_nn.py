@@ -313,6 +313,13 @@ def test_arg_reduction_over_an_empty_axis_is_an_error():
     )
 
 
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_hardmax_is_one_at_the_first_maximum(axis):
+    x = RNG.integers(0, 3, size=(3, 4, 5)).astype(np.float32)  # ties: the first one wins
+    model = one_node("Hardmax", [("x", F32, x.shape)], [("y", F32, x.shape)], axis=axis)
+    check(model, {"x": x})
+
+
 # -- softmax --------------------------------------------------------------------------------------
 
 
@@ -518,6 +525,47 @@ def test_batch_normalization_training_mode(outputs):
     check(batchnorm_model(shape, 1, outputs), batchnorm_feeds(shape), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("shape, groups", [((3, 4, 2, 2), 2), ((2, 6, 5), 3), ((2, 4, 3), 1)])
+def test_group_normalization(shape, groups):
+    c = shape[1]
+    model = one_node(
+        "GroupNormalization",
+        [("x", F32, shape), ("scale", F32, (c,)), ("bias", F32, (c,))],
+        [("y", F32, shape)],
+        opset=21,
+        num_groups=groups,
+        epsilon=0.01,
+    )
+    feeds = {"x": random(shape) + 1, "scale": random((c,)), "bias": random((c,))}
+    check(model, feeds, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("axis", [0, -1])
+def test_lp_normalization_against_numpy(p, axis):
+    """The reference's p=1 sums x, not |x|: compared with numpy in float64. A zero row stays 0."""
+    x = random((3, 4))
+    x[1] = 0.0
+    model = one_node("LpNormalization", [("x", F32, (3, 4))], [("y", F32, (3, 4))], axis=axis, p=p)
+    (got,) = run_tgc(model, {"x": x})
+    norm = np.linalg.norm(x.astype(np.float64), ord=p, axis=axis, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        want = np.where(norm == 0, 0.0, x / norm)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["GlobalAveragePool", "GlobalMaxPool"])
+@pytest.mark.parametrize("shape", [(2, 3, 5), (1, 2, 3, 4), (1, 2, 2, 2, 3)])
+def test_global_pools(op, shape):
+    """Against numpy: the reference's GlobalMaxPool reduces the wrong dims unless x is 4D."""
+    out = shape[:2] + (1,) * (len(shape) - 2)
+    x = random(shape)
+    (got,) = run_tgc(one_node(op, [("x", F32, shape)], [("y", F32, out)]), {"x": x})
+    fn = np.mean if op == "GlobalAveragePool" else np.max
+    want = fn(x.astype(np.float64), axis=tuple(range(2, len(shape))), keepdims=True)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_channel_normalization_errors():
     model = one_node(
         "InstanceNormalization",
@@ -537,6 +585,18 @@ def test_channel_normalization_errors():
         "node 'n' (InstanceNormalization): the input must be [N, C, ...] of rank >= 3, got "
         "tensor<2x3xf32>"
     )
+    model = one_node(
+        "GroupNormalization",
+        [("x", F32, (2, 6, 3)), ("scale", F32, (6,)), ("bias", F32, (6,))],
+        [("y", F32, (2, 6, 3))],
+        opset=21,
+        num_groups=4,
+    )
+    assert error_of(model).endswith(
+        "node 'n' (GroupNormalization): num_groups 4 does not divide the 6 channels"
+    )
+    model = one_node("LpNormalization", [("x", F32, (2, 3))], [("y", F32, (2, 3))], p=3)
+    assert error_of(model).endswith("node 'n' (LpNormalization): p = 3 is not supported (1 or 2)")
     model = batchnorm_model((2, 3), 0, 3)
     assert error_of(model).endswith(
         "node 'n' (BatchNormalization): running_mean and running_var are outputs of "

@@ -247,22 +247,19 @@ def reduction(ctx: NodeContext):
 # -- arg-reductions -------------------------------------------------------------------------------
 
 
-@converter("ArgMax", "ArgMin")
-def arg_reduction(ctx: NodeContext):
-    """The first (or last, select_last_index) position of the extreme value: positions where x
-    equals reduce_max(x) (or where x is NaN: a NaN maximum is no element's value), the other
-    positions replaced by a sentinel, then the min (max) position."""
+def _arg_extreme(
+    ctx: NodeContext, x: Value, axis: int, last: bool, largest: bool, keepdims: bool = True
+) -> Value:
+    """The first (or last) position of the maximum (or minimum) along `axis` (i64): positions
+    where x equals the extreme (or where x is NaN: a NaN extreme is no element's value), the
+    others replaced by a sentinel, then the least (greatest) position."""
     b = ctx.b
-    x = ctx.input(0)
-    axis = _axis(ctx, ctx.attr("axis", 0), x.type.rank)
-    keepdims = bool(ctx.attr("keepdims", 1))
-    last = bool(ctx.attr("select_last_index", 0))
     n = x.type.shape[axis]
     if n == 0:
         raise ctx.error(f"axis {axis} has size 0: there is no position to return")
     if x.type.element_type == "i1":
         x = _cast(ctx, x, "i8")
-    extreme = (b.atomic.reduce_max if ctx.op_type == "ArgMax" else b.atomic.reduce_min)(
+    extreme = (b.atomic.reduce_max if largest else b.atomic.reduce_min)(
         x, axes=[axis], keepdims=True
     )
     hit = b.atomic.cmp(x, extreme, pred="eq")
@@ -270,10 +267,33 @@ def arg_reduction(ctx: NodeContext):
         is_nan = b.atomic.cmp(x, x, pred="ne")
         hit = b.atomic.where(is_nan, is_nan, hit)
     positions = b.atomic.iota(axis=axis, result_type=x.type.with_element_type("i64"))
-    sentinel = ctx.scalar(-1 if last else n, positions)
-    candidates = b.atomic.where(hit, positions, sentinel)
+    candidates = b.atomic.where(hit, positions, ctx.scalar(-1 if last else n, positions))
     pick = b.atomic.reduce_max if last else b.atomic.reduce_min
     return pick(candidates, axes=[axis], **_keep(keepdims))
+
+
+@converter("ArgMax", "ArgMin")
+def arg_reduction(ctx: NodeContext):
+    x = ctx.input(0)
+    axis = _axis(ctx, ctx.attr("axis", 0), x.type.rank)
+    keepdims = bool(ctx.attr("keepdims", 1))
+    last = bool(ctx.attr("select_last_index", 0))
+    return _arg_extreme(ctx, x, axis, last, ctx.op_type == "ArgMax", keepdims)
+
+
+@converter("Hardmax")
+def hardmax(ctx: NodeContext):
+    """1 at the first position of the maximum along `axis`, 0 elsewhere (opset 13)."""
+    b = ctx.b
+    x = ctx.input(0)
+    _require_float(ctx, x)
+    axis = _axis(ctx, ctx.attr("axis", -1), x.type.rank)
+    if x.type.num_elements == 0:
+        return x
+    first = _arg_extreme(ctx, x, axis, last=False, largest=True)
+    positions = b.atomic.iota(axis=axis, result_type=x.type.with_element_type("i64"))
+    one_hot = b.atomic.cmp(positions, first, pred="eq")
+    return b.atomic.where(one_hot, ctx.scalar(1.0, x), ctx.scalar(0.0, x))
 
 
 # -- softmax --------------------------------------------------------------------------------------
@@ -451,3 +471,57 @@ def batch_normalization(ctx: NodeContext):
                 blended = b.atomic.add(b.atomic.mul(running, keep), b.atomic.mul(current, take))
                 outputs[i] = _reshape(ctx, blended, channels)
     return outputs
+
+
+@converter("GroupNormalization")
+def group_normalization(ctx: NodeContext):
+    """x [N, C, ...] as [N, G, C/G * rest]: hl.layernorm over the last dim without parameters
+    (in the stash type), back to x's shape, then the per-channel scale and bias (opset 21: the
+    ONNX checker refuses 18's per-group parameters as deprecated)."""
+    b = ctx.b
+    x = _channels_input(ctx, 3)
+    groups = ctx.attr("num_groups")
+    eps = ctx.attr("epsilon", 1e-5)
+    stash = _stash_type(ctx)
+    n, c = x.type.shape[:2]
+    if groups <= 0 or c % groups:
+        raise ctx.error(f"num_groups {groups} does not divide the {c} channels")
+    per_group = math.prod(x.type.shape[1:]) // groups
+    if per_group == 0:
+        raise ctx.error(f"the groups of {x.type} hold no elements")
+    scale = _per_channel(ctx, ctx.input(1), x, "scale")
+    bias = _per_channel(ctx, ctx.input(2), x, "bias")
+    grouped = _cast(ctx, _reshape(ctx, x, (n, groups, per_group)), stash)
+    one, zero = ctx.scalar(1.0, grouped), ctx.scalar(0.0, grouped)
+    normalized = b.hl.layernorm(grouped, one, zero, axis=2, eps=eps)
+    normalized = _cast(ctx, _reshape(ctx, normalized, x.type.shape), x.type.element_type)
+    return b.atomic.add(b.atomic.mul(normalized, scale), bias)
+
+
+@converter("LpNormalization")
+def lp_normalization(ctx: NodeContext):
+    """x / ||x||_p along `axis` (p = 1: the sum of |x|; 2: the Euclidean norm); 0 where the
+    norm is 0 (as the reference, rather than 0/0)."""
+    b = ctx.b
+    x = ctx.input(0)
+    _require_float(ctx, x)
+    axis = _axis(ctx, ctx.attr("axis", -1), x.type.rank)
+    p = ctx.attr("p", 2)
+    if p not in (1, 2):
+        raise ctx.error(f"p = {p} is not supported (1 or 2)")
+    norm = (_sum_abs if p == 1 else _l2)(ctx, x, (axis,), True)
+    zero = ctx.scalar(0.0, x)
+    is_zero = b.atomic.cmp(norm, zero, pred="eq")
+    return b.atomic.where(is_zero, zero, b.atomic.div(x, norm))
+
+
+@converter("GlobalAveragePool", "GlobalMaxPool")
+def global_pool(ctx: NodeContext):
+    """The mean (maximum) over the spatial dims of [N, C, ...], kept as size-1 dims."""
+    x = _channels_input(ctx, 3)
+    axes = list(range(2, x.type.rank))
+    if any(x.type.shape[a] == 0 for a in axes):
+        raise ctx.error(f"the spatial dims of {x.type} hold no elements")
+    if ctx.op_type == "GlobalAveragePool":
+        return ctx.b.hl.mean(x, axes=axes, keepdims=True)
+    return ctx.b.atomic.reduce_max(x, axes=axes, keepdims=True)
