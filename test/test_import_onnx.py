@@ -1045,3 +1045,11 @@ def test_external_data_is_read_beside_the_model_file(tmp_path, monkeypatch):
         f"{tmp_path / 'm.onnx'}: error: could not load the model's external data: "
     )
     assert "\n" not in message
+
+
+def test_tool_default_inline_limit_is_the_importers():
+    from tgc.importers.onnx import DEFAULT_INLINE_LIMIT
+    from tgc.tools import import_
+
+    assert import_.DEFAULT_INLINE_LIMIT == DEFAULT_INLINE_LIMIT
+    assert import_.build_arg_parser().parse_args(["m.onnx"]).inline_limit == DEFAULT_INLINE_LIMIT
