@@ -620,6 +620,63 @@ def test_unsupported_dtype_is_refused():
         import_module(Complex(), (torch.zeros(3, dtype=torch.uint8),))
 
 
+def test_integer_floor_division_and_power_are_refused():
+    class FloorDiv(nn.Module):
+        def forward(self, i, j):
+            return torch.div(i, j, rounding_mode="floor")
+
+    class IntPower(nn.Module):
+        def forward(self, i, j):
+            return i**j
+
+    ints = (torch.ones(3, dtype=torch.int64), torch.ones(3, dtype=torch.int64))
+    with pytest.raises(TgcError, match=r"rounding_mode='floor' on i64 has no tgc op"):
+        import_module(FloorDiv(), ints)
+    with pytest.raises(TgcError, match=r"\(aten\.pow\.Tensor_Tensor\): a power in i64"):
+        import_module(IntPower(), ints)
+
+
+def test_custom_op_is_refused():
+    @torch.library.custom_op("tgc_test::twice", mutates_args=())
+    def twice(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @twice.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    class UsesCustomOp(nn.Module):
+        def forward(self, x):
+            return twice(x) + 1
+
+    with pytest.raises(TgcError) as e:
+        import_module(UsesCustomOp(), (torch.randn(3),))
+    assert e.value.message == (
+        "node 'twice' (tgc_test.twice.default): not an aten op; tgc imports programs of aten "
+        "ops only"
+    )
+
+
+def test_non_tensor_output_is_refused_and_int_input_is_specialised():
+    class ReturnsInt(nn.Module):
+        def forward(self, x):
+            return x * 2, 3
+
+    class TakesInt(nn.Module):
+        def forward(self, x, n: int):
+            return x * n
+
+    with pytest.raises(
+        TgcError,
+        match=r"^error: the program returns 3, not a tensor: tgc functions return tensors$",
+    ):
+        import_module(ReturnsInt(), (torch.randn(3),))
+    module = import_module(TakesInt(), (torch.randn(3), 4))  # torch.export bakes n = 4 in
+    assert [a.name_hint for a in module.funcs[0].args] == ["x"]
+    x = np.arange(3, dtype=np.float32)
+    np.testing.assert_array_equal(tgc.run(module, [x])[0], x * 4)
+
+
 def test_not_an_exported_program():
     with pytest.raises(TgcError, match=r"expected a torch\.export\.ExportedProgram, got MLP"):
         import_exported_program(MLP())
