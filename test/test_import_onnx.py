@@ -1053,3 +1053,33 @@ def test_tool_default_inline_limit_is_the_importers():
 
     assert import_.DEFAULT_INLINE_LIMIT == DEFAULT_INLINE_LIMIT
     assert import_.build_arg_parser().parse_args(["m.onnx"]).inline_limit == DEFAULT_INLINE_LIMIT
+
+
+def test_graphs_tgc_cannot_take():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
+    no_outputs = helper.make_model(
+        helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], []),
+        opset_imports=[helper.make_opsetid("", OPSET)],
+    )
+    assert import_error(no_outputs) == "<onnx model>: error: the graph has no outputs"
+    other_domain_only = helper.make_model(
+        helper.make_graph([], "g", [x], [x]),
+        opset_imports=[helper.make_opsetid("com.microsoft", 1)],
+    )
+    assert import_error(other_domain_only) == (
+        "<onnx model>: error: the model imports no version of the default ONNX operator set"
+    )
+    sparse = helper.make_sparse_tensor(
+        helper.make_tensor("s", TensorProto.FLOAT, [1], [1.0]),
+        helper.make_tensor("i", TensorProto.INT64, [1], [0]),
+        [3],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "s"], ["y"])],
+        "g",
+        [x],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+        sparse_initializer=[sparse],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    assert import_error(model) == "<onnx model>: error: sparse initializer 's' is not supported"

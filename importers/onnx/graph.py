@@ -100,12 +100,12 @@ class GraphImporter:
     def run(self) -> ImportResult:
         self._check_graph()
         self._read_initializers()
-        inputs = self._add_inputs()
+        self._add_inputs()
         b = Builder.at_end(self.block, self.loc)
         for index, node in enumerate(self.graph.node):
             self._convert(node, index, b)
         results = [self._output(out) for out in self.graph.output]
-        return ImportResult(self._finish(inputs, results), self.files)
+        return ImportResult(self._finish(results), self.files)
 
     def _default_opset(self) -> int:
         versions = [o.version for o in self.model.opset_import if o.domain in DEFAULT_DOMAINS]
@@ -136,7 +136,7 @@ class GraphImporter:
             else:
                 self.statics[tensor.name] = array
 
-    def _add_inputs(self) -> list[Value]:
+    def _add_inputs(self) -> None:
         initialized = {t.name for t in self.graph.initializer}
         real = [i for i in self.graph.input if i.name not in initialized]
         known = {i.name for i in real}
@@ -147,12 +147,9 @@ class GraphImporter:
                     f"an input shape is given for '{name}', which is not a graph input "
                     f"(inputs: {listed})"
                 )
-        args = []
         for info in real:
             arg = self.block.add_arg(self._input_type(info), sanitize_name(info.name))
             self.values[info.name] = arg
-            args.append(arg)
-        return args
 
     def _input_type(self, info: ValueInfoProto) -> TensorType:
         what = f"graph input '{info.name}'"
@@ -225,7 +222,7 @@ class GraphImporter:
                 f"{_describe_declared(tensor_type)}"
             )
 
-    def _finish(self, inputs: list[Value], results: list[Value]) -> ModuleOp:
+    def _finish(self, results: list[Value]) -> ModuleOp:
         b = Builder.at_end(self.block, self.loc)
         b.insert(ReturnOp(results, [], loc=self.loc))
         arg_types = tuple(a.type for a in self.block.args)
