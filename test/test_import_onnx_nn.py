@@ -905,3 +905,172 @@ def test_imported_ops_keep_their_values_through_optimize(make):
     before = tgc.run(module, list(feeds.values()))
     after = tgc.run(tgc.run_pipeline(module, "optimize"), list(feeds.values()))
     compare(after, before, rtol=1e-5, atol=1e-5)
+
+
+# -- NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss -------------------------------------------
+
+
+def nll_numpy(log_prob, target, weight=None, reduction="mean", ignore_index=None):
+    """ONNX's definition in float64: -w[t] * log_prob[n, t, d...]; ignored positions weigh 0;
+    "mean" divides by the weights applied."""
+    classes = log_prob.shape[1]
+    kept = np.ones(target.shape, bool) if ignore_index is None else target != ignore_index
+    safe = np.where(kept, target, 0)
+    picked = np.take_along_axis(log_prob, np.expand_dims(safe, 1), axis=1)[:, 0]
+    w = np.ones(classes) if weight is None else weight.astype(np.float64)
+    applied = np.where(kept, w[safe], 0.0)
+    loss = -picked * applied
+    if reduction == "none":
+        return loss
+    return loss.sum() if reduction == "sum" else loss.sum() / applied.sum()
+
+
+def loss_model(op, shape, reduction, ignore_index=None, weight=False, log_prob=False):
+    target_shape = shape[:1] + shape[2:]
+    inputs = [("x", F32, shape), ("t", I64, target_shape)]
+    if weight:
+        inputs.append(("w", F32, (shape[1],)))
+    out = target_shape if reduction == "none" else ()
+    outputs = [("loss", F32, out)] + ([("log_prob", F32, shape)] if log_prob else [])
+    attrs = {"reduction": reduction}
+    if ignore_index is not None:
+        attrs["ignore_index"] = ignore_index
+    return one_node(op, inputs, outputs, opset=22 if op.startswith("Neg") else 13, **attrs)
+
+
+def loss_feeds(shape, ignore_index=None, weight=False):
+    target = RNG.integers(0, shape[1], size=shape[:1] + shape[2:])
+    if ignore_index is not None:  # some positions ignored, whatever the index's range
+        target = np.where(RNG.random(target.shape) < 0.3, ignore_index, target)
+    feeds = {"x": random(shape), "t": target.astype(np.int64)}
+    if weight:
+        feeds["w"] = RNG.random(shape[1]).astype(np.float32) + 0.5
+    return feeds
+
+
+@pytest.mark.parametrize("op", ["NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss"])
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("ignore_index", [None, 1, -1, 9])
+@pytest.mark.parametrize("weight", [False, True])
+@pytest.mark.parametrize("shape", [(4, 3), (2, 3, 5)])
+def test_losses_against_numpy(op, reduction, ignore_index, weight, shape):
+    """Against ONNX's definition in numpy: the reference's NLL without weights and with
+    ignore_index -1 averages over the ignored positions too."""
+    log_prob = op == "SoftmaxCrossEntropyLoss"
+    model = loss_model(op, shape, reduction, ignore_index, weight, log_prob)
+    feeds = loss_feeds(shape, ignore_index, weight)
+    got = run_tgc(model, feeds)
+    x = feeds["x"].astype(np.float64)
+    if log_prob:
+        shifted = x - x.max(axis=1, keepdims=True)
+        x = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        np.testing.assert_allclose(got[1], x, rtol=1e-5, atol=1e-6)
+    want = nll_numpy(x, feeds["t"], feeds.get("w"), reduction, ignore_index)
+    assert got[0].shape == np.shape(want) and got[0].dtype == np.float32
+    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+def test_softmax_cross_entropy_against_the_reference(reduction):
+    shape = (3, 5, 2)
+    model = loss_model("SoftmaxCrossEntropyLoss", shape, reduction, 2, True, log_prob=True)
+    check(model, loss_feeds(shape, 2, True), rtol=1e-5, atol=1e-6)
+
+
+def test_loss_errors():
+    model = loss_model("NegativeLogLikelihoodLoss", (4, 3), "max")
+    assert error_of(model).endswith(
+        "node 'n' (NegativeLogLikelihoodLoss): reduction 'max' is not one of 'none', 'sum', 'mean'"
+    )
+    model = one_node(
+        "NegativeLogLikelihoodLoss",
+        [("x", F32, (4, 3)), ("t", I64, (3,))],
+        [("loss", F32, ())],
+    )
+    assert error_of(model).endswith(
+        "node 'n' (NegativeLogLikelihoodLoss): target tensor<3xi64> does not fit the input "
+        "tensor<4x3xf32> ([N, C, ...])"
+    )
+
+
+# -- RotaryEmbedding ------------------------------------------------------------------------------
+
+
+def rotary_numpy(x, cos, sin, rotary, interleaved):
+    """x [b, h, s, d] rotated with cos, sin [b, s, rotary/2] (float64)."""
+    half = rotary // 2
+    part, rest = x[..., :rotary], x[..., rotary:]
+    x1, x2 = (
+        (part[..., 0::2], part[..., 1::2]) if interleaved else (part[..., :half], part[..., half:])
+    )
+    cos, sin = cos[:, None], sin[:, None]
+    real, imag = cos * x1 - sin * x2, sin * x1 + cos * x2
+    if interleaved:
+        rotated = np.stack([real, imag], axis=-1).reshape(part.shape)
+    else:
+        rotated = np.concatenate([real, imag], axis=-1)
+    return np.concatenate([rotated, rest], axis=-1)
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("rotary", [0, 4])
+@pytest.mark.parametrize("positions", [True, False])
+def test_rotary_embedding_4d(interleaved, rotary, positions):
+    shape, half = (2, 3, 5, 8), (rotary or 8) // 2
+    cache_shape = (20, half) if positions else (2, 5, half)
+    inputs = [("x", F32, shape), ("cos", F32, cache_shape), ("sin", F32, cache_shape)]
+    if positions:
+        inputs.append(("pos", I64, (2, 5)))
+    model = one_node(
+        "RotaryEmbedding",
+        inputs,
+        [("y", F32, shape)],
+        opset=23,
+        interleaved=interleaved,
+        rotary_embedding_dim=rotary,
+    )
+    feeds = {"x": random(shape), "cos": random(cache_shape), "sin": random(cache_shape)}
+    if positions:
+        feeds["pos"] = RNG.integers(0, 20, size=(2, 5)).astype(np.int64)
+    check(model, feeds)
+    (got,) = run_tgc(model, feeds)
+    cos, sin = feeds["cos"].astype(np.float64), feeds["sin"].astype(np.float64)
+    if positions:
+        cos, sin = cos[feeds["pos"]], sin[feeds["pos"]]
+    want = rotary_numpy(feeds["x"].astype(np.float64), cos, sin, rotary or 8, interleaved)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_rotary_embedding_3d_splits_heads():
+    shape = (2, 5, 3 * 8)
+    model = one_node(
+        "RotaryEmbedding",
+        [("x", F32, shape), ("cos", F32, (9, 4)), ("sin", F32, (9, 4)), ("pos", I64, (2, 5))],
+        [("y", F32, shape)],
+        opset=23,
+        num_heads=3,
+    )
+    feeds = {"x": random(shape), "cos": random((9, 4)), "sin": random((9, 4))}
+    feeds["pos"] = RNG.integers(0, 9, size=(2, 5)).astype(np.int64)
+    check(model, feeds)
+
+
+def test_rotary_embedding_errors():
+    model = one_node(
+        "RotaryEmbedding",
+        [("x", F32, (2, 5, 24)), ("cos", F32, (2, 5, 4)), ("sin", F32, (2, 5, 4))],
+        [("y", F32, (2, 5, 24))],
+        opset=23,
+    )
+    assert error_of(model).endswith(
+        "node 'n' (RotaryEmbedding): a 3D input needs the num_heads attribute"
+    )
+    model = one_node(
+        "RotaryEmbedding",
+        [("x", F32, (2, 3, 5, 8)), ("cos", F32, (2, 5, 3)), ("sin", F32, (2, 5, 3))],
+        [("y", F32, (2, 3, 5, 8))],
+        opset=23,
+    )
+    assert error_of(model).endswith(
+        "node 'n' (RotaryEmbedding): cos_cache must be [2, 5, 4], got tensor<2x5x3xf32>"
+    )

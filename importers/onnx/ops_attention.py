@@ -230,3 +230,80 @@ def _explicit(ctx, q, k, v, mask, scale, softcap, causal, past, mode, softmax_el
     probs = _cast(ctx, b.hl.softmax(_cast(ctx, scores, softmax_elem), axis=-1), q.type.element_type)
     stages.append(probs)
     return b.atomic.matmul(probs, v), stages[mode]
+
+
+def _rotary_input(ctx: NodeContext, x: Value) -> Value:
+    """The input as [batch, heads, seq, head_size] (4D as it is; 3D split with num_heads)."""
+    heads = ctx.attr("num_heads", None)
+    if x.type.rank == 4:
+        if heads is not None and heads != x.type.shape[1]:
+            raise ctx.error(f"num_heads {heads} differs from the input's {x.type.shape[1]} heads")
+        return x
+    if x.type.rank != 3:
+        raise ctx.error(f"the input must be 3D or 4D, got {x.type}")
+    if heads is None:
+        raise ctx.error("a 3D input needs the num_heads attribute")
+    return _split_heads(ctx, x, heads, "the input")
+
+
+def _last_dim_slice(ctx: NodeContext, x: Value, start: int, stop: int, step: int = 1) -> Value:
+    rank = x.type.rank
+    begin = [0] * (rank - 1) + [start]
+    end = list(x.type.shape[:-1]) + [stop]
+    return ctx.b.atomic.slice(x, start=begin, stop=end, step=[1] * (rank - 1) + [step])
+
+
+def _rotary_caches(ctx: NodeContext, x: Value, half: int) -> tuple[Value, Value]:
+    """cos and sin as [batch, 1, seq, half]: rows of the caches picked by position_ids, or the
+    caches themselves when they are already [batch, seq, half]."""
+    batch, _, seq, _ = x.type.shape
+    caches = [ctx.input(1), ctx.input(2)]
+    positions = ctx.optional_input(3)
+    out = []
+    for what, cache in zip(("cos_cache", "sin_cache"), caches):
+        if cache.type.element_type != x.type.element_type:
+            raise ctx.error(f"{what} {cache.type} and the input {x.type} differ in element type")
+        if positions is not None:
+            if cache.type.rank != 2 or positions.type.shape != (batch, seq):
+                raise ctx.error(
+                    f"with position_ids {positions.type}, {what} must be [max_position, "
+                    f"{half}], got {cache.type}"
+                )
+            cache = ctx.b.atomic.gather(cache, positions, axis=0)
+        if cache.type.shape != (batch, seq, half):
+            raise ctx.error(f"{what} must be [{batch}, {seq}, {half}], got {cache.type}")
+        out.append(_reshape(ctx, cache, (batch, 1, seq, half)))
+    return out[0], out[1]
+
+
+@converter("RotaryEmbedding")
+def rotary_embedding(ctx: NodeContext):
+    """Rotate pairs of the first rotary_embedding_dim features: (x1, x2) -> (x1 cos - x2 sin,
+    x1 sin + x2 cos), the pairs being the two halves or, interleaved, features 2i and 2i+1."""
+    b = ctx.b
+    given = ctx.input(0)
+    if not given.type.is_float:
+        raise ctx.error(f"the input must be a float tensor, got {given.type}")
+    x = _rotary_input(ctx, given)
+    size = x.type.shape[-1]
+    rotary = ctx.attr("rotary_embedding_dim", 0) or size
+    if rotary % 2 or rotary > size:
+        raise ctx.error(f"rotary_embedding_dim {rotary} must be even and at most {size}")
+    half = rotary // 2
+    interleaved = bool(ctx.attr("interleaved", 0))
+    cos, sin = _rotary_caches(ctx, x, half)
+    if interleaved:
+        x1, x2 = _last_dim_slice(ctx, x, 0, rotary, 2), _last_dim_slice(ctx, x, 1, rotary, 2)
+    else:
+        x1, x2 = _last_dim_slice(ctx, x, 0, half), _last_dim_slice(ctx, x, half, rotary)
+    real = b.atomic.sub(b.atomic.mul(cos, x1), b.atomic.mul(sin, x2))
+    imag = b.atomic.add(b.atomic.mul(sin, x1), b.atomic.mul(cos, x2))
+    if interleaved:  # [.., half, 2] flattened: real and imag alternate
+        pair = x1.type.shape + (1,)
+        both = b.atomic.concat(_reshape(ctx, real, pair), _reshape(ctx, imag, pair), axis=4)
+        rotated = _reshape(ctx, both, x.type.shape[:-1] + (rotary,))
+    else:
+        rotated = b.atomic.concat(real, imag, axis=3)
+    if rotary < size:
+        rotated = b.atomic.concat(rotated, _last_dim_slice(ctx, x, rotary, size), axis=3)
+    return _merge_heads(ctx, rotated) if given.type.rank == 3 else rotated
