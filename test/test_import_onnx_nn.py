@@ -922,7 +922,8 @@ def nll_numpy(log_prob, target, weight=None, reduction="mean", ignore_index=None
     loss = -picked * applied
     if reduction == "none":
         return loss
-    return loss.sum() if reduction == "sum" else loss.sum() / applied.sum()
+    with np.errstate(invalid="ignore"):  # every position ignored: 0/0, NaN as in tgc
+        return loss.sum() if reduction == "sum" else loss.sum() / applied.sum()
 
 
 def loss_model(op, shape, reduction, ignore_index=None, weight=False, log_prob=False):

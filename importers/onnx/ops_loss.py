@@ -51,8 +51,8 @@ def _nll(ctx: NodeContext, log_prob: Value, target: Value, weight: Value | None)
         applied = _pick(ctx, one_hot, per_class)
     if ignore_index is not None:
         kept = b.atomic.cmp(target, ctx.scalar(ignore_index, target), pred="ne")
-        one, zero = ctx.scalar(1.0, loss), ctx.scalar(0.0, loss)
-        applied = b.atomic.where(kept, one if applied is None else applied, zero)
+        base = ctx.scalar(1.0, loss) if applied is None else applied
+        applied = b.atomic.where(kept, base, ctx.scalar(0.0, loss))
     if applied is not None:
         loss = b.atomic.mul(loss, applied)
     if reduction == "none":
