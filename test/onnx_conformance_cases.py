@@ -88,9 +88,12 @@ ISSUE_OPS = frozenset(
 _REDUCTIONS = """ReduceSum ReduceMean ReduceMax ReduceMin ReduceProd ReduceL1 ReduceL2 ReduceLogSum
     ReduceLogSumExp ReduceSumSquare""".split()
 SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
+    "BlackmanWindow": (0,),
     "CenterCropPad": (1, 2),
     "ConstantOfShape": (0,),
     "Expand": (1,),
+    "HammingWindow": (0,),
+    "HannWindow": (0,),
     "OneHot": (1,),
     "Pad": (1, 3),
     "Range": (0, 1, 2),

@@ -624,3 +624,110 @@ def test_resize_errors():
     assert error_of(model).endswith(
         "(Resize): antialias is not supported with mode 'nearest' (ONNX defines none)"
     )
+
+
+# -- scatters -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_scatter_elements_random(reduction, dtype):
+    """Indices drawn with repeats (ONNX writes in order: the last one stays for "none")."""
+    for axis in (0, 1, -1):
+        table = data(4, 5, 3, dtype=dtype)
+        shape = list(table.shape)
+        shape[axis] = 7
+        shape[(axis + 1) % 3] -= 1  # the other dims may be shorter than the data's
+        size = table.shape[axis]
+        indices = RNG.integers(-size, size, size=shape).astype(np.int64)
+        updates = data(*shape, dtype=dtype)
+        attrs = {"axis": axis, "reduction": reduction}
+        model, feeds = one_node("ScatterElements", [table, indices, updates], attrs)
+        check(model, feeds, *((1e-5, 1e-5) if dtype == np.float32 else (0.0, 0.0)))
+
+
+COMBINE = {
+    "none": lambda old, new: new,
+    "add": np.add,
+    "mul": np.multiply,
+    "max": np.maximum,
+    "min": np.minimum,
+}
+
+
+def scatter_nd_numpy(table, indices, updates, reduction):
+    """ScatterND as the spec says it, one update after the other (the reference evaluator's
+    max and min index the output wrongly for tuples of more than one index)."""
+    out = table.copy()
+    for i in np.ndindex(indices.shape[:-1]):
+        at = tuple(indices[i])
+        out[at] = COMBINE[reduction](out[at], updates[i])
+    return out
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+@pytest.mark.parametrize(
+    ("shape", "ishape"), [((4, 5, 3), (6, 1)), ((4, 5, 3), (2, 3, 2)), ((5,), (9, 1))]
+)
+def test_scatter_nd_random(reduction, shape, ishape):
+    table = data(*shape)
+    depth = ishape[-1]
+    indices = np.stack(
+        [RNG.integers(-d, d, size=ishape[:-1]) for d in shape[:depth]], axis=-1
+    ).astype(np.int64)
+    updates = data(*ishape[:-1], *shape[depth:])
+    attrs = {"reduction": reduction}
+    model, _ = one_node("ScatterND", [table, indices, updates], attrs, out_shape=shape)
+    got = tgc.run(import_onnx(model), [table, indices, updates])[0]
+    want = scatter_nd_numpy(table, indices, updates, reduction)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_scatter_errors():
+    model, _ = one_node(
+        "ScatterElements", [data(3), ints(0), Const(data(1))], {"reduction": "mean"}
+    )
+    assert error_of(model).endswith(
+        "(ScatterElements): reduction 'mean' is not supported (none, add, mul, max, min)"
+    )
+    model, _ = one_node("ScatterElements", [data(3, 2), np.zeros((2, 2), np.int64), data(2, 1)])
+    assert error_of(model).endswith(
+        "(ScatterElements): indices tensor<2x2xi64> and updates tensor<2x1xf32> must have one "
+        "shape, of the rank of data tensor<3x2xf32>"
+    )
+    model, _ = one_node("ScatterND", [data(3, 2), np.zeros((2, 1), np.int64), data(2, 3)])
+    assert error_of(model).endswith(
+        "(ScatterND): indices tensor<2x1xi64> and updates tensor<2x3xf32> do not address data "
+        "tensor<3x2xf32>"
+    )
+    flags = np.zeros(3, np.bool_)
+    model, _ = one_node(
+        "ScatterElements", [flags, ints(0), Const(np.ones(1, np.bool_))], {"reduction": "add"}
+    )
+    assert error_of(model).endswith(
+        "(ScatterElements): reduction 'add' is not supported on booleans"
+    )
+
+
+# -- windows ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", ["HannWindow", "HammingWindow", "BlackmanWindow"])
+@pytest.mark.parametrize("periodic", [0, 1])
+@pytest.mark.parametrize("datatype", [TensorProto.FLOAT, TensorProto.DOUBLE])
+def test_windows_fold(op, periodic, datatype):
+    size = Const(np.array(int(RNG.integers(2, 40)), np.int64))
+    attrs = {"periodic": periodic, "output_datatype": datatype}
+    model, feeds = one_node(op, [size], attrs)
+    module = check(model, feeds, rtol=1e-6, atol=1e-7)
+    assert ops_of(module) == ["atomic.constant", "func.return"]
+
+
+def test_window_size_errors():
+    model, _ = one_node("HannWindow", [np.array(4, np.int64)], out_dtype=np.float32)
+    assert error_of(model).endswith(
+        "(HannWindow): 'size' ('in0') must be a constant (an initializer or computed from "
+        "constants): tgc tensors have static shapes"
+    )
+    model, _ = one_node("HannWindow", [Const(np.array(-1, np.int64))], out_dtype=np.float32)
+    assert error_of(model).endswith("(HannWindow): size must be one non-negative integer, got [-1]")

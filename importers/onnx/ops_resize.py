@@ -74,23 +74,28 @@ def source_positions(axis: AxisResize, transform: str) -> np.ndarray:
         if length == 1:
             return np.full_like(out, (hi - lo) * (n_in - 1) / 2 + lo * (n_in - 1))
         return lo * (n_in - 1) + out * (hi - lo) * (n_in - 1) / (length - 1)
-    centred = (out + 0.5) / scale - 0.5
     if transform == "half_pixel_symmetric":
-        # The output canvas is centred on the input's when rounding made it smaller.
-        return centred + n_in / 2 * (1 - axis.size_out / length)
-    return centred  # half_pixel, pytorch_half_pixel
+        # The output canvas is centred on the input's when rounding made it smaller. Summed in
+        # the spec's order: an exact .5 that "nearest" rounds must come out the same.
+        offset = n_in / 2 * (1 - axis.size_out / length)
+        return offset + (out + 0.5) / scale - 0.5
+    return (out + 0.5) / scale - 0.5  # half_pixel, pytorch_half_pixel
 
 
 def nearest_rows(x: np.ndarray, n_in: int, nearest_mode: str) -> np.ndarray:
-    """The input row each output takes in "nearest" mode (clamped to the input)."""
+    """The input row each output takes in "nearest" mode (clamped to the input); the rounding
+    looks at the fraction x - floor(x), so that a tie is exactly 0.5."""
+    below = np.floor(x)
+    fraction = x - below
     if nearest_mode == "round_prefer_floor":
-        rows = np.ceil(x - 0.5)
+        up = fraction > 0.5
     elif nearest_mode == "round_prefer_ceil":
-        rows = np.floor(x + 0.5)
+        up = fraction >= 0.5
     elif nearest_mode == "floor":
-        rows = np.floor(x)
+        up = np.zeros_like(fraction, dtype=bool)
     else:
-        rows = np.ceil(x)
+        up = fraction > 0
+    rows = below + up
     return np.clip(rows, 0, n_in - 1).astype(np.int64)
 
 

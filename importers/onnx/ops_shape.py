@@ -1,12 +1,9 @@
-"""Converters of the ops that move data or compute shapes: Reshape, Flatten, Squeeze, Unsqueeze,
-Transpose, Concat, Split, Slice, Gather, GatherElements, GatherND, Expand, Tile, Pad,
-CenterCropPad, DepthToSpace, SpaceToDepth, Trilu, and the shape arithmetic Shape, Size,
-ConstantOfShape, Range, EyeLike.
+"""Converters of the ops that move data: Reshape, Flatten, Squeeze, Unsqueeze, Transpose,
+Concat, Split, Slice, Gather, GatherElements, GatherND, Expand, Tile, Pad, CenterCropPad,
+DepthToSpace, SpaceToDepth, Trilu. (Shape arithmetic, folded at import: ops_known.py.)
 
 tgc tensors have static shapes, so every input that carries a shape, axes, bounds or repeats
 must be known at import time (`ctx.require_static`) and becomes an attribute or a result type.
-Shape and Size always fold (the type says it); ConstantOfShape and Range fold when their inputs
-are known, the walker turning their arrays into constants where an op reads them.
 """
 
 from __future__ import annotations
@@ -16,10 +13,9 @@ import math
 import numpy as np
 
 from tgc.ir import Value
-from tgc.types import NUMPY_DTYPES, TensorType
+from tgc.types import TensorType
 
 from .context import NodeContext
-from .dtypes import element_type, onnx_type_name
 from .registry import converter
 
 # -- helpers ----------------------------------------------------------------------------------------
@@ -523,67 +519,3 @@ def trilu(ctx: NodeContext):
     diagonal = ctx.b.atomic.sub(_iota(ctx, 1, (rows, cols)), _iota(ctx, 0, (rows, cols)))
     keep = ctx.b.atomic.cmp(diagonal, k, pred="ge" if upper else "le")
     return ctx.b.atomic.where(keep, x, ctx.scalar(0, like=x))
-
-
-# -- shape arithmetic: folded at import ---------------------------------------------------------
-
-
-@converter("Shape")
-def shape(ctx: NodeContext):
-    """The input's shape (int64), dims start..end (negative from the end, clamped)."""
-    dims = ctx.input_type(0).shape
-    rank = len(dims)
-    start, end = ctx.attr("start", 0), ctx.attr("end", rank)
-    start = min(max(start + rank if start < 0 else start, 0), rank)
-    end = min(max(end + rank if end < 0 else end, 0), rank)
-    return np.array(dims[start:end], dtype=np.int64)
-
-
-@converter("Size")
-def size(ctx: NodeContext):
-    return np.array(ctx.input_type(0).num_elements, dtype=np.int64)
-
-
-@converter("ConstantOfShape")
-def constant_of_shape(ctx: NodeContext):
-    """A tensor of `shape` filled with `value` (a one-element tensor, default float32 0)."""
-    dims = _ints(ctx.require_static(0, "'shape'"))
-    if any(d < 0 for d in dims):
-        raise ctx.error(f"shape {dims} has a negative dim")
-    value = ctx.attr("value", None)
-    value = np.zeros(1, np.float32) if value is None else np.asarray(value)
-    if value.size != 1:
-        raise ctx.error(f"'value' must have one element, got {value.size}")
-    return np.full(dims, value.reshape(()), dtype=value.dtype)
-
-
-@converter("Range")
-def range_(ctx: NodeContext):
-    """start, start + delta, ... up to limit (excluded), in start's element type."""
-    start = ctx.require_static(0, "'start'")
-    limit = ctx.require_static(1, "'limit'")
-    delta = ctx.require_static(2, "'delta'")
-    if any(v.size != 1 for v in (start, limit, delta)):
-        raise ctx.error("start, limit and delta must be scalars")
-    if delta.reshape(()) == 0:
-        raise ctx.error("delta must not be 0")
-    start, limit, delta = (v.reshape(()) for v in (start, limit, delta))
-    count = max(math.ceil((float(limit) - float(start)) / float(delta)), 0)
-    return (start + np.arange(count, dtype=start.dtype) * delta).astype(start.dtype)
-
-
-@converter("EyeLike")
-def eye_like(ctx: NodeContext):
-    """A 2-D tensor of the input's shape with ones on diagonal k, of `dtype` (default the
-    input's element type): known at import."""
-    t = ctx.input_type(0)
-    if t.rank != 2:
-        raise ctx.error(f"needs a 2-D input, got {t}")
-    code = ctx.attr("dtype", None)
-    dtype = t.dtype
-    if code is not None:
-        elem = element_type(code)
-        if elem is None:
-            raise ctx.error(f"dtype {onnx_type_name(code)} is not supported")
-        dtype = NUMPY_DTYPES[elem]
-    return np.eye(*t.shape, k=ctx.attr("k", 0), dtype=dtype)

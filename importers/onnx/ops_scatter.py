@@ -1,0 +1,198 @@
+"""Converters of ScatterElements and ScatterND: writes at positions known only when the model
+runs, in the atomic ops (which have no scatter).
+
+Both become one "scatter of rows": the data is viewed as R rows of S elements (ScatterND: the
+rows are what an index tuple addresses; ScatterElements: every element is a row of one), each of
+the U updates has a target row t[u], and a mask M[u, r] = (t[u] == r) built from an iota says
+which update lands where. Then
+- reduction "none": row r takes the update of the last u with M[u, r] (ONNX writes the updates
+  in order, so with repeated indices the last one stays), found as max_u(where(M, u, -1));
+- "add", "max", "min": the rows hit combine with the sum, maximum or minimum of their updates;
+- "mul": with their product, reduced over u as a tree of pairwise products (atomic has no
+  product reduction).
+The mask is U x R and the "add"/"max"/"min"/"mul" partial results U x R x S: fine for the
+updates of a model (a cache write, a one-hot) and the ONNX tests, heavy for huge scatters.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tgc.ir import Value
+from tgc.types import TensorType
+
+from .context import NodeContext
+from .registry import converter
+
+REDUCTIONS = ("none", "add", "mul", "max", "min")
+
+
+def _i64(ctx: NodeContext, v: Value) -> Value:
+    if v.type.element_type == "i64":
+        return v
+    return ctx.b.atomic.cast(v, result_type=v.type.with_element_type("i64"))
+
+
+def _reshape(ctx: NodeContext, x: Value, shape) -> Value:
+    shape = tuple(int(d) for d in shape)
+    if shape == x.type.shape:
+        return x
+    return ctx.b.atomic.reshape(x, result_type=x.type.with_shape(shape))
+
+
+def _iota(ctx: NodeContext, axis: int, shape) -> Value:
+    return ctx.b.atomic.iota(axis=axis, result_type=TensorType.get(tuple(shape), "i64"))
+
+
+def _wrapped(ctx: NodeContext, indices: Value, sizes) -> Value:
+    """i64 indices with the negative ones counted from the end (`sizes` broadcasts)."""
+    indices = _i64(ctx, indices)
+    negative = ctx.b.atomic.cmp(indices, ctx.scalar(0, like=indices), pred="lt")
+    size = ctx.constant(np.asarray(sizes, np.int64))
+    return ctx.b.atomic.where(negative, ctx.b.atomic.add(indices, size), indices)
+
+
+def _extreme(x: Value, lowest: bool):
+    """The value no element exceeds (lowest) or undercuts: the identity of max (min)."""
+    if x.type.is_float:
+        return -math.inf if lowest else math.inf
+    info = np.iinfo(x.type.dtype)
+    return int(info.min if lowest else info.max)
+
+
+def _product_over_first_axis(ctx: NodeContext, factors: Value) -> Value:
+    """prod(factors, axis 0) as a tree of pairwise products of the two halves."""
+    while factors.type.shape[0] > 1:
+        count = factors.type.shape[0]
+        half = count // 2
+        rest = list(factors.type.shape[1:])
+        rank = factors.type.rank
+        start, stop = [0] * rank, [half, *rest]
+        first = ctx.b.atomic.slice(factors, start=start, stop=stop, step=[1] * rank)
+        second = ctx.b.atomic.slice(
+            factors, start=[half] + [0] * (rank - 1), stop=[2 * half, *rest], step=[1] * rank
+        )
+        paired = ctx.b.atomic.mul(first, second)
+        if count % 2:  # the odd one out joins the next level
+            last = ctx.b.atomic.slice(
+                factors, start=[count - 1] + [0] * (rank - 1), stop=[count, *rest], step=[1] * rank
+            )
+            paired = ctx.b.atomic.concat(paired, last, axis=0)
+        factors = paired
+    return _reshape(ctx, factors, factors.type.shape[1:])
+
+
+def scatter_rows(
+    ctx: NodeContext, rows: Value, targets: Value, updates: Value, reduction: str
+) -> Value:
+    """`rows` [R, S] with update u [U, S] written to row targets[u] ([U] i64, in [0, R))."""
+    count, size = updates.type.shape
+    nrows = rows.type.shape[0]
+    if count == 0:
+        return rows
+    hits = ctx.b.atomic.cmp(
+        _reshape(ctx, targets, (count, 1)), _iota(ctx, 1, (count, nrows)), pred="eq"
+    )  # [U, R]
+    last = ctx.b.atomic.reduce_max(
+        ctx.b.atomic.where(hits, _iota(ctx, 0, (count, nrows)), ctx.constant(np.int64(-1))),
+        axes=[0],
+    )  # [R]: the last update of each row, -1 for none
+    written = ctx.b.atomic.cmp(last, ctx.constant(np.int64(0)), pred="ge")
+    written = _reshape(ctx, written, (nrows, 1))
+    if reduction == "none":
+        chosen = ctx.b.atomic.max(last, ctx.constant(np.int64(0)))
+        return ctx.b.atomic.where(written, ctx.b.atomic.gather(updates, chosen, axis=0), rows)
+    mask = _reshape(ctx, hits, (count, nrows, 1))
+    spread = _reshape(ctx, updates, (count, 1, size))
+    if reduction == "add":
+        zero = ctx.scalar(0, like=rows)
+        combined = ctx.b.atomic.reduce_sum(ctx.b.atomic.where(mask, spread, zero), axes=[0])
+        result = ctx.b.atomic.add(rows, combined)
+    elif reduction == "mul":
+        one = ctx.scalar(1, like=rows)
+        factors = ctx.b.atomic.where(mask, spread, one)
+        result = ctx.b.atomic.mul(rows, _product_over_first_axis(ctx, factors))
+    else:
+        take_max = reduction == "max"
+        neutral = ctx.scalar(_extreme(rows, lowest=take_max), like=rows)
+        candidates = ctx.b.atomic.where(mask, spread, neutral)
+        if take_max:
+            result = ctx.b.atomic.max(rows, ctx.b.atomic.reduce_max(candidates, axes=[0]))
+        else:
+            result = ctx.b.atomic.min(rows, ctx.b.atomic.reduce_min(candidates, axes=[0]))
+    return ctx.b.atomic.where(written, result, rows)
+
+
+def _reduction(ctx: NodeContext, data: Value) -> str:
+    reduction = ctx.attr("reduction", "none")
+    if reduction not in REDUCTIONS:
+        raise ctx.error(f"reduction '{reduction}' is not supported ({', '.join(REDUCTIONS)})")
+    if reduction != "none" and data.type.element_type == "i1":
+        raise ctx.error(f"reduction '{reduction}' is not supported on booleans")
+    return reduction
+
+
+@converter("ScatterElements")
+def scatter_elements(ctx: NodeContext):
+    """data with updates[i] written (or combined) at i with i[axis] replaced by indices[i]."""
+    data, indices, updates = ctx.input(0), ctx.input(1), ctx.input(2)
+    reduction = _reduction(ctx, data)
+    shape, rank = data.type.shape, data.type.rank
+    axis = ctx.attr("axis", 0)
+    if not -rank <= axis < rank:
+        raise ctx.error(f"axis {axis} is out of range for rank {rank}")
+    axis %= rank
+    ishape = indices.type.shape
+    if updates.type.shape != ishape or indices.type.rank != rank:
+        raise ctx.error(
+            f"indices {indices.type} and updates {updates.type} must have one shape, of the "
+            f"rank of data {data.type}"
+        )
+    if any(i > d for k, (i, d) in enumerate(zip(ishape, shape)) if k != axis):
+        raise ctx.error(f"indices {indices.type} do not fit data {data.type} along axis {axis}")
+    strides = [math.prod(shape[k + 1 :]) for k in range(rank)]
+    terms = [
+        ctx.b.atomic.mul(
+            _wrapped(ctx, indices, shape[axis]) if k == axis else _iota(ctx, k, ishape),
+            ctx.constant(np.int64(strides[k])),
+        )
+        for k in range(rank)
+    ]
+    position = terms[0]
+    for term in terms[1:]:
+        position = ctx.b.atomic.add(position, term)
+    count = math.prod(ishape)
+    rows = _reshape(ctx, data, (math.prod(shape), 1))
+    targets = _reshape(ctx, position, (count,))
+    written = scatter_rows(ctx, rows, targets, _reshape(ctx, updates, (count, 1)), reduction)
+    return _reshape(ctx, written, shape)
+
+
+@converter("ScatterND")
+def scatter_nd(ctx: NodeContext):
+    """data with each updates slice written (or combined) at the index tuple indices[..., :]
+    addresses (the first k dims of data, k = indices.shape[-1])."""
+    data, indices, updates = ctx.input(0), ctx.input(1), ctx.input(2)
+    reduction = _reduction(ctx, data)
+    shape, ishape = data.type.shape, indices.type.shape
+    depth = ishape[-1] if ishape else 0
+    if not ishape or depth > len(shape) or updates.type.shape != ishape[:-1] + shape[depth:]:
+        raise ctx.error(
+            f"indices {indices.type} and updates {updates.type} do not address data {data.type}"
+        )
+    addressed = shape[:depth]
+    count = math.prod(ishape[:-1])
+    size = math.prod(shape[depth:])
+    strides = np.array([math.prod(addressed[k + 1 :]) for k in range(depth)], np.int64)
+    wrapped = _wrapped(ctx, indices, np.array(addressed, np.int64))
+    linear = (
+        ctx.b.atomic.reduce_sum(ctx.b.atomic.mul(wrapped, ctx.constant(strides)), axes=[-1])
+        if depth
+        else ctx.constant(np.zeros(ishape[:-1], np.int64))
+    )
+    rows = _reshape(ctx, data, (math.prod(addressed), size))
+    targets = _reshape(ctx, linear, (count,))
+    written = scatter_rows(ctx, rows, targets, _reshape(ctx, updates, (count, size)), reduction)
+    return _reshape(ctx, written, shape)
