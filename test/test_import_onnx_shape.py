@@ -731,3 +731,13 @@ def test_window_size_errors():
     )
     model, _ = one_node("HannWindow", [Const(np.array(-1, np.int64))], out_dtype=np.float32)
     assert error_of(model).endswith("(HannWindow): size must be one non-negative integer, got [-1]")
+
+
+def test_scatter_and_gather_nd_with_int32_indices():
+    table = data(4, 3)
+    indices = np.array([[1, -1, 0]], np.int32)
+    updates = data(1, 3)
+    model, feeds = one_node("ScatterElements", [table, indices, updates], {"axis": 0})
+    check(model, feeds)
+    model, feeds = one_node("GatherND", [table, np.array([[-1], [2]], np.int32)])
+    check(model, feeds)

@@ -21,37 +21,12 @@ import math
 import numpy as np
 
 from tgc.ir import Value
-from tgc.types import TensorType
 
 from .context import NodeContext
+from .ops_shape import iota, reshape_to, tuple_index, wrap_negative
 from .registry import converter
 
 REDUCTIONS = ("none", "add", "mul", "max", "min")
-
-
-def _i64(ctx: NodeContext, v: Value) -> Value:
-    if v.type.element_type == "i64":
-        return v
-    return ctx.b.atomic.cast(v, result_type=v.type.with_element_type("i64"))
-
-
-def _reshape(ctx: NodeContext, x: Value, shape) -> Value:
-    shape = tuple(int(d) for d in shape)
-    if shape == x.type.shape:
-        return x
-    return ctx.b.atomic.reshape(x, result_type=x.type.with_shape(shape))
-
-
-def _iota(ctx: NodeContext, axis: int, shape) -> Value:
-    return ctx.b.atomic.iota(axis=axis, result_type=TensorType.get(tuple(shape), "i64"))
-
-
-def _wrapped(ctx: NodeContext, indices: Value, sizes) -> Value:
-    """i64 indices with the negative ones counted from the end (`sizes` broadcasts)."""
-    indices = _i64(ctx, indices)
-    negative = ctx.b.atomic.cmp(indices, ctx.scalar(0, like=indices), pred="lt")
-    size = ctx.constant(np.asarray(sizes, np.int64))
-    return ctx.b.atomic.where(negative, ctx.b.atomic.add(indices, size), indices)
 
 
 def _extreme(x: Value, lowest: bool):
@@ -81,7 +56,7 @@ def _product_over_first_axis(ctx: NodeContext, factors: Value) -> Value:
             )
             paired = ctx.b.atomic.concat(paired, last, axis=0)
         factors = paired
-    return _reshape(ctx, factors, factors.type.shape[1:])
+    return reshape_to(ctx, factors, factors.type.shape[1:])
 
 
 def scatter_rows(
@@ -93,19 +68,19 @@ def scatter_rows(
     if count == 0:
         return rows
     hits = ctx.b.atomic.cmp(
-        _reshape(ctx, targets, (count, 1)), _iota(ctx, 1, (count, nrows)), pred="eq"
+        reshape_to(ctx, targets, (count, 1)), iota(ctx, 1, (count, nrows)), pred="eq"
     )  # [U, R]
     last = ctx.b.atomic.reduce_max(
-        ctx.b.atomic.where(hits, _iota(ctx, 0, (count, nrows)), ctx.constant(np.int64(-1))),
+        ctx.b.atomic.where(hits, iota(ctx, 0, (count, nrows)), ctx.constant(np.int64(-1))),
         axes=[0],
     )  # [R]: the last update of each row, -1 for none
     written = ctx.b.atomic.cmp(last, ctx.constant(np.int64(0)), pred="ge")
-    written = _reshape(ctx, written, (nrows, 1))
+    written = reshape_to(ctx, written, (nrows, 1))
     if reduction == "none":
         chosen = ctx.b.atomic.max(last, ctx.constant(np.int64(0)))
         return ctx.b.atomic.where(written, ctx.b.atomic.gather(updates, chosen, axis=0), rows)
-    mask = _reshape(ctx, hits, (count, nrows, 1))
-    spread = _reshape(ctx, updates, (count, 1, size))
+    mask = reshape_to(ctx, hits, (count, nrows, 1))
+    spread = reshape_to(ctx, updates, (count, 1, size))
     if reduction == "add":
         zero = ctx.scalar(0, like=rows)
         combined = ctx.b.atomic.reduce_sum(ctx.b.atomic.where(mask, spread, zero), axes=[0])
@@ -153,9 +128,12 @@ def scatter_elements(ctx: NodeContext):
     if any(i > d for k, (i, d) in enumerate(zip(ishape, shape)) if k != axis):
         raise ctx.error(f"indices {indices.type} do not fit data {data.type} along axis {axis}")
     strides = [math.prod(shape[k + 1 :]) for k in range(rank)]
+    along = wrap_negative(ctx, indices, shape[axis])
+    if along.type.element_type != "i64":
+        along = ctx.b.atomic.cast(along, result_type=along.type.with_element_type("i64"))
     terms = [
         ctx.b.atomic.mul(
-            _wrapped(ctx, indices, shape[axis]) if k == axis else _iota(ctx, k, ishape),
+            along if k == axis else iota(ctx, k, ishape),
             ctx.constant(np.int64(strides[k])),
         )
         for k in range(rank)
@@ -164,10 +142,10 @@ def scatter_elements(ctx: NodeContext):
     for term in terms[1:]:
         position = ctx.b.atomic.add(position, term)
     count = math.prod(ishape)
-    rows = _reshape(ctx, data, (math.prod(shape), 1))
-    targets = _reshape(ctx, position, (count,))
-    written = scatter_rows(ctx, rows, targets, _reshape(ctx, updates, (count, 1)), reduction)
-    return _reshape(ctx, written, shape)
+    rows = reshape_to(ctx, data, (math.prod(shape), 1))
+    targets = reshape_to(ctx, position, (count,))
+    written = scatter_rows(ctx, rows, targets, reshape_to(ctx, updates, (count, 1)), reduction)
+    return reshape_to(ctx, written, shape)
 
 
 @converter("ScatterND")
@@ -185,14 +163,8 @@ def scatter_nd(ctx: NodeContext):
     addressed = shape[:depth]
     count = math.prod(ishape[:-1])
     size = math.prod(shape[depth:])
-    strides = np.array([math.prod(addressed[k + 1 :]) for k in range(depth)], np.int64)
-    wrapped = _wrapped(ctx, indices, np.array(addressed, np.int64))
-    linear = (
-        ctx.b.atomic.reduce_sum(ctx.b.atomic.mul(wrapped, ctx.constant(strides)), axes=[-1])
-        if depth
-        else ctx.constant(np.zeros(ishape[:-1], np.int64))
-    )
-    rows = _reshape(ctx, data, (math.prod(addressed), size))
-    targets = _reshape(ctx, linear, (count,))
-    written = scatter_rows(ctx, rows, targets, _reshape(ctx, updates, (count, size)), reduction)
-    return _reshape(ctx, written, shape)
+    linear = tuple_index(ctx, indices, addressed)
+    rows = reshape_to(ctx, data, (math.prod(addressed), size))
+    targets = reshape_to(ctx, linear, (count,))
+    written = scatter_rows(ctx, rows, targets, reshape_to(ctx, updates, (count, size)), reduction)
+    return reshape_to(ctx, written, shape)

@@ -39,7 +39,7 @@ def _axes(ctx: NodeContext, axes: list[int], rank: int, what: str = "axes") -> l
     return found
 
 
-def _reshape(ctx: NodeContext, x: Value, shape) -> Value:
+def reshape_to(ctx: NodeContext, x: Value, shape) -> Value:
     shape = tuple(int(d) for d in shape)
     if shape == x.type.shape:
         return x
@@ -85,7 +85,7 @@ def reshape(ctx: NodeContext):
             raise ctx.error(f"shape {requested} has the invalid dim {d}")
         else:
             dims.append(d)
-    return _reshape(ctx, x, _infer_dim(ctx, dims, x, requested))
+    return reshape_to(ctx, x, _infer_dim(ctx, dims, x, requested))
 
 
 def _infer_dim(ctx: NodeContext, dims: list, x: Value, requested: list[int]) -> list[int]:
@@ -113,7 +113,7 @@ def flatten(ctx: NodeContext):
         raise ctx.error(f"axis {axis} is out of range for rank {rank}")
     axis = axis + rank if axis < 0 else axis
     shape = x.type.shape
-    return _reshape(ctx, x, (math.prod(shape[:axis]), math.prod(shape[axis:])))
+    return reshape_to(ctx, x, (math.prod(shape[:axis]), math.prod(shape[axis:])))
 
 
 @converter("Squeeze")
@@ -129,7 +129,7 @@ def squeeze(ctx: NodeContext):
         for a in drop:
             if shape[a] != 1:
                 raise ctx.error(f"cannot squeeze dim {a} of {x.type}: its size is not 1")
-    return _reshape(ctx, x, [d for i, d in enumerate(shape) if i not in drop])
+    return reshape_to(ctx, x, [d for i, d in enumerate(shape) if i not in drop])
 
 
 @converter("Unsqueeze")
@@ -140,7 +140,7 @@ def unsqueeze(ctx: NodeContext):
     rank = x.type.rank + len(axes)
     inserted = set(_axes(ctx, axes, rank))
     rest = iter(x.type.shape)
-    return _reshape(ctx, x, [1 if i in inserted else next(rest) for i in range(rank)])
+    return reshape_to(ctx, x, [1 if i in inserted else next(rest) for i in range(rank)])
 
 
 # -- permutations, concatenation, split ---------------------------------------------------------
@@ -265,12 +265,27 @@ def gather(ctx: NodeContext):
     return ctx.b.atomic.gather(table, ctx.b.atomic.where(negative, wrapped, indices), axis=axis)
 
 
-def _wrap_negative(ctx: NodeContext, indices: Value, sizes) -> Value:
+def wrap_negative(ctx: NodeContext, indices: Value, sizes) -> Value:
     """Indices with the negative ones counted from the end: i + size where i < 0 (`sizes` a
     number or an array that broadcasts against the indices)."""
     size = ctx.constant(np.asarray(sizes, dtype=indices.type.dtype))
     negative = ctx.b.atomic.cmp(indices, ctx.scalar(0, like=indices), pred="lt")
     return ctx.b.atomic.where(negative, ctx.b.atomic.add(indices, size), indices)
+
+
+def tuple_index(ctx: NodeContext, indices: Value, addressed) -> Value:
+    """The i64 linear index into dims `addressed` (row-major) of each tuple on the last axis of
+    `indices` (negative entries counted from the end): shape indices.shape[:-1]."""
+    rows = indices.type.shape[:-1]
+    if not addressed:
+        return ctx.constant(np.zeros(rows, np.int64))
+    wrapped = wrap_negative(ctx, indices, np.array(addressed, np.int64))
+    if wrapped.type.element_type != "i64":
+        wrapped = ctx.b.atomic.cast(wrapped, result_type=wrapped.type.with_element_type("i64"))
+    if len(addressed) == 1:
+        return reshape_to(ctx, wrapped, rows)
+    weighted = ctx.b.atomic.mul(wrapped, ctx.constant(np.array(_strides(addressed), np.int64)))
+    return ctx.b.atomic.reduce_sum(weighted, axes=[-1])
 
 
 def _linear_index(ctx: NodeContext, parts: list[tuple[Value, int]], shape) -> Value:
@@ -287,7 +302,7 @@ def _linear_index(ctx: NodeContext, parts: list[tuple[Value, int]], shape) -> Va
     return _broadcast(ctx, total, shape)
 
 
-def _iota(ctx: NodeContext, axis: int, shape) -> Value:
+def iota(ctx: NodeContext, axis: int, shape) -> Value:
     return ctx.b.atomic.iota(axis=axis, result_type=TensorType.get(tuple(shape), "i64"))
 
 
@@ -308,9 +323,9 @@ def gather_elements(ctx: NodeContext):
     ):
         raise ctx.error(f"indices {indices.type} do not fit data {data.type} along axis {axis}")
     strides = _strides(data.type.shape)
-    wrapped = _wrap_negative(ctx, indices, data.type.shape[axis])
-    parts = [(wrapped if d == axis else _iota(ctx, d, out), strides[d]) for d in range(rank)]
-    flat = _reshape(ctx, data, (data.type.num_elements,))
+    wrapped = wrap_negative(ctx, indices, data.type.shape[axis])
+    parts = [(wrapped if d == axis else iota(ctx, d, out), strides[d]) for d in range(rank)]
+    flat = reshape_to(ctx, data, (data.type.num_elements,))
     return ctx.b.atomic.gather(flat, _linear_index(ctx, parts, out), axis=0)
 
 
@@ -327,17 +342,12 @@ def gather_nd(ctx: NodeContext):
         raise ctx.error(f"indices {indices.type} do not address data {data.type}")
     addressed = shape[batch : batch + depth]
     rows = ishape[:-1]
-    wrapped = _wrap_negative(ctx, indices, np.array(addressed, np.int64))
-    strides = np.array(_strides(addressed), np.int64)
-    if wrapped.type.element_type != "i64":
-        wrapped = ctx.b.atomic.cast(wrapped, result_type=wrapped.type.with_element_type("i64"))
-    weighted = ctx.b.atomic.mul(wrapped, ctx.constant(strides))
-    inner = ctx.b.atomic.reduce_sum(weighted, axes=[-1]) if depth else None
+    inner = tuple_index(ctx, indices, addressed)
     block = math.prod(addressed)
-    parts = [(inner, 1)] if inner is not None else []
+    parts = [(inner, 1)]
     batch_strides = _strides(shape[:batch])
-    parts += [(_iota(ctx, d, rows), batch_strides[d] * block) for d in range(batch)]
-    flat = _reshape(ctx, data, (math.prod(shape[:batch]) * block, *shape[batch + depth :]))
+    parts += [(iota(ctx, d, rows), batch_strides[d] * block) for d in range(batch)]
+    flat = reshape_to(ctx, data, (math.prod(shape[:batch]) * block, *shape[batch + depth :]))
     return ctx.b.atomic.gather(flat, _linear_index(ctx, parts, rows), axis=0)
 
 
@@ -366,9 +376,9 @@ def tile(ctx: NodeContext):
         raise ctx.error(f"repeats {repeats} must be {len(shape)} non-negative counts")
     if all(r == 1 for r in repeats):
         return x
-    spread = _reshape(ctx, x, [n for d in shape for n in (1, d)])
+    spread = reshape_to(ctx, x, [n for d in shape for n in (1, d)])
     tiled = _broadcast(ctx, spread, [n for r, d in zip(repeats, shape) for n in (r, d)])
-    return _reshape(ctx, tiled, [r * d for r, d in zip(repeats, shape)])
+    return reshape_to(ctx, tiled, [r * d for r, d in zip(repeats, shape)])
 
 
 @converter("Pad")
@@ -415,11 +425,11 @@ def _padded_source(mode: str, i: int, dim: int) -> int:
 
 
 def _pad_constant(ctx: NodeContext, x: Value, widths: dict, value: Value | None) -> Value:
-    if value is None:
-        value = ctx.scalar(0, like=x)
-    elif value.type.num_elements != 1 or value.type.element_type != x.type.element_type:
+    if value is not None and (
+        value.type.num_elements != 1 or value.type.element_type != x.type.element_type
+    ):
         raise ctx.error(f"the pad value {value.type} must be one {x.type.element_type}")
-    value = _reshape(ctx, value, ())
+    fill = None  # the rank-0 fill value, made when a block needs it
     y = x
     for axis, (before, after) in widths.items():
         dim = y.type.shape[axis]
@@ -435,9 +445,11 @@ def _pad_constant(ctx: NodeContext, x: Value, widths: dict, value: Value | None)
             if width is None:
                 pieces.append(y)
             elif width:
+                if fill is None:
+                    fill = ctx.scalar(0, like=x) if value is None else reshape_to(ctx, value, ())
                 block = list(y.type.shape)
                 block[axis] = width
-                pieces.append(_broadcast(ctx, value, block))
+                pieces.append(_broadcast(ctx, fill, block))
         if len(pieces) > 1:
             y = ctx.b.atomic.concat(*pieces, axis=axis)
     return y
@@ -480,14 +492,14 @@ def depth_to_space(ctx: NodeContext):
     n, c, h, w = x.type.shape
     depth = c // (block * block)
     if mode == "DCR":
-        spread = _reshape(ctx, x, (n, block, block, depth, h, w))
+        spread = reshape_to(ctx, x, (n, block, block, depth, h, w))
         moved = _transpose(ctx, spread, (0, 3, 4, 1, 5, 2))
     elif mode == "CRD":
-        spread = _reshape(ctx, x, (n, depth, block, block, h, w))
+        spread = reshape_to(ctx, x, (n, depth, block, block, h, w))
         moved = _transpose(ctx, spread, (0, 1, 4, 2, 5, 3))
     else:
         raise ctx.error(f"mode '{mode}' is not supported (DCR or CRD)")
-    return _reshape(ctx, moved, (n, depth, h * block, w * block))
+    return reshape_to(ctx, moved, (n, depth, h * block, w * block))
 
 
 @converter("SpaceToDepth")
@@ -498,9 +510,9 @@ def space_to_depth(ctx: NodeContext):
     if x.type.rank != 4 or block < 1 or any(d % block for d in x.type.shape[2:]):
         raise ctx.error(f"needs a 4-D input whose H and W divide by {block}, got {x.type}")
     n, c, h, w = x.type.shape
-    spread = _reshape(ctx, x, (n, c, h // block, block, w // block, block))
+    spread = reshape_to(ctx, x, (n, c, h // block, block, w // block, block))
     moved = _transpose(ctx, spread, (0, 3, 5, 1, 2, 4))
-    return _reshape(ctx, moved, (n, c * block * block, h // block, w // block))
+    return reshape_to(ctx, moved, (n, c * block * block, h // block, w // block))
 
 
 @converter("Trilu")
@@ -513,9 +525,9 @@ def trilu(ctx: NodeContext):
     upper = ctx.attr("upper", 1)
     rows, cols = x.type.shape[-2:]
     k = ctx.optional_input(1)
-    k = ctx.constant(np.array(0, np.int64)) if k is None else _reshape(ctx, k, ())
+    k = ctx.constant(np.array(0, np.int64)) if k is None else reshape_to(ctx, k, ())
     if k.type.element_type != "i64":
         raise ctx.error(f"k must be int64, got {k.type}")
-    diagonal = ctx.b.atomic.sub(_iota(ctx, 1, (rows, cols)), _iota(ctx, 0, (rows, cols)))
+    diagonal = ctx.b.atomic.sub(iota(ctx, 1, (rows, cols)), iota(ctx, 0, (rows, cols)))
     keep = ctx.b.atomic.cmp(diagonal, k, pred="ge" if upper else "le")
     return ctx.b.atomic.where(keep, x, ctx.scalar(0, like=x))
