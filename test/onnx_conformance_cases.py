@@ -88,12 +88,16 @@ ISSUE_OPS = frozenset(
 _REDUCTIONS = """ReduceSum ReduceMean ReduceMax ReduceMin ReduceProd ReduceL1 ReduceL2 ReduceLogSum
     ReduceLogSumExp ReduceSumSquare""".split()
 SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
+    "AffineGrid": (1,),
     "BlackmanWindow": (0,),
     "CenterCropPad": (1, 2),
+    "Col2Im": (1, 2),
     "ConstantOfShape": (0,),
+    "DFT": (1, 2),
     "Expand": (1,),
     "HammingWindow": (0,),
     "HannWindow": (0,),
+    "MaxUnpool": (2,),
     "OneHot": (1,),
     "Pad": (1, 3),
     "Range": (0, 1, 2),
@@ -101,6 +105,7 @@ SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
     "Resize": (1, 2, 3),
     "Slice": (1, 2, 3, 4),
     "Split": (1,),
+    "STFT": (1, 3),
     "Squeeze": (1,),
     "TopK": (1,),
     "Tile": (1,),
@@ -109,7 +114,15 @@ SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
 }
 
 # In-scope cases that fail today, by test name, with the reason. Keep sorted.
-EXPECTED_FAILURES: dict[str, str] = {}
+_FFT_ROUNDOFF = (
+    "the expected output holds a float32 FFT's round-off (1.9e-7) at 10 elements whose exact "
+    "value is 0 (numpy's float64 ifft of the same input: 5e-15); tgc's transform, a matmul "
+    "with float64-derived matrices, gives ~5e-15 there, and atol 1e-7 rejects the better answer"
+)
+EXPECTED_FAILURES: dict[str, str] = {
+    "test_dft_inverse": _FFT_ROUNDOFF,
+    "test_dft_inverse_opset19": _FFT_ROUNDOFF,
+}
 
 # In-scope ops whose every case fails today (a test-name entry above overrides it).
 EXPECTED_FAILING_OPS: dict[str, str] = {}

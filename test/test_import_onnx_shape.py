@@ -741,3 +741,162 @@ def test_scatter_and_gather_nd_with_int32_indices():
     check(model, feeds)
     model, feeds = one_node("GatherND", [table, np.array([[-1], [2]], np.int32)])
     check(model, feeds)
+
+
+# -- TopK -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("largest", [0, 1])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_top_k_random_with_ties(largest, dtype):
+    """Values drawn from few levels, so that ties are common: the lower index comes first."""
+    for axis in (0, 1, -1):
+        x = RNG.integers(-3, 4, size=(4, 6, 5)).astype(dtype)
+        k = int(RNG.integers(1, x.shape[axis] + 1))
+        attrs = {"axis": axis, "largest": largest}
+        model, feeds = one_node("TopK", [x, ints(k)], attrs, outputs=2)
+        module = import_onnx(model)
+        values, indices = tgc.run(module, [x])
+        order = np.argsort(-x if largest else x, axis=axis, kind="stable")
+        want = np.take(order, np.arange(k), axis=axis)
+        np.testing.assert_array_equal(indices, want)
+        np.testing.assert_array_equal(values, np.take_along_axis(x, want, axis))
+
+
+def test_top_k_against_the_reference_and_errors():
+    x = data(3, 7)
+    model, feeds = one_node("TopK", [x, ints(3)], {"axis": 1}, outputs=2)
+    check(model, feeds)
+    model, _ = one_node("TopK", [data(3, 4), ints(5)], outputs=2)
+    assert error_of(model).endswith("(TopK): K 5 is out of range for dim 1 of size 4")
+
+
+# -- image layouts ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("align", [0, 1])
+@pytest.mark.parametrize("size", [(2, 3, 4, 5), (1, 2, 3, 4, 2)])
+def test_affine_grid(align, size):
+    r = len(size) - 2
+    theta = data(size[0], r, r + 1)
+    model, feeds = one_node("AffineGrid", [theta, ints(*size)], {"align_corners": align})
+    check(model, feeds, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("image", "block", "attrs"),
+    [
+        ((5, 5), (2, 2), {}),
+        ((6, 7), (3, 2), {"strides": [2, 1], "pads": [1, 0, 1, 2], "dilations": [1, 2]}),
+        ((4, 5, 3), (2, 2, 1), {"strides": [2, 1, 1]}),
+    ],
+)
+def test_col2im(image, block, attrs):
+    r = len(image)
+    dil = attrs.get("dilations", [1] * r)
+    pads = attrs.get("pads", [0] * 2 * r)
+    strides = attrs.get("strides", [1] * r)
+    blocks = np.prod(
+        [
+            (image[d] + pads[d] + pads[d + r] - dil[d] * (block[d] - 1) - 1) // strides[d] + 1
+            for d in range(r)
+        ]
+    )
+    x = data(2, 3 * int(np.prod(block)), int(blocks))
+    model, feeds = one_node("Col2Im", [x, ints(*image), ints(*block)], attrs)
+    if r == 2:  # the reference evaluator does 2-D only
+        check(model, feeds, rtol=1e-5, atol=1e-6)
+    else:
+        import_onnx(model)
+
+
+def test_max_unpool_round_trip():
+    """MaxPool's values and flat indices unpool to the maximum at each window's argmax."""
+    x = data(2, 3, 4, 6)
+    windows = x.reshape(2, 3, 2, 2, 3, 2).transpose(0, 1, 2, 4, 3, 5).reshape(2, 3, 2, 3, 4)
+    best = windows.argmax(-1)
+    rows = np.arange(2)[None, None, :, None] * 2 + best // 2
+    cols = np.arange(3)[None, None, None, :] * 2 + best % 2
+    planes = np.arange(2)[:, None, None, None] * 3 + np.arange(3)[None, :, None, None]
+    flat = (planes * 4 + rows) * 6 + cols
+    pooled = windows.max(-1)
+    attrs = {"kernel_shape": [2, 2], "strides": [2, 2]}
+    model, feeds = one_node("MaxUnpool", [pooled, flat.astype(np.int64)], attrs)
+    check(model, feeds)
+    model, feeds = one_node("MaxUnpool", [pooled, flat.astype(np.int64), ints(2, 3, 5, 7)], attrs)
+    check(model, feeds)
+
+
+# -- TensorScatter ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["linear", "circular"])
+def test_tensor_scatter(mode):
+    cache = data(3, 2, 8, 4)
+    update = data(3, 2, 3, 4)
+    high = 8 if mode == "circular" else 6
+    write = RNG.integers(0, high, size=3).astype(np.int64)
+    model, feeds = one_node("TensorScatter", [cache, update, write], {"mode": mode}, opset=24)
+    check(model, feeds)
+    model, feeds = one_node("TensorScatter", [cache, update], {"mode": mode}, opset=24)
+    check(model, feeds)
+
+
+# -- DFT and STFT -----------------------------------------------------------------------------------
+
+
+def complex_of(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    return x[..., 0] if x.shape[-1] == 1 else x[..., 0] + 1j * x[..., 1]
+
+
+def parts_of(z: np.ndarray, real: bool = False) -> np.ndarray:
+    return np.stack([z.real] if real else [z.real, z.imag], axis=-1)
+
+
+@pytest.mark.parametrize("parts", [1, 2])
+@pytest.mark.parametrize("length", [None, 6, 12])
+@pytest.mark.parametrize(("inverse", "onesided"), [(0, 0), (0, 1), (1, 0), (1, 1)])
+def test_dft_against_numpy_fft(parts, length, inverse, onesided):
+    """Against numpy's float64 FFTs (fft, rfft, ifft, irfft) of the same input."""
+    if onesided and not inverse and parts == 2:
+        return  # a one-sided forward transform takes a real signal
+    if inverse and onesided:
+        parts = 2
+    x = data(2, 9, 3, parts)
+    inputs = [x, None if length is None else ints(length), ints(1)]
+    attrs = {"inverse": inverse, "onesided": onesided}
+    z = complex_of(x)
+    if not inverse:
+        want = np.fft.fft(z, n=length, axis=1)
+        if onesided:
+            want = want[:, : (length or 9) // 2 + 1]
+        want = parts_of(want)
+    elif not onesided:
+        want = parts_of(np.fft.ifft(z, n=length, axis=1))
+    else:
+        want = parts_of(np.fft.irfft(z, n=length or 16, axis=1), real=True)
+    model, _ = one_node("DFT", inputs, attrs, out_shape=want.shape, opset=20)
+    got = tgc.run(import_onnx(model), [x])[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_stft_against_numpy():
+    signal = data(2, 40, 1)
+    window = data(8)
+    frames = np.stack([signal[:, s : s + 8, 0] * window for s in range(0, 33, 5)], axis=1)
+    want = parts_of(np.fft.rfft(frames.astype(np.float64), axis=-1))
+    model, _ = one_node("STFT", [signal, ints(5), window], out_shape=want.shape)
+    got = tgc.run(import_onnx(model), [signal, window])[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_dft_errors():
+    model, _ = one_node("DFT", [data(2, 4, 2), None, ints(2)], out_shape=(1,), opset=20)
+    assert error_of(model).endswith(
+        "(DFT): axis 2 must name a signal dim of tensor<2x4x2xf32>, not the last"
+    )
+    model, _ = one_node("DFT", [data(2, 4, 2), None, ints(1)], {"onesided": 1}, opset=20)
+    assert error_of(model).endswith(
+        "(DFT): a one-sided forward DFT needs a real signal (last dim 1)"
+    )

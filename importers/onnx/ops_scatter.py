@@ -23,7 +23,7 @@ import numpy as np
 from tgc.ir import Value
 
 from .context import NodeContext
-from .ops_shape import iota, reshape_to, tuple_index, wrap_negative
+from .ops_shape import iota, reshape_to, take_along_axis, tuple_index, wrap_negative
 from .registry import converter
 
 REDUCTIONS = ("none", "add", "mul", "max", "min")
@@ -168,3 +168,57 @@ def scatter_nd(ctx: NodeContext):
     targets = reshape_to(ctx, linear, (count,))
     written = scatter_rows(ctx, rows, targets, reshape_to(ctx, updates, (count, size)), reduction)
     return reshape_to(ctx, written, shape)
+
+
+@converter("TensorScatter")
+def tensor_scatter(ctx: NodeContext):
+    """A cache write: update [B, ..., L, ...] goes to past_cache [B, ..., S, ...] at positions
+    write_indices[b] .. + L along `axis` (per batch; "circular" wraps modulo S). Built as a
+    select: position p of batch b takes update[p - w[b]] when that lies in [0, L)."""
+    cache, update = ctx.input(0), ctx.input(1)
+    write = ctx.optional_input(2)
+    mode = ctx.attr("mode", "linear")
+    if mode not in ("linear", "circular"):
+        raise ctx.error(f"mode '{mode}' is not supported (linear, circular)")
+    shape, rank = cache.type.shape, cache.type.rank
+    axis = ctx.attr("axis", -2)
+    if rank < 2 or not -rank <= axis < rank or axis % rank == 0:
+        raise ctx.error(f"axis {axis} must be a non-batch axis of {cache.type}")
+    axis %= rank
+    length, size = update.type.shape[axis], shape[axis]
+    fits = update.type.rank == rank and all(
+        u == c for d, (u, c) in enumerate(zip(update.type.shape, shape)) if d != axis
+    )
+    if not fits or length > size:
+        raise ctx.error(f"update {update.type} does not fit past_cache {cache.type} on axis {axis}")
+    if length == 0:
+        return cache
+    batch_shape = (shape[0],) + (1,) * (rank - 1)
+    if write is None:
+        start = ctx.constant(np.zeros(batch_shape, np.int64))
+    else:
+        if write.type.shape != (shape[0],):
+            raise ctx.error(f"write_indices {write.type} must be [{shape[0]}]")
+        start = reshape_to(ctx, write, batch_shape)
+        if start.type.element_type != "i64":
+            start = ctx.b.atomic.cast(start, result_type=start.type.with_element_type("i64"))
+    at = [1] * rank
+    at[axis] = size
+    offset = ctx.b.atomic.sub(iota(ctx, axis, at), start)  # p - w[b]: [B, 1.., S, 1..]
+    if mode == "circular":
+        negative = ctx.b.atomic.cmp(offset, ctx.constant(np.int64(0)), pred="lt")
+        wrapped = ctx.b.atomic.add(offset, ctx.constant(np.int64(size)))
+        offset = ctx.b.atomic.where(negative, wrapped, offset)
+    inside = ctx.b.atomic.where(
+        ctx.b.atomic.cmp(offset, ctx.constant(np.int64(0)), pred="ge"),
+        ctx.b.atomic.cmp(offset, ctx.constant(np.int64(length)), pred="lt"),
+        ctx.constant(np.bool_(False)),
+    )
+    clamped = ctx.b.atomic.min(
+        ctx.b.atomic.max(offset, ctx.constant(np.int64(0))), ctx.constant(np.int64(length - 1))
+    )
+    full = cache.type.with_shape(shape).with_element_type("i64")
+    picked = take_along_axis(ctx, update, ctx.b.atomic.broadcast(clamped, result_type=full), axis)
+    return ctx.b.atomic.where(
+        ctx.b.atomic.broadcast(inside, result_type=full.with_element_type("i1")), picked, cache
+    )

@@ -322,9 +322,15 @@ def gather_elements(ctx: NodeContext):
         o > d for i, (o, d) in enumerate(zip(out, data.type.shape)) if i != axis
     ):
         raise ctx.error(f"indices {indices.type} do not fit data {data.type} along axis {axis}")
+    return take_along_axis(ctx, data, wrap_negative(ctx, indices, data.type.shape[axis]), axis)
+
+
+def take_along_axis(ctx: NodeContext, data: Value, indices: Value, axis: int) -> Value:
+    """np.take_along_axis with indices in [0, size) (no dim of theirs longer than the data's
+    but along `axis`): one gather on the flattened data at each element's linear index."""
+    out = indices.type.shape
     strides = _strides(data.type.shape)
-    wrapped = wrap_negative(ctx, indices, data.type.shape[axis])
-    parts = [(wrapped if d == axis else iota(ctx, d, out), strides[d]) for d in range(rank)]
+    parts = [(indices if d == axis else iota(ctx, d, out), strides[d]) for d in range(len(out))]
     flat = reshape_to(ctx, data, (data.type.num_elements,))
     return ctx.b.atomic.gather(flat, _linear_index(ctx, parts, out), axis=0)
 
