@@ -900,3 +900,32 @@ def test_dft_errors():
     assert error_of(model).endswith(
         "(DFT): a one-sided forward DFT needs a real signal (last dim 1)"
     )
+
+
+# -- GridSample -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align", [0, 1])
+def test_grid_sample_random(mode, padding, align):
+    """Grid positions up to 1.6x beyond the borders, so that every padding rule is used."""
+    spatial = [(4, 5), (3, 4, 2)] if mode != "cubic" else [(4, 5)]
+    for dims in spatial:
+        x = data(2, 3, *dims)
+        out = (3, 4) if len(dims) == 2 else (2, 3, 2)
+        grid = (RNG.random((2, *out, len(dims))) * 3.2 - 1.6).astype(np.float32)
+        attrs = {"mode": mode, "padding_mode": padding, "align_corners": align}
+        model, feeds = one_node("GridSample", [x, grid], attrs, opset=22)
+        check(model, feeds, rtol=1e-5, atol=1e-5)
+
+
+def test_grid_sample_errors():
+    model, _ = one_node("GridSample", [data(1, 1, 3, 3), data(1, 2, 2, 3)], opset=22)
+    assert error_of(model).endswith(
+        "(GridSample): grid tensor<1x2x2x3xf32> must be [N, *out, 2] for X tensor<1x1x3x3xf32>"
+    )
+    model, _ = one_node("GridSample", [data(1, 1, 3), data(1, 2, 1)], {"mode": "area"}, opset=22)
+    assert error_of(model).endswith(
+        "(GridSample): mode 'area' is not supported (nearest, linear, cubic)"
+    )
