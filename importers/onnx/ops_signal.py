@@ -20,6 +20,16 @@ from .ops_shape import reshape_to
 from .registry import converter
 
 
+def _angles(rows: np.ndarray, cols: np.ndarray, length: int) -> np.ndarray:
+    """2 pi (r c mod N) / N: reduced before the float product, so that equal angles are equal."""
+    return 2 * math.pi * (np.outer(rows, cols) % length) / length
+
+
+def _clean(w: np.ndarray) -> np.ndarray:
+    """cos(pi / 2) is 6e-17 in floats: the exact zeros and ones of the transform made exact."""
+    return np.where(np.abs(w) < 1e-12, 0.0, w)
+
+
 def transform_matrices(
     n_in: int, length: int, inverse: bool, onesided: bool
 ) -> tuple[list[np.ndarray], int]:
@@ -29,21 +39,21 @@ def transform_matrices(
         bins = min(n_in, length // 2 + 1)
         k = np.arange(bins)
         weight = np.where((k == 0) | ((length % 2 == 0) & (k == length // 2)), 1.0, 2.0)
-        theta = 2 * math.pi * np.outer(np.arange(length), k) / length
+        theta = _angles(np.arange(length), k, length)
         full = np.zeros((length, n_in))
         cos, sin = full.copy(), full.copy()
-        cos[:, :bins] = weight * np.cos(theta) / length
-        sin[:, :bins] = -weight * np.sin(theta) / length
+        cos[:, :bins] = weight * _clean(np.cos(theta)) / length
+        sin[:, :bins] = -weight * _clean(np.sin(theta)) / length
         return [cos, sin], 1
     outputs = length // 2 + 1 if onesided else length
     used = min(n_in, length)
-    theta = 2 * math.pi * np.outer(np.arange(outputs), np.arange(used)) / length
+    theta = _angles(np.arange(outputs), np.arange(used), length)
     cos, sin = np.zeros((outputs, n_in)), np.zeros((outputs, n_in))
-    cos[:, :used], sin[:, :used] = np.cos(theta), np.sin(theta)
+    cos[:, :used], sin[:, :used] = _clean(np.cos(theta)), _clean(np.sin(theta))
     if inverse:  # e^{+i theta} / N
         cos, sin = cos / length, sin / length
-        return [cos, -sin, sin, cos], 2
-    return [cos, sin, -sin, cos], 2  # e^{-i theta}
+        return [cos, _clean(-sin), sin, cos], 2
+    return [cos, sin, _clean(-sin), cos], 2  # e^{-i theta}
 
 
 def dft_along(
