@@ -21,28 +21,17 @@ import tgc  # noqa: E402
 from tgc.diagnostics import TgcError  # noqa: E402
 from tgc.importers.onnx import import_model, import_onnx  # noqa: E402
 
+import onnx_testing  # noqa: E402
+
 OPSET = 17
-RNG = np.random.default_rng()
+RNG = onnx_testing.RNG
 
 
 def make_model(nodes, inputs, outputs, initializers=(), opset=OPSET, name="g"):
-    """A model of `nodes`; inputs/outputs are (name, TensorProto type, shape) triples."""
-    graph = helper.make_graph(
-        nodes,
-        name,
-        [helper.make_tensor_value_info(*i) for i in inputs],
-        [helper.make_tensor_value_info(*o) for o in outputs],
-        list(initializers),
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return onnx_testing.make_model(nodes, inputs, outputs, initializers, opset=opset, name=name)
 
 
-def random_input(shape, dtype=np.float32):
-    if np.dtype(dtype) == np.bool_:
-        return RNG.random(shape) < 0.5
-    if np.issubdtype(dtype, np.integer):
-        return RNG.integers(-5, 6, size=shape).astype(dtype)
-    return RNG.standard_normal(shape).astype(dtype)
+random_input = onnx_testing.random_array
 
 
 def check_against_reference(model, feeds: dict, rtol=1e-5, atol=1e-6, **options):
@@ -50,15 +39,7 @@ def check_against_reference(model, feeds: dict, rtol=1e-5, atol=1e-6, **options)
     module = import_onnx(model, **options)
     got = tgc.run(module, list(feeds.values()))
     want = ReferenceEvaluator(model).run(None, feeds)
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        w = np.asarray(w)
-        assert g.shape == w.shape
-        assert g.dtype == w.dtype
-        if np.issubdtype(w.dtype, np.floating):
-            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
-        else:
-            np.testing.assert_array_equal(g, w)
+    onnx_testing.assert_outputs_match(got, want, rtol, atol)
     return module
 
 

@@ -24,7 +24,9 @@ import tgc  # noqa: E402
 from tgc.diagnostics import TgcError  # noqa: E402
 from tgc.importers.onnx import import_onnx  # noqa: E402
 
-RNG = np.random.default_rng()
+import onnx_testing  # noqa: E402
+
+RNG = onnx_testing.RNG
 F32, F16, F64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE
 I32, I64, BOOL = TensorProto.INT32, TensorProto.INT64, TensorProto.BOOL
 NP_OF = {F32: np.float32, F16: np.float16, F64: np.float64, I32: np.int32, I64: np.int64}
@@ -44,15 +46,7 @@ REDUCTIONS = [
 
 
 def make_model(nodes, inputs, outputs, initializers=(), opset=18):
-    """A model of `nodes`; inputs/outputs are (name, TensorProto type, shape) triples."""
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info(*i) for i in inputs],
-        [helper.make_tensor_value_info(*o) for o in outputs],
-        list(initializers),
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return onnx_testing.make_model(nodes, inputs, outputs, initializers, opset=opset)
 
 
 def one_node(op, inputs, outputs, initializers=(), opset=18, **attrs):
@@ -67,28 +61,14 @@ def ints(name, values):
 
 
 def random(shape, dtype=np.float32):
-    dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return RNG.random(shape) < 0.5
-    if np.issubdtype(dtype, np.integer):
-        return RNG.integers(-4, 5, size=shape).astype(dtype)
-    return RNG.standard_normal(shape).astype(dtype)
+    return onnx_testing.random_array(shape, dtype, int_range=(-4, 5))
 
 
 def run_tgc(model, feeds):
     return tgc.run(import_onnx(model), list(feeds.values()))
 
 
-def compare(got, want, rtol, atol):
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        w = np.asarray(w)
-        assert g.shape == w.shape
-        assert g.dtype == w.dtype
-        if np.issubdtype(w.dtype, np.floating):
-            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
-        else:
-            np.testing.assert_array_equal(g, w)
+compare = onnx_testing.assert_outputs_match
 
 
 def check(model, feeds, rtol=1e-5, atol=1e-6):
