@@ -1044,6 +1044,39 @@ def test_external_data_is_read_beside_the_model_file(tmp_path, monkeypatch):
     assert "\n" not in message
 
 
+@pytest.mark.parametrize(
+    ("location", "why"),
+    [
+        ("../secret.bin", "points outside the directory"),
+        ("{outside}", "should be a relative path"),
+        ("link.bin", "is a symbolic link"),
+    ],
+)
+def test_external_data_may_not_leave_the_model_folder(tmp_path, location, why):
+    """A model names its external data file; one outside the model's folder (by `..`, an
+    absolute path or a symbolic link) is never read: one line, and nothing imported."""
+    secret = tmp_path / "secret.bin"
+    random_input((4,)).tofile(secret)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "link.bin").symlink_to(secret)
+    w = onnx.numpy_helper.from_array(np.zeros(4, np.float32), "w")
+    w.ClearField("raw_data")
+    w.data_location = TensorProto.EXTERNAL
+    entry = w.external_data.add()
+    entry.key, entry.value = "location", location.format(outside=secret)
+    model = make_model(
+        [helper.make_node("Add", ["x", "w"], ["y"])],
+        [("x", TensorProto.FLOAT, [4])],
+        [("y", TensorProto.FLOAT, [4])],
+        [w],
+    )
+    path = tmp_path / "m" / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    message = import_error(path)
+    assert message.startswith(f"{path}: error: could not load the model's external data: ")
+    assert why in message and "\n" not in message
+
+
 def test_tool_default_inline_limit_is_the_importers():
     from tgc.importers.onnx import DEFAULT_INLINE_LIMIT
     from tgc.tools import import_
