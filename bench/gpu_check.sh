@@ -22,3 +22,7 @@ python3 -m pytest -q test/test_planner_cuda.py test/test_planner_torch.py test/t
   echo "== tgc-plan examples/gpt2_block.tg --explain"
   python3 -m tgc.tools.plan examples/gpt2_block.tg --explain 2>&1 | head -150
 } 2>&1 | tee "$out/planner_cli.txt"
+# Models in (issue 9): the importers' PyTorch-side tests, then the tiny GPT-2/BERT exports on the
+# cuda route beside eager and torch.compile (writes bench/results/models-*.md; copy it to $OUT).
+python3 -m pytest -q test/test_import_torch.py test/test_import_models.py 2>&1 | tail -5 | tee "$out/test_importers.txt"
+python3 bench/models_gpu.py --out "$out" 2>&1 | tail -40 | tee "$out/models_gpu.txt"
