@@ -61,11 +61,25 @@ CODE_FOR_OP: dict[str, dict[str, str]] = {
     "atomic.erf": {"float": "erff({0})", "double": "erf({0})"},
     "atomic.sin": {"float": "sinf({0})", "double": "sin({0})"},
     "atomic.cos": {"float": "cosf({0})", "double": "cos({0})"},
+    "atomic.floor": {"float": "floorf({0})", "double": "floor({0})"},
+    "atomic.ceil": {"float": "ceilf({0})", "double": "ceil({0})"},
+    "atomic.round": {"float": "rintf({0})", "double": "rint({0})"},  # halves to even
     "atomic.add": {"*": "({0} + {1})"},
     "atomic.sub": {"*": "({0} - {1})"},
     "atomic.mul": {"*": "({0} * {1})"},
     "atomic.div": {"*": "({0} / {1})"},  # integers: C truncates toward zero, as the reference
     "atomic.pow": {"float": "powf({0}, {1})", "double": "pow({0}, {1})"},
+    # np.mod (sign of the divisor) and C fmod (sign of the dividend); integers by 0 give 0
+    "atomic.mod[floor]": {
+        "float": "tgc_modf({0}, {1})",
+        "double": "tgc_mod({0}, {1})",
+        "int": "tgc_imod({0}, {1})",
+    },
+    "atomic.mod[fmod]": {
+        "float": "fmodf({0}, {1})",
+        "double": "fmod({0}, {1})",
+        "int": "tgc_ifmod({0}, {1})",
+    },
     "atomic.max": {"*": "tgc_max({0}, {1})"},  # NaN propagates, as np.maximum
     "atomic.min": {"*": "tgc_min({0}, {1})"},
     "atomic.cmp[lt]": {"*": "({0} < {1})"},
@@ -110,6 +124,8 @@ def op_key(op: Operation) -> str:
         return f"atomic.cmp[{op.attr('pred')}]"
     if op.name == "hl.gelu":
         return f"hl.gelu[{op.attr('approximate')}]"
+    if op.name == "atomic.mod":
+        return "atomic.mod[fmod]" if op.attr("fmod") else "atomic.mod[floor]"
     return op.name
 
 

@@ -16,6 +16,7 @@ from tgc.dialects._shapes import broadcast_shapes, same_element_type, same_encod
 from tgc.ir import Operation
 from tgc.opdef import (
     ASSOCIATIVE,
+    BOOL,
     BROADCASTING,
     COMMUTATIVE,
     ELEMENTWISE,
@@ -144,6 +145,33 @@ class CosOp(UnaryOp):
     fn = staticmethod(np.cos)
 
 
+@register
+class FloorOp(UnaryOp):
+    """Round toward -inf (floats; NaN and +-inf stay).
+    `%y = atomic.floor %x : (tensor<4xf32>) -> tensor<4xf32>`"""
+
+    name = "atomic.floor"
+    fn = staticmethod(np.floor)
+
+
+@register
+class CeilOp(UnaryOp):
+    """Round toward +inf (floats; NaN and +-inf stay).
+    `%y = atomic.ceil %x : (tensor<4xf32>) -> tensor<4xf32>`"""
+
+    name = "atomic.ceil"
+    fn = staticmethod(np.ceil)
+
+
+@register
+class RoundOp(UnaryOp):
+    """Round to the nearest integral value, halves to even as np.round (2.5 -> 2, -0.5 -> -0).
+    `%y = atomic.round %x : (tensor<4xf32>) -> tensor<4xf32>`"""
+
+    name = "atomic.round"
+    fn = staticmethod(np.rint)
+
+
 class BinaryOp(Operation):
     """Base of two-operand elementwise ops with numpy broadcasting."""
 
@@ -225,6 +253,35 @@ class PowOp(BinaryOp):
             raise VerifyError(
                 f"operands must have a float element type, got {self.operands[0].type}"
             )
+
+
+def _remainder(a: np.ndarray, b: np.ndarray, truncated: bool) -> np.ndarray:
+    fn = np.fmod if truncated else np.mod
+    if not np.issubdtype(a.dtype, np.integer):
+        return fn(a, b)  # IEEE: x mod 0 and inf mod y are NaN
+    # An integer remainder by zero is 0, as tgc's integer division by zero (docs/ir.md).
+    nonzero = np.where(b == 0, np.ones_like(b), b)
+    return np.where(b == 0, np.zeros_like(a), fn(a, nonzero)).astype(a.dtype)
+
+
+@register
+class ModOp(BinaryOp):
+    """The remainder of a / b, numbers of any element type but i1. fmod = false: np.mod, the
+    sign of the divisor (floored division); fmod = true: C's fmod / %, the sign of the dividend
+    (truncated division). Integers: a remainder by 0 is 0; floats: NaN.
+    `%c = atomic.mod %a, %b {fmod = true} : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi32>`"""
+
+    name = "atomic.mod"
+    attr_defs = attrs(Attr("fmod", BOOL, default=False))
+
+    def verify_(self):
+        if self.operands[0].type.element_type == "i1":
+            raise VerifyError(
+                f"operands must have a numeric element type, got {self.operands[0].type}"
+            )
+
+    def reference(self, a, b):
+        return _remainder(a, b, self.attr("fmod"))
 
 
 @register

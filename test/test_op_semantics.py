@@ -88,6 +88,9 @@ UNARY = {
     "atomic.erf": (erf_series, (0.01, 3), True),
     "atomic.sin": (lambda v: cmath.exp(1j * v).imag, (0.1, 10), True),
     "atomic.cos": (lambda v: cmath.exp(1j * v).real, (0.1, 10), True),
+    "atomic.floor": (lambda v: float(math.floor(v)), (0.1, 10), True),
+    "atomic.ceil": (lambda v: float(math.ceil(v)), (0.1, 10), True),
+    "atomic.round": (lambda v: float(round(v)), (0.1, 10), True),  # Python's round: halves to even
 }
 
 
@@ -122,6 +125,7 @@ def test_neg_abs_on_integers():
 
 
 BINARY = {
+    "atomic.mod": operator.mod,  # Python's float %: the sign of the divisor, as np.mod
     "atomic.add": operator.add,
     "atomic.sub": operator.sub,
     "atomic.mul": operator.mul,
@@ -174,6 +178,83 @@ def test_integer_division_rounds_toward_zero():
 
     got = run("atomic.div", [a, b])
     assert got.tolist() == loop_binary(c_div, a, b, np.int32).tolist()
+
+
+@covers("atomic.floor", "atomic.ceil", "atomic.round")
+def test_rounding_halves_and_special_values():
+    rng = np.random.default_rng(5)
+    halves = rng.integers(-20, 20, 40) + 0.5  # exact ties: round goes to the even neighbour
+    assert run("atomic.round", [halves]).tolist() == [float(round(v)) for v in halves]
+    assert run("atomic.floor", [halves]).tolist() == [float(math.floor(v)) for v in halves]
+    assert run("atomic.ceil", [halves]).tolist() == [float(math.ceil(v)) for v in halves]
+    special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 2.0**60 + 2.0**8, -0.4])
+    for name in ("atomic.floor", "atomic.ceil", "atomic.round"):
+        got = run(name, [special])
+        np.testing.assert_array_equal(got[:6], special[:6])  # NaN, infinities, integers stay
+        assert np.signbit(got[3]) and not np.signbit(got[4])  # -0 stays -0
+    # -0.4 rounds up to -0 (ceil, round) or down to -1 (floor); the sign of zero is kept
+    assert run("atomic.floor", [special])[6] == -1.0
+    assert np.signbit(run("atomic.ceil", [special])[6])
+    assert np.signbit(run("atomic.round", [special])[6])
+
+
+def c_fmod(p: int, q: int) -> int:
+    """C's integer %: truncated division, the sign of the dividend."""
+    magnitude = abs(p) % abs(q)
+    return magnitude if p >= 0 else -magnitude
+
+
+@covers("atomic.mod")
+@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64])
+@pytest.mark.parametrize("shapes", BROADCAST_SHAPES)
+def test_integer_mod_both_conventions(dtype, shapes):
+    rng = np.random.default_rng(np.dtype(dtype).itemsize * 10 + len(shapes[1]))
+    a = rng.integers(-100, 100, shapes[0]).astype(dtype)
+    b = rng.integers(-9, 10, shapes[1]).astype(dtype)  # zeros included: x mod 0 is 0
+    floored = run("atomic.mod", [a, b])
+    truncated = run("atomic.mod", [a, b], {"fmod": True})
+    want_floored = loop_binary(lambda p, q: p % q if q else 0, a, b, dtype)
+    want_truncated = loop_binary(lambda p, q: c_fmod(p, q) if q else 0, a, b, dtype)
+    assert floored.tolist() == want_floored.tolist()
+    assert truncated.tolist() == want_truncated.tolist()
+
+
+@covers("atomic.mod")
+def test_integer_mod_extremes():
+    lowest = np.iinfo(np.int32).min
+    a = np.array([lowest, lowest, 7, -7, lowest], np.int32)
+    b = np.array([-1, 0, lowest, lowest, 3], np.int32)
+    # lowest % -1 is 0 (no overflow); 7 mod lowest keeps the divisor's sign
+    assert run("atomic.mod", [a, b]).tolist() == [0, 0, lowest + 7, -7, (lowest % 3)]
+    assert run("atomic.mod", [a, b], {"fmod": True}).tolist() == [0, 0, 7, -7, -2]
+
+
+@covers("atomic.mod")
+@pytest.mark.parametrize("shapes", BROADCAST_SHAPES)
+def test_float_fmod(shapes):
+    rng = np.random.default_rng(20 + len(shapes[0]))
+    a, b = nonzero(rng, shapes[0], 0.1, 50), nonzero(rng, shapes[1], 0.5, 7)
+    got = run("atomic.mod", [a, b], {"fmod": True})
+    # math.fmod is exact (the remainder of two doubles is a double)
+    np.testing.assert_array_equal(got, loop_binary(math.fmod, a, b))
+
+
+@covers("atomic.mod")
+def test_float_mod_special_values():
+    a = np.array([5.0, -0.0, 3.0, -3.0, -3.0, np.inf, 6.0, -6.0, np.nan])
+    b = np.array([0.0, 3.0, -3.0, np.inf, -np.inf, 2.0, 3.0, 3.0, 2.0])
+    with np.errstate(invalid="ignore"):  # the NaNs are the meaning (IEEE), not a warning
+        floored = run("atomic.mod", [a, b])
+        truncated = run("atomic.mod", [a, b], {"fmod": True})
+    # Python's float % and math.fmod as the independent formulas, NaN where they raise
+    want_floored = [math.nan, 0.0, -0.0, math.inf, -3.0, math.nan, 0.0, 0.0, math.nan]
+    want_truncated = [math.nan, -0.0, 0.0, -3.0, -3.0, math.nan, 0.0, -0.0, math.nan]
+    np.testing.assert_array_equal(floored, want_floored)
+    np.testing.assert_array_equal(truncated, want_truncated)
+    # a zero remainder takes the divisor's sign (np.mod), the dividend's (fmod)
+    assert list(np.signbit(floored[1:3])) == [False, True]
+    assert list(np.signbit(truncated[1:3])) == [True, False]
+    assert list(np.signbit(truncated[6:8])) == [False, True]
 
 
 @covers("atomic.max", "atomic.min")
