@@ -136,6 +136,72 @@ def test_standalone_cu_compiles_with_nvcc(name, tmp_path):
         assert proc.returncode == 0, proc.stderr[-4000:]
 
 
+def rounding_chain(e: str) -> str:
+    """A fused chain of floor, ceil, round and both mods (a broadcast divisor) on element type
+    `e`; integers take the mods only (rounding is float-only)."""
+    t, r = f"tensor<37x5x{e}>", f"tensor<5x{e}>"
+    if e.startswith("i"):
+        body = f"""  %m = atomic.mod %x, %y : ({t}, {r}) -> {t}
+  %f = atomic.mod %x, %y {{fmod = true}} : ({t}, {r}) -> {t}
+  %s = atomic.add %m, %f : ({t}, {t}) -> {t}"""
+    else:
+        body = f"""  %a = atomic.floor %x : ({t}) -> {t}
+  %b = atomic.ceil %x : ({t}) -> {t}
+  %c = atomic.round %x : ({t}) -> {t}
+  %m = atomic.mod %a, %y : ({t}, {r}) -> {t}
+  %f = atomic.mod %c, %y {{fmod = true}} : ({t}, {r}) -> {t}
+  %g = atomic.add %m, %b : ({t}, {t}) -> {t}
+  %s = atomic.sub %g, %f : ({t}, {t}) -> {t}"""
+    return f"""func.func @f(%x: {t}, %y: {r}) -> {t} {{
+{body}
+  func.return %s : {t}
+}}"""
+
+
+ROUNDING_CODE = {
+    "f32": ["floorf(", "ceilf(", "rintf(", "tgc_modf(", "fmodf("],
+    "f16": ["floorf(", "ceilf(", "rintf(", "tgc_modf(", "fmodf("],
+    "bf16": ["floorf(", "ceilf(", "rintf(", "tgc_modf(", "fmodf("],
+    "f64": ["floor(", "ceil(", "rint(", "tgc_mod(", "fmod("],
+    "i8": ["tgc_imod(", "tgc_ifmod("],
+    "i32": ["tgc_imod(", "tgc_ifmod("],
+    "i64": ["tgc_imod(", "tgc_ifmod("],
+}
+
+
+@pytest.mark.parametrize("element_type", sorted(ROUNDING_CODE))
+def test_rounding_and_mod_chain_is_one_kernel_that_compiles(element_type, tmp_path):
+    """floor/ceil/round/mod fuse into one elementwise kernel that calls the device functions of
+    CODE_FOR_OP for the element type, and the standalone .cu compiles with nvcc."""
+    module = parse_module(rounding_chain(element_type))
+    placed(module, "cuda-standalone")
+    fused = [o for o in module.walk() if isinstance(o, FusedOp)]
+    assert len(fused) == 1
+    src = emit_standalone_cuda(module, "rounding")
+    body = src[src.index("__global__") :]  # the kernel, past the prelude's definitions
+    for call in ROUNDING_CODE[element_type]:
+        assert call in body, (call, element_type)
+    if NVCC is None:
+        pytest.skip("nvcc is not installed")
+    path = tmp_path / "rounding.cu"
+    path.write_text(src)
+    proc = subprocess.run(
+        [
+            NVCC,
+            "-arch=sm_90",
+            "-c",
+            "-DTGC_STANDALONE_MAIN",
+            str(path),
+            "-o",
+            str(tmp_path / "k.o"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
 @pytest.mark.parametrize(
     "op,helper",
     [

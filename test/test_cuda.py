@@ -131,6 +131,39 @@ func.func @f(%x: tensor<33x17xf32>, %y: tensor<17x33xbf16>) -> (tensor<17x33xf32
     check(text)
 
 
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16", "f64", "i8", "i32", "i64"])
+def test_rounding_and_mod(dtype):
+    """floor, ceil, round (halves to even) and both mods in one kernel against numpy. Floats
+    are scaled by powers of two (exact) so that integer parts and halves occur; integers are
+    shifted to [-2, 2), so that divisors of both signs and 0 occur (x mod 0 is 0)."""
+    x, y = t((37, 5), dtype), t((5,), dtype)
+    if dtype.startswith("i"):
+        prologue = f"""  %k = atomic.constant {{value = dense<2> : tensor<{dtype}>}} : () -> tensor<{dtype}>
+  %a = atomic.sub %x, %k : ({x}, tensor<{dtype}>) -> {x}
+  %b = atomic.sub %y, %k : ({y}, tensor<{dtype}>) -> {y}"""
+        rounded = "%a"
+    else:
+        prologue = f"""  %k = atomic.constant {{value = dense<8.0> : tensor<{dtype}>}} : () -> tensor<{dtype}>
+  %a = atomic.mul %x, %k : ({x}, tensor<{dtype}>) -> {x}
+  %h = atomic.constant {{value = dense<0.5> : tensor<{dtype}>}} : () -> tensor<{dtype}>
+  %b = atomic.add %y, %h : ({y}, tensor<{dtype}>) -> {y}
+  %fl = atomic.floor %a : ({x}) -> {x}
+  %ce = atomic.ceil %a : ({x}) -> {x}
+  %ro = atomic.round %fl : ({x}) -> {x}
+  %hf = atomic.mul %ce, %h : ({x}, tensor<{dtype}>) -> {x}
+  %r2 = atomic.round %hf : ({x}) -> {x}
+  %s1 = atomic.add %ro, %r2 : ({x}, {x}) -> {x}"""
+        rounded = "%s1"
+    text = f"""
+func.func @f(%x: {x}, %y: {y}) -> ({x}, {x}) {{
+{prologue}
+  %m = atomic.mod {rounded}, %b : ({x}, {y}) -> {x}
+  %f = atomic.mod %a, %b {{fmod = true}} : ({x}, {y}) -> {x}
+  func.return %m, %f : {x}, {x}
+}}"""
+    check(text)
+
+
 def test_concat_gather_split_reshape():
     text = """
 func.func @f(%a: tensor<5x7xf32>, %b: tensor<3x7xf32>, %idx: tensor<4xi32>) -> (tensor<8x7xf32>, tensor<4x7xf32>, tensor<7x5xf32>) {
