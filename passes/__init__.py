@@ -10,5 +10,6 @@ from tgc.passes import (  # noqa: F401
     optimize,
     place_on_device,
     print_op_stats,
+    raise_attention,
     verify,
 )
