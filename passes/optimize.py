@@ -20,7 +20,8 @@ def _flag(value: bool) -> str:
 class Optimize(Pass):
     """The default pipeline: lower every hl op, then canonicalize, cse, algebraic (the TASO-class
     rewrites, which see the atomic graph), canonicalize and cse again (to clean up what algebraic
-    built) and dce.
+    built) and dce. It does not run raise-attention: every hl.attention it made would be lowered
+    again at once (only the CUDA route, whose kernel runs hl.attention, raises attention).
 
     Contract: expands, when the pipeline runs, into exactly the passes of `pipeline` with their
     default options (the pass manager verifies after each); results are unchanged up to rounding.
@@ -34,12 +35,16 @@ class Optimize(Pass):
 @register_pass
 @dataclass(frozen=True)
 class Cuda(Pass):
-    """The route of `tgc-run --backend cuda`: `optimize` (where `lower-hl` keeps each
-    `hl.attention` the fused attention kernel runs), `fuse`, `place-on-device`; the result is
-    placed IR, which the CUDA executor runs as it is.
+    """The route of `tgc-run --backend cuda`: `raise-attention` (attention spelled out as
+    matmul, scale, mask, softmax, matmul, as importers write it, becomes one `hl.attention`),
+    `optimize` (where `lower-hl` keeps each `hl.attention` the fused attention kernel runs),
+    `fuse`, `place-on-device`; the result is placed IR, which the CUDA executor runs as it is.
+    raise-attention runs with its default options (only rewrites exact for every input; prepend
+    `raise-attention{assume-finite=true}` to raise -inf where-masks too).
 
     Options: `attention-kernel` (default true; false lowers every hl.attention to matmul,
-    softmax, matmul), `library-gemm` (default true: plain matmuls become cuBLAS calls; false:
+    softmax, matmul, and does not run raise-attention, whose result it would lower again),
+    `library-gemm` (default true: plain matmuls become cuBLAS calls; false:
     generated matmul kernels), `matmul-epilogue` (default false: fusion leaves matmuls alone so
     that their elementwise consumers fuse forward into the next kernel, as a library runs the
     matmul; true: each matmul kernel takes its epilogue, which suits `library-gemm=false`).
@@ -50,7 +55,9 @@ class Cuda(Pass):
     """
 
     name = "cuda"
-    summary = "optimize (keeping hl.attention for its kernel), fuse, place-on-device"
+    summary = (
+        "raise-attention, optimize (keeping hl.attention for its kernel), fuse, place-on-device"
+    )
 
     attention_kernel: bool = True
     library_gemm: bool = True
@@ -58,7 +65,7 @@ class Cuda(Pass):
 
     @property
     def pipeline(self) -> str:  # type: ignore[override]  (computed from the options)
-        lower = "lower-unsupported-attention,lower-hl{keep=attention}"
+        lower = "raise-attention,lower-unsupported-attention,lower-hl{keep=attention}"
         if not self.attention_kernel:
             lower = "lower-hl"
         place = (
