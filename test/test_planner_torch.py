@@ -81,6 +81,7 @@ def instances(op: str, rng, e: str) -> list[str]:
     """Texts of functions running `op` on element type `e` (f32 or f64)."""
     short = op.split(".", 1)[1]
     unary = {"neg", "abs", "sqrt", "recip", "exp", "log", "rsqrt", "erf", "sin", "cos"}
+    unary |= {"floor", "ceil", "round"}
     binary = {"add", "sub", "mul", "div", "max", "min", "pow"}
     hl_unary = {"tanh", "sigmoid", "relu", "silu"}
     out = []
@@ -93,6 +94,11 @@ def instances(op: str, rng, e: str) -> list[str]:
         if rng.random() < 0.5:
             a, b = b, a
         out.append(_func([("a", a, e), ("b", b, e)], f"{op} %a, %b", (s, e)))
+    elif short == "mod":
+        for fmod in ("false", "true"):
+            s = _shape(rng, 1)
+            b = _suffix_with_ones(rng, s)
+            out.append(_func([("a", s, e), ("b", b, e)], f"{op} %a, %b {{fmod = {fmod}}}", (s, e)))
     elif short == "cmp":
         for pred in ("lt", "le", "gt", "ge", "eq", "ne"):
             s = _shape(rng, 1)

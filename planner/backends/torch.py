@@ -94,6 +94,16 @@ def _matmul(op: Operation, a, b):
     return torch.matmul(a, b)
 
 
+def _mod(op: Operation, a, b):
+    """fmod = true is torch.fmod; otherwise numpy's float algorithm, so that the bits are
+    numpy's: the (exact) fmod moved to the divisor's sign, a zero taking the divisor's sign."""
+    r = torch.fmod(a, b)
+    if op.attr("fmod"):
+        return r
+    moved = torch.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+    return torch.where(r == 0, torch.copysign(torch.zeros_like(r), b), moved)
+
+
 def _cast(op: Operation, x):
     return x.to(TORCH_DTYPE[op.results[0].type.element_type])
 
@@ -146,6 +156,9 @@ OP_FUNCTIONS: dict[str, tuple[TensorFn, float]] = {
     "atomic.erf": (_unary(torch.erf), ULPS),
     "atomic.sin": (_unary(torch.sin), ULPS),
     "atomic.cos": (_unary(torch.cos), ULPS),
+    "atomic.floor": (_unary(torch.floor), EXACT),
+    "atomic.ceil": (_unary(torch.ceil), EXACT),
+    "atomic.round": (_unary(torch.round), EXACT),  # halves to even, as np.rint
     "atomic.add": (_binary(torch.add), EXACT),
     "atomic.sub": (_binary(torch.sub), EXACT),
     "atomic.mul": (_binary(torch.mul), EXACT),
@@ -153,6 +166,7 @@ OP_FUNCTIONS: dict[str, tuple[TensorFn, float]] = {
     "atomic.max": (_binary(torch.maximum), EXACT),
     "atomic.min": (_binary(torch.minimum), EXACT),
     "atomic.pow": (_binary(torch.pow), ULPS),
+    "atomic.mod": (_mod, EXACT),
     "atomic.cmp": (lambda op, a, b: _PREDICATES[op.attr("pred")](a, b), EXACT),
     "atomic.where": (lambda op, c, a, b: torch.where(c, a, b), EXACT),
     "atomic.cast": (_cast, EXACT),
