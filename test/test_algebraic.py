@@ -23,10 +23,17 @@ import pytest
 import tgc.dialects  # noqa: F401  (registers the ops)
 from tgc.attributes import DenseAttr, FunctionTypeAttr
 from tgc.builder import FunctionBuilder, tensor
-from tgc.builtin import FuncOp
+from tgc.builtin import PARAM_ATTR, FuncOp
 from tgc.parser import parse_module
 from tgc.pass_manager import PassManager, PipelineError, parse_pipeline
-from tgc.passes.algebraic.cost import Cost, CostWeights, op_cost, ops_cost
+from tgc.passes.algebraic.cost import (
+    Cost,
+    CostWeights,
+    is_fixed,
+    op_cost,
+    ops_cost,
+    ops_seconds,
+)
 from tgc.passes.algebraic.graph import UndoRewriter, clone_func, extract_window, fingerprint
 from tgc.passes.algebraic.rules import RULE_NAMES, RULES, _best_tree, _chain, _tree_cost
 from tgc.passes.algebraic.search import apply_move, find_moves, replay, search
@@ -177,6 +184,15 @@ def random_inputs(func: FuncOp, seed: int) -> list[np.ndarray]:
     return [rng.standard_normal(a.type.shape) for a in func.body.args]
 
 
+def mark_params(func: FuncOp, seed: int) -> FuncOp:
+    """Mark about half of the arguments `{tgc.param}` (fixed: their products cost nothing)."""
+    rng = np.random.default_rng(seed)
+    for i in range(len(func.body.args)):
+        if rng.random() < 0.5:
+            func.set_arg_attr(i, PARAM_ATTR)
+    return func
+
+
 def assert_same(expected, got) -> None:
     assert len(expected) == len(got)
     for e, g in zip(expected, got):
@@ -270,12 +286,29 @@ def test_pass_preserves_results(seed):
     options = OPTIONS[seed % len(OPTIONS)]
     weights = parse_pipeline(f"algebraic{options}")[0]
     w = CostWeights(weights.flop_cost, weights.byte_cost, weights.launch_cost)
-    before = ops_cost(func.body.ops).seconds(w)
+    before = ops_seconds(func.body.ops, w)
     module = func.parent_op
     pm = PassManager.from_text(f"algebraic{options}")
     pm.run(module)
     assert_same(expected, run_function(func, inputs, "f64"))
-    assert ops_cost(func.body.ops).seconds(w) <= before * (1 + 1e-12)
+    assert ops_seconds(func.body.ops, w) <= before * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_pass_with_params_preserves_results(seed):
+    """With some arguments fixed, a rewrite may make an op free (it reads fixed values only):
+    results stay the same and the modelled cost still never grows."""
+    graph = RandomGraph(2000 + seed)
+    func = mark_params(graph.build(RandomGraph.TEMPLATES, int(graph.rng.integers(2, 9))), seed)
+    inputs = random_inputs(func, seed)
+    expected = run_function(func, inputs, "f64")
+    options = OPTIONS[seed % len(OPTIONS)]
+    weights = parse_pipeline(f"algebraic{options}")[0]
+    w = CostWeights(weights.flop_cost, weights.byte_cost, weights.launch_cost)
+    before = ops_seconds(func.body.ops, w)
+    PassManager.from_text(f"algebraic{options}").run(func.parent_op)
+    assert_same(expected, run_function(func, inputs, "f64"))
+    assert ops_seconds(func.body.ops, w) <= before * (1 + 1e-12)
 
 
 def test_random_graphs_do_get_rewritten():
@@ -316,8 +349,10 @@ def test_cost_of_matmul():
     }""")
     cost = ops_cost(func.body.ops)
     assert cost == Cost(flops=2 * 2 * 3 * 4, bytes=(6 + 12 + 8) * 4, launches=1)
-    assert cost.seconds(WEIGHTS) == pytest.approx(48 * 2e-14 + 104 * 3.3e-13 + 5e-6)
+    # a roofline plus a launch: the longer of arithmetic and memory traffic, not their sum
+    assert cost.seconds(WEIGHTS) == pytest.approx(max(48 * 2e-14, 104 * 3.3e-13) + 3e-6)
     assert cost.seconds(CostWeights(1.0, 0.0, 0.0)) == 48
+    assert cost.seconds(CostWeights(1.0, 1.0, 0.0)) == 104
 
 
 def test_cost_of_batched_transposed_matmul():
@@ -356,6 +391,73 @@ def test_cost_of_elementwise_reduce_views_and_concat():
         Cost(0, (16 + 16) * 4, 1),  # transpose
         Cost(),  # return
     ]
+
+
+def test_fixed_values():
+    """Fixed: `{tgc.param}` arguments and what pure ops compute from fixed values alone
+    (constants and iotas read nothing, so they are fixed)."""
+    func = _func("""
+    func.func @f(%x: tensor<4x8xf32>, %w: tensor<8x8xf32> {tgc.param}, %s: tensor<f32>) -> (tensor<4x8xf32>, tensor<8x8xf32>, tensor<8x8xf32>, tensor<8x16xf32>, tensor<8x16xf32>) {
+      %c = atomic.constant {value = dense<0.5> : tensor<f32>} : () -> tensor<f32>
+      %i = atomic.iota {axis = 0} : () -> tensor<8x8xf32>
+      %wc = atomic.mul %w, %c : (tensor<8x8xf32>, tensor<f32>) -> tensor<8x8xf32>
+      %wi = atomic.add %wc, %i : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+      %ws = atomic.mul %w, %s : (tensor<8x8xf32>, tensor<f32>) -> tensor<8x8xf32>
+      %xw = atomic.matmul %x, %wi : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+      %pw = atomic.concat %w, %wi {axis = 1} : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x16xf32>
+      %mix = atomic.concat %w, %ws {axis = 1} : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x16xf32>
+      func.return %xw, %wi, %ws, %pw, %mix : tensor<4x8xf32>, tensor<8x8xf32>, tensor<8x8xf32>, tensor<8x16xf32>, tensor<8x16xf32>
+    }""")
+    x, w, s = func.body.args
+    named = {r.name_hint: r for op in func.body.ops for r in op.results}
+    fixed = {name for name, v in named.items() if is_fixed(v)}
+    assert fixed == {"c", "i", "wc", "wi", "pw"}
+    assert is_fixed(w) and not is_fixed(x) and not is_fixed(s)
+    costs = {op.results[0].name_hint: op_cost(op) for op in list(func.body.ops)[:-1]}
+    assert {name for name, c in costs.items() if c == Cost()} == fixed
+    assert costs["mix"] == Cost(0, (64 + 64 + 128) * 4, 1)  # a parameter and a plain value
+
+
+def test_fixed_walk_is_iterative():
+    """A chain far longer than Python's recursion limit is walked without recursing."""
+    fb = FunctionBuilder("long", [tensor("4xf32"), tensor("4xf32")])
+    fb.func.set_arg_attr(0, PARAM_ATTR)
+    fixed, plain = fb.args
+    for _ in range(5000):
+        fixed, plain = fb.atomic.exp(fixed), fb.atomic.add(plain, fixed)
+    assert is_fixed(fixed) and not is_fixed(plain)
+
+
+def test_concat_of_params_makes_the_merge_pay():
+    """GPT-2's QKV projections (x 8192x1024, bf16): merged on parameter weights, left alone on
+    plain ones, whose concat would cost more than the two launches the merge saves."""
+
+    def qkv(param: str) -> str:
+        x, w = "tensor<8192x1024xbf16>", "tensor<1024x1024xbf16>"
+        return f"""
+        func.func @qkv(%x: {x}, %wq: {w}{param}, %wk: {w}{param}, %wv: {w}{param}) -> ({x}, {x}, {x}) {{
+          %q = atomic.matmul %x, %wq : ({x}, {w}) -> {x}
+          %k = atomic.matmul %x, %wk : ({x}, {w}) -> {x}
+          %v = atomic.matmul %x, %wv : ({x}, {w}) -> {x}
+          func.return %q, %k, %v : {x}, {x}, {x}
+        }}"""
+
+    for param, merged in ((" {tgc.param}", True), ("", False)):
+        module = parse_module(qkv(param))
+        func = module.funcs[0]
+        before = ops_seconds(func.body.ops, WEIGHTS)
+        pm = PassManager.from_text("algebraic")
+        pm.run(module)
+        counters = pm.statistics[0][1].counters
+        assert counters.get("merge-shared-matmuls", 0) == int(merged)
+        after = ops_cost(func.body.ops)
+        if merged:  # the concat is free: one launch left, two saved
+            assert after.launches == 1
+            assert ops_seconds(func.body.ops, WEIGHTS) == pytest.approx(before - 2 * 3e-6)
+        else:
+            assert after.launches == 3
+            concat = 2 * 3 * 1024 * 1024 * 2  # read and write the three bf16 weights
+            assert concat * 3.3e-13 + 3e-6 > 2 * 3e-6  # what merging would cost and save
 
 
 def test_distributivity_saves_half_the_flops():
@@ -443,35 +545,43 @@ def _uses(func: FuncOp) -> list:
     return [[(ops_index, i) for ops_index, i in v.uses] for v in values]
 
 
+@pytest.mark.parametrize("params", [False, True], ids=["plain", "params"])
 @pytest.mark.parametrize("seed", range(10))
-def test_undo_restores_the_graph_exactly(seed):
+def test_undo_restores_the_graph_exactly(seed, params):
+    """Also: a move's cost is the cost of the ops it adds minus those it erases, with parameters
+    too (no rewrite changes whether the values it leaves in place are fixed)."""
     func = RandomGraph(seed).build(RandomGraph.TEMPLATES, 8)
+    if params:
+        func = mark_params(func, seed)
     text, uses = print_op(func), _uses(func)
     rewriter = UndoRewriter()
     ops = list(func.body.ops)
     for move in find_moves(func, RULES, WEIGHTS):
-        before = ops_cost(func.body.ops)
+        before = ops_seconds(func.body.ops, WEIGHTS)
         mark = len(rewriter.log)
         apply_move(move, ops, rewriter)
         inserted, erased = rewriter.changes_since(mark)
-        delta = ops_cost(inserted).seconds(WEIGHTS) - ops_cost(erased).seconds(WEIGHTS)
-        after = ops_cost(func.body.ops)
-        assert delta == pytest.approx(after.seconds(WEIGHTS) - before.seconds(WEIGHTS), abs=1e-15)
+        delta = ops_seconds(inserted, WEIGHTS) - ops_seconds(erased, WEIGHTS)
+        after = ops_seconds(func.body.ops, WEIGHTS)
+        assert delta == pytest.approx(after - before, abs=1e-15)
         verify(func)
         rewriter.undo(mark)
         assert print_op(func) == text
         assert _uses(func) == uses
 
 
-def test_search_costs_match_the_replayed_graph():
+@pytest.mark.parametrize("params", [False, True], ids=["plain", "params"])
+def test_search_costs_match_the_replayed_graph(params):
     for seed in range(20):
         func = RandomGraph(seed).build(RandomGraph.TEMPLATES, 6)
+        if params:
+            func = mark_params(func, seed)
         window = extract_window(list(func.body.ops)[:-1])
         result = search(window, RULES, WEIGHTS, 1.05, 32)
-        assert ops_cost(window.body.ops).seconds(WEIGHTS) == pytest.approx(result.cost_before)
+        assert ops_seconds(window.body.ops, WEIGHTS) == pytest.approx(result.cost_before)
         replay(result.moves, window.body, None, window.body.last, Rewriter())
         verify(window)
-        assert ops_cost(window.body.ops).seconds(WEIGHTS) == pytest.approx(result.cost_after)
+        assert ops_seconds(window.body.ops, WEIGHTS) == pytest.approx(result.cost_after)
         assert result.cost_after <= result.cost_before
 
 

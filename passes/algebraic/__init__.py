@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from tgc.builtin import FuncOp
 from tgc.pass_manager import Pass, PassStatistics, PipelineError, register_pass
-from tgc.passes.algebraic.cost import CostWeights, ops_cost
+from tgc.passes.algebraic.cost import CostWeights, FixedMemo, describe
 from tgc.passes.algebraic.graph import extract_window, span_ops
 from tgc.passes.algebraic.rules import RULE_NAMES, RULES
 from tgc.passes.algebraic.search import plan_windows, replay, search
@@ -30,8 +30,11 @@ class Algebraic(Pass):
     concatenated operands plus `atomic.split`; transposes pushed through matmuls into their
     `transpose_a`/`transpose_b` flags.
 
-    Cost: seconds = flop-cost·flops + byte-cost·bytes + launch-cost·launches (cost.py; views such
-    as split, reshape and broadcast are free). Search: best-first over rewritten copies of each
+    Cost (cost.py): per op, max(flop-cost·flops, byte-cost·bytes) + launch-cost (a roofline and
+    a launch); views such as split, reshape and broadcast are free, and so is an op that reads
+    only fixed values (`{tgc.param}` arguments, constants, and what is computed from them alone),
+    which the plan computes once: matmuls merge on parameter weights, not on a concat of plain
+    arguments that costs more than the launches it saves. Search: best-first over rewritten copies of each
     window of the function, keeping candidates cheaper than `alpha` times the best seen (so a
     step that is worse now can lead to a better graph later), expanding at most `budget` states
     per window of at most `window` ops; the best graph found is then rebuilt through the
@@ -53,7 +56,7 @@ class Algebraic(Pass):
     window: int = 64
     flop_cost: float = 2e-14
     byte_cost: float = 3.3e-13
-    launch_cost: float = 5e-6
+    launch_cost: float = 3e-6
     rules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -69,14 +72,15 @@ class Algebraic(Pass):
         weights = CostWeights(self.flop_cost, self.byte_cost, self.launch_cost)
         rules = tuple(r for r in RULES if not self.rules or r.name in self.rules)
         block = func.body
-        before = ops_cost(block.ops)
+        before = describe(block.ops, weights)
         rewriter = Rewriter()
         windows = plan_windows(block, self.window)
         expanded = 0
+        fixed: FixedMemo = {}  # algebraic rewrites keep each value's fixedness: one memo will do
         for first, after in windows:
             before_window = first.prev
             result = search(
-                extract_window(span_ops(block, before_window, after)),
+                extract_window(span_ops(block, before_window, after), fixed),
                 rules,
                 weights,
                 self.alpha,
@@ -86,8 +90,7 @@ class Algebraic(Pass):
             replay(result.moves, block, before_window, after, rewriter)
             for move in result.moves:
                 stats.bump(move.rule.name)
-        after_cost = ops_cost(block.ops)
         name = f"@{func.sym_name}"
-        stats.note(f"{name}: cost before {before.describe(weights)}")
-        stats.note(f"{name}: cost after {after_cost.describe(weights)}")
+        stats.note(f"{name}: cost before {before}")
+        stats.note(f"{name}: cost after {describe(block.ops, weights)}")
         stats.note(f"{name}: searched {len(windows)} window(s), expanded {expanded} state(s)")

@@ -10,8 +10,9 @@ a rewrite found on a clone can be replayed on the real ops by index (see `search
 
 from __future__ import annotations
 
-from tgc.builtin import FuncOp, ReturnOp
+from tgc.builtin import PARAM_ATTR, FuncOp, ReturnOp
 from tgc.ir import Block, Operation, Region, Value
+from tgc.passes.algebraic.cost import FixedMemo, is_fixed
 from tgc.rewriter import Rewriter
 
 
@@ -63,8 +64,10 @@ def span_ops(block: Block, before: Operation | None, after: Operation) -> list[O
     return out
 
 
-def extract_window(ops: list[Operation]) -> FuncOp:
-    """Clone a contiguous run of ops into a standalone function (see the module docstring)."""
+def extract_window(ops: list[Operation], fixed: FixedMemo | None = None) -> FuncOp:
+    """Clone a contiguous run of ops into a standalone function (see the module docstring).
+    An argument standing for a fixed value (cost.is_fixed: a parameter, a constant, or computed
+    from such values only) is marked `{tgc.param}`, so the window is priced as the function is."""
     inside = set(ops)
     inputs: dict[Value, None] = {}
     outputs: dict[Value, None] = {}
@@ -82,6 +85,10 @@ def extract_window(ops: list[Operation]) -> FuncOp:
         [r.type for r in outputs],
         [v.name_hint for v in arg_values],
     )
+    fixed = {} if fixed is None else fixed
+    for i, v in enumerate(arg_values):
+        if is_fixed(v, fixed):
+            func.set_arg_attr(i, PARAM_ATTR)
     value_map: dict[Value, Value] = dict(zip(arg_values, func.body.args))
     for op in ops:
         func.body.append(clone_op(op, value_map))

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tgc.builder import Builder
 from tgc.diagnostics import VerifyError
 from tgc.dialects._shapes import broadcast_shapes, matmul_shape
 from tgc.ir import Operation, Value
-from tgc.passes.algebraic.cost import CostWeights
+from tgc.passes.algebraic.cost import CostWeights, FixedMemo, is_fixed
 from tgc.rewriter import Rewriter
 from tgc.types import ELEMENT_BYTES
 
@@ -38,10 +38,12 @@ MAX_SHARERS = 64  # values with more uses are not searched for matmuls to merge
 
 @dataclass(frozen=True)
 class Context:
-    """What `find` may consult besides the IR: op positions and the cost weights."""
+    """What `find` may consult besides the IR: op positions, the cost weights, and which values
+    are fixed (cost.is_fixed; shared by the finds of one state)."""
 
     index: dict[Operation, int]
     weights: CostWeights
+    fixed: FixedMemo = field(default_factory=dict)
 
 
 Found = list[tuple[tuple[Operation, ...], object]]
@@ -225,26 +227,29 @@ def _chain(root: Operation, members: frozenset[Operation] | None):
 
 
 def _product(left, right, w: CostWeights, nbytes: int):
-    """(seconds, batch, rows, cols) of multiplying two (seconds, batch, rows, cols) operands,
-    priced as cost.op_cost prices the matmul."""
-    cl, bl, rows, inner = left
-    cr, br, _, cols = right
+    """(seconds, batch, rows, cols, fixed) of multiplying two such operands, priced as
+    cost.op_cost prices the matmul: its roofline plus a launch, nothing when both operands are
+    fixed (the product is then fixed too, computed once)."""
+    cl, bl, rows, inner, fl = left
+    cr, br, _, cols, fr = right
     batch = broadcast_shapes(bl, br)
+    if fl and fr:
+        return cl + cr, batch, rows, cols, True
     out = math.prod(batch) * rows * cols
     moved = (math.prod(bl) * rows * inner + math.prod(br) * inner * cols + out) * nbytes
-    seconds = cl + cr + w.flop * 2 * out * inner + w.byte * moved + w.launch
-    return seconds, batch, rows, cols
+    seconds = cl + cr + max(w.flop * 2 * out * inner, w.byte * moved) + w.launch
+    return seconds, batch, rows, cols, False
 
 
-def _leaf(factor) -> tuple[float, tuple[int, ...], int, int]:
+def _leaf(factor) -> tuple[float, tuple[int, ...], int, int, bool]:
     value, flag = factor
     shape = value.type.shape
     rows, cols = (shape[-1], shape[-2]) if flag else (shape[-2], shape[-1])
-    return 0.0, shape[:-2], rows, cols
+    return 0.0, shape[:-2], rows, cols, is_fixed(value)
 
 
 def _tree_cost(tree: Tree, factors, w: CostWeights, nbytes: int):
-    """(seconds, batch shape, rows, cols) of evaluating `tree` over `factors`."""
+    """(seconds, batch shape, rows, cols, fixed) of evaluating `tree` over `factors`."""
     if isinstance(tree, int):
         return _leaf(factors[tree])
     left = _tree_cost(tree[0], factors, w, nbytes)
@@ -324,15 +329,28 @@ def _apply_chain(rewriter: Rewriter, ops: tuple[Operation, ...], plan: Tree) -> 
 # -- matmuls sharing an operand --------------------------------------------------------------------
 
 
-def _merge_key(mm: Operation, side: int):
-    """(what must agree for matmuls to merge, the axis of the other operand to concatenate)."""
-    w = mm.operands[1 - side].type
+def _merge_axis(mm: Operation, side: int) -> int:
+    """The axis of the other operand (the weight) along which merged weights are joined."""
+    rank = mm.operands[1 - side].type.rank
     if side == 0:  # X @ W: concatenate the columns (n) of W
-        axis = w.rank - 2 if _flag(mm, 1) else w.rank - 1
-    else:  # W @ X: concatenate the rows (m) of W
-        axis = w.rank - 1 if _flag(mm, 0) else w.rank - 2
+        return rank - 2 if _flag(mm, 1) else rank - 1
+    return rank - 1 if _flag(mm, 0) else rank - 2  # W @ X: concatenate the rows (m) of W
+
+
+def _merge_key(mm: Operation, side: int, fixed: FixedMemo):
+    """(what must agree for matmuls to merge, the axis of the other operand to concatenate).
+
+    Weights that are fixed (cost.is_fixed: parameters, constants) and weights that are not go
+    to different groups: the concat of fixed weights is packed once, so the fixed ones merge
+    even where adding a plain weight would make the concat cost more than the merge saves. It
+    also keeps each piece of the split exactly as fixed as the matmul it replaces, so the ops
+    reading it keep their cost (the search prices only the ops a rewrite adds and erases)."""
+    weight = mm.operands[1 - side]
+    w = weight.type
+    axis = _merge_axis(mm, side)
     rest = tuple(d for i, d in enumerate(w.shape) if i != axis)
-    return (_flag(mm, 0), _flag(mm, 1), w.element_type, w.encoding, w.rank, rest), axis
+    key = (_flag(mm, 0), _flag(mm, 1), w.element_type, w.encoding, w.rank, rest)
+    return (*key, is_fixed(weight, fixed)), axis
 
 
 def _find_merge(op: Operation, ctx: Context) -> Found:
@@ -342,14 +360,14 @@ def _find_merge(op: Operation, ctx: Context) -> Found:
         shared = op.operands[side]
         if len(shared.uses) > MAX_SHARERS:
             continue
-        key = _merge_key(op, side)
+        key = _merge_key(op, side, ctx.fixed)
         members = [
             user
             for user, i in shared.uses
             if i == side
             and user.name == MATMUL
             and user.block is op.block
-            and _merge_key(user, side) == key
+            and _merge_key(user, side, ctx.fixed) == key
         ]
         members = sorted(dict.fromkeys(members), key=index.__getitem__)
         if len(members) < 2 or members[0] is not op:
@@ -381,7 +399,7 @@ def _find_merge(op: Operation, ctx: Context) -> Found:
 def _apply_merge(rewriter: Rewriter, ops: tuple[Operation, ...], side: int) -> None:
     at, *members = ops
     first = members[0]
-    _, axis = _merge_key(first, side)
+    axis = _merge_axis(first, side)
     b = rewriter.builder_before(at)
     b.loc = first.loc
     weights = b.atomic.concat(*(m.operands[1 - side] for m in members), axis=axis)

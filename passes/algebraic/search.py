@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from tgc.builtin import FuncOp
 from tgc.ir import Block, Operation
-from tgc.passes.algebraic.cost import Cost, CostWeights, ops_cost
+from tgc.passes.algebraic.cost import CostWeights, ops_seconds
 from tgc.passes.algebraic.graph import UndoRewriter, fingerprint, span_ops
 from tgc.passes.algebraic.rules import MATMUL, MAX_SHARERS, MUL, Context, Rule
 from tgc.rewriter import Rewriter
@@ -134,7 +134,7 @@ def search(
     window: FuncOp, rules: tuple[Rule, ...], weights: CostWeights, alpha: float, budget: int
 ) -> SearchResult:
     """Best-first search over rewrites of `window` (which is left as it was)."""
-    start = ops_cost(window.body.ops).seconds(weights)
+    start = ops_seconds(window.body.ops, weights)
     best_cost, best_moves = start, ()
     queue: list[tuple[float, int, tuple[Move, ...]]] = [(start, 0, ())]
     seen = {fingerprint(window)}
@@ -152,7 +152,7 @@ def search(
             mark = len(rewriter.log)
             apply_move(move, ops, rewriter)
             inserted, erased = rewriter.changes_since(mark)
-            child_cost = cost + (ops_cost(inserted) + _minus(ops_cost(erased))).seconds(weights)
+            child_cost = cost + ops_seconds(inserted, weights) - ops_seconds(erased, weights)
             path = moves + (move,)
             if child_cost < alpha * best_cost or child_cost < best_cost:
                 key = fingerprint(window)
@@ -166,10 +166,6 @@ def search(
             rewriter.undo(mark)
     rewriter.undo(0)
     return SearchResult(best_moves, start, best_cost, expanded)
-
-
-def _minus(cost: Cost) -> Cost:
-    return Cost(-cost.flops, -cost.bytes, -cost.launches)
 
 
 def _go_to(moves, applied: list, window: FuncOp, rewriter: UndoRewriter) -> None:
