@@ -5,6 +5,15 @@ standalone file computes is what the runtime computes. Buffers are the function'
 outputs (given by the caller), constants (uploaded once), and intermediates, which share one
 scratch arena: an intermediate gets an offset when it is first written and gives its bytes back
 after its last read (a reshape is the same buffer under another shape).
+
+The prologue (`Plan.prologue`, from `prologue_steps`): the steps whose inputs are all fixed, that
+is parameter inputs (arguments marked `{tgc.param}`), constants, or outputs of earlier prologue
+steps. Every step is a pure function of the buffers it reads, so such a step computes the same
+bytes on every call with the same parameters: an executor may run it once (the PyCUDA runtime
+does; the standalone file runs every step on every call). A prologue step's output that a later
+step reads keeps its arena bytes for the whole plan, so the prologue's results survive every
+later call. The prologue is a schedule of the same placed IR, not a compiler step: no pass makes
+it and the IR does not change.
 """
 
 from __future__ import annotations
@@ -81,6 +90,24 @@ class DeviceCopy:
 Step = Launch | Gemm | DeviceCopy
 
 
+def step_reads(step: Step) -> list[Buffer]:
+    """The buffers a step reads."""
+    if isinstance(step, Launch):
+        return step.args[: len(step.args) - step.kernel.num_outputs]
+    if isinstance(step, Gemm):
+        return [step.a, step.b]
+    return [step.src]
+
+
+def step_writes(step: Step) -> list[Buffer]:
+    """The buffers a step writes."""
+    if isinstance(step, Launch):
+        return step.args[len(step.args) - step.kernel.num_outputs :]
+    if isinstance(step, Gemm):
+        return [step.c]
+    return [step.dst]
+
+
 @dataclass
 class Plan:
     func_name: str
@@ -89,6 +116,8 @@ class Plan:
     buffers: list[Buffer] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     scratch_bytes: int = 0
+    params: list[int] = field(default_factory=list)  # input positions marked {tgc.param}
+    prologue: list[int] = field(default_factory=list)  # steps run once per set of parameters
 
     @property
     def kernels(self) -> list[KernelSource]:
@@ -97,6 +126,30 @@ class Plan:
     @property
     def constants(self) -> list[Buffer]:
         return [b for b in self.buffers if b.kind == "const"]
+
+    @property
+    def per_call(self) -> list[int]:
+        """The steps every call runs: all but the prologue, in order."""
+        once = set(self.prologue)
+        return [i for i in range(len(self.steps)) if i not in once]
+
+
+def prologue_steps(plan: Plan) -> list[int]:
+    """The positions of the steps whose inputs are all fixed: parameter inputs (`plan.params`),
+    constants, or outputs of earlier such steps (see the module docstring). A step that reads
+    nothing (a kernel filling an iota) is fixed too."""
+    params = set(plan.params)
+    fixed = {
+        id(b)
+        for b in plan.buffers
+        if b.kind == "const" or (b.kind == "input" and b.index in params)
+    }
+    found = []
+    for i, step in enumerate(plan.steps):
+        if all(id(b) in fixed for b in step_reads(step)):
+            found.append(i)
+            fixed.update(id(b) for b in step_writes(step))
+    return found
 
 
 def _align(n: int) -> int:
@@ -173,6 +226,7 @@ def build_plan(
     body = func.body
     ret = body.last
     plan = Plan(func.sym_name, list(func.function_type.inputs), list(func.function_type.results))
+    plan.params = [i for i in range(len(plan.inputs)) if func.is_param(i)]
     buf: dict[Value, Buffer] = {}
     first_use: dict[Buffer, int] = {}
     last_use: dict[Buffer, int] = {}
@@ -248,8 +302,25 @@ def build_plan(
             continue
         out = new("output", copy.results[0].type, index=j)
         plan.steps.append(DeviceCopy(src, out))
+    plan.prologue = prologue_steps(plan)
+    _keep_prologue_results(plan, first_use, last_use)
     _assign_offsets(plan, first_use, last_use)
     return plan
+
+
+def _keep_prologue_results(plan: Plan, first_use: dict, last_use: dict) -> None:
+    """A scratch buffer that a prologue step writes and a per-call step reads is live for the
+    whole plan, so no other buffer takes its bytes: the prologue runs once, its results are read
+    on every call."""
+    once = set(plan.prologue)
+    written = {id(b) for i in plan.prologue for b in step_writes(plan.steps[i])}
+    end = len(plan.steps)
+    for i, step in enumerate(plan.steps):
+        if i in once:
+            continue
+        for b in step_reads(step):
+            if id(b) in written and b.kind == "scratch":
+                first_use[b], last_use[b] = 0, end
 
 
 def _gemm(op: CallOp, ins: list[Buffer], out: Buffer) -> Gemm:

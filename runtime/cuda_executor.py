@@ -5,6 +5,13 @@
   `~/.cache/tgc/cuda`). Kernels of a plan compile in parallel.
 - All buffers of a plan are allocated once (inputs, outputs, constants, one scratch arena) and
   reused by every run; steps are launched in order on one stream; plain matmuls go to cuBLAS.
+- Parameters (arguments marked `{tgc.param}`): the plan's prologue steps (codegen/plan.py: the
+  steps that read only parameters, constants and each other's results, such as the packing of
+  merged weights) run once, when the runner first sees a set of parameter arrays, and every
+  later run only the rest. The set is known by the identity of the parameter arrays (the runner
+  keeps a reference to each): the same objects are not uploaded again; a new array object for
+  any parameter uploads the parameters again and repeats the prologue. An array changed in
+  place is not noticed: parameters must not change between calls (docs/gpu.md).
 - A kernel that fails to compile or to launch raises a TgcError that names the kernel and
   points at the IR op it came from.
 
@@ -169,6 +176,10 @@ class CudaPlanRunner:
                 cuda.memcpy_htod(self.ptr[id(b)], np.ascontiguousarray(b.data))
         self.inputs = {b.index: b for b in plan.buffers if b.kind == "input"}
         self.outputs = {b.index: b for b in plan.buffers if b.kind == "output"}
+        self.params = set(plan.params)
+        self.param_arrays: dict[int, object] | None = None  # the parameter set last uploaded
+        self.prologue_pending = True  # the prologue has not run on the current parameters
+        self.prologue_runs = 0
         self.blas = None
         if any(isinstance(s, Gemm) for s in plan.steps):
             from tgc.runtime.cublas import cublas
@@ -207,34 +218,57 @@ class CudaPlanRunner:
         raise TypeError(step)
 
     def upload(self, inputs: list[np.ndarray]) -> None:
+        """Copy the inputs to the device: parameters only when `inputs` holds another set of
+        parameter arrays than the last upload (by identity), which also schedules the prologue."""
+        same_params = self.param_arrays is not None and all(
+            inputs[i] is self.param_arrays[i] for i in self.params
+        )
         for i, b in self.inputs.items():
+            if i in self.params and same_params:
+                continue
             host = np.ascontiguousarray(np.asarray(inputs[i]).astype(b.type.dtype, copy=False))
             cuda.memcpy_htod_async(self.ptr[id(b)], host, self.stream)
+        if not same_params:  # keep the arrays: their ids cannot be reused while they are held
+            self.param_arrays = {i: inputs[i] for i in self.params}
+            self.prologue_pending = True
         self.stream.synchronize()
 
     def launch(self, check_each: bool = False) -> None:
-        """Enqueue every step on the stream (no synchronisation unless `check_each`)."""
-        for step, call in zip(self.plan.steps, self.calls):
+        """Enqueue the prologue if the current parameters have not had it, then every other
+        step, in order on the stream (no synchronisation unless `check_each`)."""
+        if self.prologue_pending:
+            self._launch(self.plan.prologue, check_each)
+            self.prologue_pending = False
+            self.prologue_runs += 1
+        self._launch(self.plan.per_call, check_each)
+
+    def _launch(self, steps: list[int], check_each: bool) -> None:
+        for i in steps:
+            step = self.plan.steps[i]
             try:
-                call()
+                self.calls[i]()
                 if check_each:
                     self.stream.synchronize()
             except cuda.Error as e:
                 raise TgcError(f"{_describe(step)} failed to run: {e}", _loc(step)) from None
 
     def profile(self, reps: int = 5) -> list[tuple[str, float]]:
-        """Median milliseconds of each step (CUDA events between steps; inputs as uploaded)."""
-        times: list[list[float]] = [[] for _ in self.calls]
+        """Median milliseconds of each step a call runs (CUDA events between steps; inputs as
+        uploaded); the prologue runs first if it is due, untimed."""
+        if self.prologue_pending:
+            self.launch()
+        steps = self.plan.per_call
+        times: list[list[float]] = [[] for _ in steps]
         for _ in range(reps):
-            marks = [cuda.Event() for _ in range(len(self.calls) + 1)]
+            marks = [cuda.Event() for _ in range(len(steps) + 1)]
             marks[0].record(self.stream)
-            for i, call in enumerate(self.calls):
-                call()
-                marks[i + 1].record(self.stream)
+            for j, i in enumerate(steps):
+                self.calls[i]()
+                marks[j + 1].record(self.stream)
             marks[-1].synchronize()
-            for i in range(len(self.calls)):
-                times[i].append(marks[i].time_till(marks[i + 1]))
-        return [(_describe(step), float(np.median(t))) for step, t in zip(self.plan.steps, times)]
+            for j in range(len(steps)):
+                times[j].append(marks[j].time_till(marks[j + 1]))
+        return [(_describe(self.plan.steps[i]), float(np.median(t))) for i, t in zip(steps, times)]
 
     def download(self) -> list[np.ndarray]:
         outs = []
@@ -247,11 +281,13 @@ class CudaPlanRunner:
 
     def poison(self, byte: int = 0xFF) -> None:
         """Fill outputs and scratch with `byte` (0xFF bytes are NaN for floats), so that an
-        element a kernel forgets to write, or a read of memory nothing wrote, shows."""
+        element a kernel forgets to write, or a read of memory nothing wrote, shows. That
+        overwrites the prologue's results too, so the next launch runs the prologue again."""
         for b in self.outputs.values():
             cuda.memset_d8(self.ptr[id(b)], byte, b.nbytes)
         if self.plan.scratch_bytes:
             cuda.memset_d8(self.arena, byte, self.plan.scratch_bytes)
+        self.prologue_pending = True
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         self.upload(inputs)
