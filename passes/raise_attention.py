@@ -247,9 +247,10 @@ def _walk(v: Value, block, found: _Scores) -> _Scores | None:
         return None
     if op.name == "atomic.matmul":
         return _Scores(op, found.ops, found.events)
+    has_add = any(isinstance(e, _Add) for e in found.events)
     for path, event in _steps(op):
-        if path.type != v.type or len(path.uses) != 1:
-            continue
+        if path.type != v.type or len(path.uses) != 1 or (has_add and isinstance(event, _Add)):
+            continue  # (one additive mask at most: also keeps the walk linear)
         result = _walk(path, block, _Scores(op, found.ops + [op], found.events + [event]))
         if result is not None:
             return result
