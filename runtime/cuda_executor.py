@@ -8,10 +8,10 @@
 - Parameters (arguments marked `{tgc.param}`): the plan's prologue steps (codegen/plan.py: the
   steps that read only parameters, constants and each other's results, such as the packing of
   merged weights) run once, when the runner first sees a set of parameter arrays, and every
-  later run only the rest. The set is known by the identity of the parameter arrays (the runner
-  keeps a reference to each): the same objects are not uploaded again; a new array object for
-  any parameter uploads the parameters again and repeats the prologue. An array changed in
-  place is not noticed: parameters must not change between calls (docs/gpu.md).
+  later run only the rest. The set is known by the identity of the parameter arrays
+  (runtime/param_set.py): the same objects are not uploaded again; a new array object for any
+  parameter uploads the parameters again and repeats the prologue. An array changed in place
+  is not noticed: parameters must not change between calls (docs/gpu.md).
 - A kernel that fails to compile or to launch raises a TgcError that names the kernel and
   points at the IR op it came from.
 
@@ -37,6 +37,7 @@ from tgc.codegen.kernels import KernelSource, prelude
 from tgc.codegen.names import display_name
 from tgc.codegen.plan import DeviceCopy, Gemm, Launch, Plan, build_plan
 from tgc.diagnostics import TgcError
+from tgc.runtime.param_set import ParamSet
 
 try:
     import pycuda.driver as cuda
@@ -176,8 +177,7 @@ class CudaPlanRunner:
                 cuda.memcpy_htod(self.ptr[id(b)], np.ascontiguousarray(b.data))
         self.inputs = {b.index: b for b in plan.buffers if b.kind == "input"}
         self.outputs = {b.index: b for b in plan.buffers if b.kind == "output"}
-        self.params = set(plan.params)
-        self.param_arrays: dict[int, object] | None = None  # the parameter set last uploaded
+        self.param_set = ParamSet(plan.params)  # the parameter arrays on the device
         self.prologue_pending = True  # the prologue has not run on the current parameters
         self.prologue_runs = 0
         self.blas = None
@@ -220,16 +220,14 @@ class CudaPlanRunner:
     def upload(self, inputs: list[np.ndarray]) -> None:
         """Copy the inputs to the device: parameters only when `inputs` holds another set of
         parameter arrays than the last upload (by identity), which also schedules the prologue."""
-        same_params = self.param_arrays is not None and all(
-            inputs[i] is self.param_arrays[i] for i in self.params
-        )
+        same_params = self.param_set.same(inputs)
         for i, b in self.inputs.items():
-            if i in self.params and same_params:
+            if same_params and i in self.param_set.positions:
                 continue
             host = np.ascontiguousarray(np.asarray(inputs[i]).astype(b.type.dtype, copy=False))
             cuda.memcpy_htod_async(self.ptr[id(b)], host, self.stream)
-        if not same_params:  # keep the arrays: their ids cannot be reused while they are held
-            self.param_arrays = {i: inputs[i] for i in self.params}
+        if not same_params:
+            self.param_set.hold(inputs)
             self.prologue_pending = True
         self.stream.synchronize()
 

@@ -6,7 +6,11 @@ running them is test/test_cuda_params.py's business (GPU).
 
 from __future__ import annotations
 
+import gc
 import subprocess
+import weakref
+
+import numpy as np
 
 import pytest
 
@@ -26,6 +30,7 @@ from tgc.codegen.render import KernelSource
 from tgc.codegen.standalone import emit_standalone_cuda
 from tgc.parser import parse_module
 from tgc.pass_manager import PassManager
+from tgc.runtime.param_set import ParamSet
 from tgc.types import TensorType
 
 from test_codegen import EXAMPLES, NVCC, ROOT
@@ -242,3 +247,38 @@ def test_standalone_file_runs_every_step(tmp_path):
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_param_set_knows_parameters_by_identity():
+    """The runner's test for "same parameters": the very arrays, whatever the other inputs; an
+    equal copy is another set (it re-uploads and repeats the prologue)."""
+    rng = np.random.default_rng(0)
+    x, w, b = rng.random((4, 3)), rng.random((3, 3)), rng.random(3)
+    params = ParamSet([2, 1])
+    assert params.positions == (1, 2)
+    assert not params.same([x, w, b])  # nothing held yet
+    params.hold([x, w, b])
+    assert params.same([x, w, b])
+    assert params.same([rng.random((4, 3)), w, b])  # a new x: same parameters
+    assert not params.same([x, w.copy(), b])  # equal values, another array
+    assert not params.same([x, w, b.copy()])
+    none = ParamSet([])
+    assert not none.same([x])
+    none.hold([x])
+    assert none.same([rng.random((4, 3))])  # no parameters: only the first call differs
+
+
+def test_param_set_keeps_its_arrays_alive():
+    """A held array cannot be freed, so a new array never takes its id and passes for it."""
+    params = ParamSet([0])
+    w = np.ones(4)
+    ref = weakref.ref(w)
+    params.hold([w])
+    del w
+    gc.collect()
+    assert ref() is not None
+    fresh = [np.ones(4) for _ in range(100)]
+    assert not any(params.same([f]) for f in fresh)
+    params.hold([fresh[0]])
+    gc.collect()
+    assert ref() is None  # released once another set is held
