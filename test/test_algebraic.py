@@ -496,11 +496,15 @@ def test_chain_dp_is_optimal(seed):
     assert _tree_cost(best, factors, w, 4)[0] == pytest.approx(best_cost)
 
 
+@pytest.mark.parametrize("params", [False, True], ids=["plain", "params"])
 @pytest.mark.parametrize("seed", range(10))
-def test_chain_pricing_agrees_with_the_cost_model(seed):
-    """The chain DP prices each product exactly as op_cost prices the matmul it becomes."""
+def test_chain_pricing_agrees_with_the_cost_model(seed, params):
+    """The chain DP prices each product exactly as op_cost prices the matmul it becomes (a
+    product of fixed values at nothing)."""
     rng = np.random.default_rng(seed)
     func = RandomGraph(seed).build(("chain", "power"), 3)
+    if params:
+        func = mark_params(func, seed)
     for op in func.body.ops:
         if op.name != "atomic.matmul":
             continue
