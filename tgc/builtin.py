@@ -132,10 +132,16 @@ class FuncOp(Operation):
     def args(self):
         return self.body.args
 
-    def arg_attrs(self, index: int) -> dict:
-        """The attributes of argument `index` (an empty dict when it has none)."""
+    def has_well_formed_arg_attrs(self) -> bool:
+        """No `arg_attrs`, or one dictionary per argument (what the verifier requires)."""
         found = self.attributes.get("arg_attrs")
-        if not _well_formed_arg_attrs(found, len(self.function_type.inputs)):
+        return found is None or _well_formed_arg_attrs(found, len(self.function_type.inputs))
+
+    def arg_attrs(self, index: int) -> dict:
+        """The attributes of argument `index` (an empty dict when it has none, or when
+        `arg_attrs` is malformed, which the verifier reports)."""
+        found = self.attributes.get("arg_attrs")
+        if found is None or not self.has_well_formed_arg_attrs():
             return {}
         return found[index].as_dict()
 
@@ -162,8 +168,7 @@ class FuncOp(Operation):
         ftype = self.function_type
         for i, t in enumerate(ftype.inputs):
             check_memory_space(t, f"argument #{i} type")
-        found = self.attributes.get("arg_attrs")
-        if found is not None and not _well_formed_arg_attrs(found, len(ftype.inputs)):
+        if not self.has_well_formed_arg_attrs():
             raise VerifyError(
                 f"'arg_attrs' must hold one dictionary per argument ({len(ftype.inputs)})"
             )

@@ -162,7 +162,9 @@ class Printer:
             head += f" -> {results[0]}"
         elif results:
             head += " -> (" + ", ".join(map(str, results)) + ")"
-        printed_inline = ("sym_name", "function_type", "arg_attrs")
+        printed_inline = {"sym_name", "function_type"}
+        if func.has_well_formed_arg_attrs():
+            printed_inline.add("arg_attrs")  # else shown as it is, in the dictionary (diagnostics)
         extra = {k: v for k, v in func.attributes.items() if k not in printed_inline}
         if extra:
             head += " attributes " + format_attr_dict(extra)
