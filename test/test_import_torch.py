@@ -491,6 +491,139 @@ def test_decompose_false_on_a_core_aten_program():
     np.testing.assert_allclose(got, model(fresh).detach().numpy(), **F64)
 
 
+class Rounding(nn.Module):
+    """Every rounding op on floats: tensor and Python-number operands, on either side."""
+
+    def forward(self, x, y):
+        return (
+            torch.floor(x),
+            torch.ceil(x),
+            torch.round(x),
+            torch.trunc(x),
+            torch.fix(x),
+            torch.frac(x),
+            torch.round(x, decimals=2),
+            torch.round(x, decimals=-1),
+            torch.remainder(x, y),
+            x % -1.5,
+            torch.remainder(2.5, y),
+            torch.fmod(x, y),
+            torch.fmod(x, -0.7),
+            torch.floor_divide(x, y),
+            x // -0.3,
+            1.0 // y,
+            torch.div(x, y, rounding_mode="floor"),
+            torch.div(x, y, rounding_mode="trunc"),
+            torch.div(x, 0.3, rounding_mode="trunc"),
+        )
+
+
+def _rounding_inputs(dtype: torch.dtype, seed: int) -> tuple:
+    """Fresh random x and y with the cases that tell roundings apart: halves (round goes to the
+    even neighbour), 1 // 0.1 (9 in PyTorch, floor(1 / 0.1) is 10), divisors of 0 (IEEE),
+    negative divisors, infinities, NaN and -0.0."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(6, 40, generator=g, dtype=torch.float64) * 8
+    y = torch.randn(6, 40, generator=g, dtype=torch.float64) * 2
+    x[0, :20] = torch.arange(-10, 10) + 0.5
+    x[1, :4] = 1.0
+    y[1, :4] = torch.tensor([0.1, -0.1, 0.0, -0.0])
+    y[2] = -y[2].abs()
+    x[3, :4] = torch.tensor([float("inf"), -float("inf"), float("nan"), -0.0])
+    y[3, 4:6] = torch.tensor([float("inf"), -float("inf")])
+    return x.to(dtype), y.to(dtype)
+
+
+def _as_comparable(x) -> np.ndarray:
+    """A result as numpy, bfloat16 as float32 (exactly)."""
+    if isinstance(x, torch.Tensor):
+        return x.float().numpy() if x.dtype == torch.bfloat16 else x.numpy()
+    return x.astype(np.float32) if x.dtype == ml_dtypes.bfloat16 else x
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16], ids=str
+)
+def test_rounding_ops_match_pytorch_exactly(dtype):
+    """floor, ceil, round (decimals 0, 2, -1), trunc, remainder, fmod and both rounding modes of
+    division equal PyTorch to the bit (NaN where PyTorch has NaN) on fresh inputs, in every float
+    type: the lowerings follow PyTorch's CPU kernels, their float32 steps for float16 included."""
+    model = Rounding().eval()
+    module = import_module(model, _rounding_inputs(dtype, 0))
+    x, y = _rounding_inputs(dtype, 1)
+    got = tgc.run(module, [_numpy(x), _numpy(y)])
+    expected = model(x, y)
+    assert len(got) == len(expected)
+    for index, (g, e) in enumerate(zip(got, expected)):
+        assert g.shape == tuple(e.shape)
+        np.testing.assert_array_equal(_as_comparable(g), _as_comparable(e), err_msg=str(index))
+    if dtype == torch.float64:
+        assert got[2][0, 12] == 2.0 and got[2][0, 7] == -2.0  # round(2.5), round(-2.5)
+        assert got[13][1, 0] == 9.0  # 1.0 // 0.1, as Python
+    text = tgc.print_ir(module)
+    for op in ("atomic.floor", "atomic.ceil", "atomic.round", "atomic.mod"):
+        assert op in text
+    assert "{fmod = true}" in text
+
+
+class IntegerRounding(nn.Module):
+    def forward(self, i, j):
+        return (
+            torch.floor(i),
+            torch.round(i),
+            torch.trunc(i),
+            i % j,
+            torch.fmod(i, j),
+            i % -3,
+            torch.fmod(i, -3),
+            torch.remainder(7, j),
+            i // j,
+            i // -3,
+            torch.div(i, j, rounding_mode="trunc"),
+            torch.div(i, j, rounding_mode="floor"),
+            i // 2.5,
+            i % 1.5,
+        )
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8], ids=str)
+def test_integer_rounding_ops_match_pytorch(dtype):
+    """On integers: floor/round/trunc are the tensor, remainder has the divisor's sign, fmod the
+    dividend's, floor division rounds down (trunc toward 0), for negative dividends and
+    divisors; with a float operand PyTorch's promotion makes them float ops."""
+    model = IntegerRounding().eval()
+    g = torch.Generator().manual_seed(2)
+    example = (torch.ones(50, dtype=dtype), torch.ones(50, dtype=dtype))
+    module = import_module(model, example)
+    i = torch.randint(-100, 100, (50,), generator=g).to(dtype)
+    j = torch.randint(-9, 10, (50,), generator=g).to(dtype)
+    j[j == 0] = -4  # PyTorch raises on an integer divisor of 0
+    got = tgc.run(module, [i.numpy(), j.numpy()])
+    expected = model(i, j)
+    assert len(got) == len(expected)
+    for index, (g_, e) in enumerate(zip(got, expected)):
+        assert g_.dtype == e.numpy().dtype, (index, g_.dtype, e.dtype)
+        np.testing.assert_array_equal(g_, e.numpy(), err_msg=str(index))
+    assert (j < 0).any() and (i < 0).any()
+
+
+def test_integer_division_by_zero_is_zero():
+    """Where PyTorch raises ZeroDivisionError, the imported function gives 0 (tgc's rule for
+    integer division and remainder, docs/ir.md), and the other elements are PyTorch's."""
+    model = IntegerRounding().eval()
+    example = (torch.ones(4, dtype=torch.int64), torch.ones(4, dtype=torch.int64))
+    module = import_module(model, example)
+    i = torch.tensor([7, -7, 7, -7])
+    j = torch.tensor([0, 0, 2, 2])
+    got = tgc.run(module, [i.numpy(), j.numpy()])
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        model(i, j)
+    nonzero = model(i[2:], j[2:])
+    for index in (3, 4, 7, 8, 10, 11):  # every output that divides by j
+        np.testing.assert_array_equal(got[index][:2], [0, 0])
+        np.testing.assert_array_equal(got[index][2:], nonzero[index].numpy())
+
+
 def test_bfloat16_parameters():
     model = MLP(8, 16).to(torch.bfloat16)
     x = torch.randn(2, 8, dtype=torch.bfloat16)
@@ -620,20 +753,42 @@ def test_unsupported_dtype_is_refused():
         import_module(Complex(), (torch.zeros(3, dtype=torch.uint8),))
 
 
-def test_integer_floor_division_and_power_are_refused():
-    class FloorDiv(nn.Module):
-        def forward(self, i, j):
-            return torch.div(i, j, rounding_mode="floor")
-
+def test_integer_power_is_refused():
     class IntPower(nn.Module):
         def forward(self, i, j):
             return i**j
 
     ints = (torch.ones(3, dtype=torch.int64), torch.ones(3, dtype=torch.int64))
-    with pytest.raises(TgcError, match=r"rounding_mode='floor' on i64 has no tgc op"):
-        import_module(FloorDiv(), ints)
     with pytest.raises(TgcError, match=r"\(aten\.pow\.Tensor_Tensor\): a power in i64"):
         import_module(IntPower(), ints)
+
+
+def test_rounding_refusals():
+    """round with decimals of an integer tensor (PyTorch has no kernel) and a remainder of bools
+    are refused by name, at the model's line."""
+
+    class RoundInt(nn.Module):
+        def forward(self, i):
+            return torch.round(i, decimals=1)  # <- round of ints
+
+    class BoolRemainder(nn.Module):
+        def forward(self, a, b):
+            return torch.remainder(a, b)
+
+    with pytest.raises(TgcError) as e:
+        import_module(RoundInt(), (torch.arange(3),))
+    assert e.value.message == (
+        "node 'round_1' (aten.round.decimals): round with decimals=1 of an i64 tensor "
+        "(PyTorch has no kernel for it)"
+    )
+    assert e.value.loc.line == _line_of("# <- round of ints")
+    bools = (torch.ones(3, dtype=torch.bool), torch.ones(3, dtype=torch.bool))
+    with pytest.raises(TgcError) as e:
+        import_module(BoolRemainder(), bools)
+    assert e.value.message == (
+        "node 'remainder' (aten.remainder.Tensor): aten.remainder of bool tensors (tgc's "
+        "remainders and rounded quotients are of numbers)"
+    )
 
 
 def test_custom_op_is_refused():

@@ -22,7 +22,12 @@ import tgc.dialects  # noqa: F401  (registers the ops the builder makes)
 from tgc.builder import FunctionBuilder
 from tgc.builtin import PARAM_ATTR, ModuleOp
 from tgc.diagnostics import UNKNOWN_LOC, Location, TgcError
-from tgc.importers.torch import ops_elementwise, ops_nn, ops_shape  # noqa: F401  (registration)
+from tgc.importers.torch import (  # noqa: F401  (registration)
+    ops_elementwise,
+    ops_nn,
+    ops_rounding,
+    ops_shape,
+)
 from tgc.importers.torch._context import (
     TORCH_DTYPES,
     Cx,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from tgc.importers.torch._context import Cx
 from tgc.importers.torch._registry import lowering
+from tgc.importers.torch.ops_rounding import divide_rounded
 from tgc.ir import Value
 
 # aten op -> (dialect, op) of the one-operand op computing it, in the result's element type.
@@ -116,12 +117,11 @@ def mul(cx: Cx) -> Value:
 @lowering("div")
 def div(cx: Cx) -> Value:
     mode = cx.args.get("rounding_mode")
-    a, b = _operands(cx)
-    if mode is None:
-        return cx.b.atomic.div(a, b)
-    if mode == "trunc" and not a.type.is_float:
-        return cx.b.atomic.div(a, b)  # atomic.div rounds integers toward zero
-    raise cx.error(f"rounding_mode='{mode}' on {a.type.element_type} has no tgc op")
+    if mode in ("floor", "trunc"):
+        return divide_rounded(cx, mode)
+    if mode is not None:
+        raise cx.error(f"rounding_mode='{mode}' is not None, 'trunc' or 'floor'")
+    return cx.b.atomic.div(*_operands(cx))
 
 
 @lowering("maximum")
