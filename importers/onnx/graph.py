@@ -27,6 +27,7 @@ from tgc.builder import Builder
 from tgc.builtin import PARAM_ATTR, FuncOp, ModuleOp, ReturnOp
 from tgc.diagnostics import Location, TgcError
 from tgc.evaluate import evaluate_op
+from tgc.importers._weights import DEFAULT_INLINE_LIMIT, WeightFiles
 from tgc.ir import Block, Region, Value
 from tgc.opdef import verify_op
 from tgc.types import FLOAT_TYPES, TensorType
@@ -37,10 +38,8 @@ from .dtypes import SUPPORTED_WORDS, element_type, element_type_of_array, onnx_t
 from .registry import CONVERTERS, DEFAULT_DOMAINS
 
 MIN_OPSET = 13
-DEFAULT_INLINE_LIMIT = 1024
 
 _INVALID_NAME_CHARS = re.compile(r"[^A-Za-z0-9_$.\-]")
-_INVALID_FILE_CHARS = re.compile(r"[^A-Za-z0-9_.\-]")
 
 
 class FileLocation(Location):
@@ -89,8 +88,7 @@ class GraphImporter:
         self.params: dict[str, np.ndarray] = {}  # initializers that become parameter arguments
         self.block = Block()
         self.param_args: list[Value] = []
-        self.files: dict[str, np.ndarray] = {}
-        self._file_names: set[str] = set()
+        self.weights = WeightFiles(options.weights_dir, options.inline_limit)
 
     def error(self, message: str) -> OnnxImportError:
         return OnnxImportError(message, self.loc)
@@ -105,7 +103,7 @@ class GraphImporter:
         for index, node in enumerate(self.graph.node):
             self._convert(node, index, b)
         results = [self._output(out) for out in self.graph.output]
-        return ImportResult(self._finish(results), self.files)
+        return ImportResult(self._finish(results), self.weights.files)
 
     def _default_opset(self) -> int:
         versions = [o.version for o in self.model.opset_import if o.domain in DEFAULT_DOMAINS]
@@ -358,22 +356,10 @@ class GraphImporter:
 
     def _dense_attr(self, array: np.ndarray, t: TensorType, name: str, inline: bool) -> DenseAttr:
         """Small constants and splats inline; large ones in a .npy file beside the output when a
-        folder for them is given (`weights_dir`)."""
-        attr = DenseAttr(array, t)
-        big = array.size > self.options.inline_limit
-        if inline or attr.is_splat or not big or self.options.weights_dir is None:
-            return attr
-        path = self._file_path(name)
-        self.files[path] = array
-        return DenseAttr.in_file(array, t, path)
-
-    def _file_path(self, name: str) -> str:
-        stem = _INVALID_FILE_CHARS.sub("_", name).lstrip(".") or "constant"
-        candidate, n = stem, 1
-        while candidate in self._file_names:
-            candidate, n = f"{stem}_{n}", n + 1
-        self._file_names.add(candidate)
-        return f"{self.options.weights_dir}/{candidate}.npy"
+        folder for them is given (`weights_dir`; importers/_weights.py names the files)."""
+        if inline:
+            return DenseAttr(array, t)
+        return self.weights.dense_attr(array, t, name)
 
     def tensor_array(self, tensor: TensorProto, what: str, ctx=None) -> np.ndarray:
         """A TensorProto's value; its element type must be one tgc has."""

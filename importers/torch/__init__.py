@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tgc.diagnostics import TgcError
+from tgc.importers._weights import DEFAULT_INLINE_LIMIT, WeightFiles
 
 if TYPE_CHECKING:  # only for the annotations: torch is imported when a function is called
     import numpy as np
@@ -47,18 +48,29 @@ def import_exported_program(
     params_as_args: bool = True,
     name: str = "forward",
     decompose: bool = True,
+    weights_dir: str | None = None,
+    inline_limit: int = DEFAULT_INLINE_LIMIT,
 ) -> ModuleOp:
     """The module holding `ep` as the function `@name`.
 
     Parameters and buffers become the first arguments, marked `{tgc.param}` and named by their
     state-dict key (`fc.weight`), followed by the user inputs; with `params_as_args=False` they
     become constants instead. `decompose=False` imports the graph as it is (no
-    `run_decompositions`). Raises TgcError naming the node for anything tgc cannot express.
+    `run_decompositions`). weights_dir: constants of more than `inline_limit` elements refer to
+    `<weights_dir>/<name>.npy` (relative to the .tg file the module is written to, which the
+    writer of the module puts there: `tgc-import` does); None keeps every constant inline.
+    Raises TgcError naming the node for anything tgc cannot express.
     """
     _require_torch()
     from tgc.importers.torch._program import import_program
 
-    return import_program(ep, params_as_args=params_as_args, name=name, decompose=decompose)
+    return import_program(
+        ep,
+        params_as_args=params_as_args,
+        name=name,
+        decompose=decompose,
+        weights=WeightFiles(weights_dir, inline_limit),
+    )
 
 
 def import_module(

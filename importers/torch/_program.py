@@ -9,6 +9,8 @@ its source line (the last frame of its stack trace outside PyTorch itself).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import operator
 import os
 import re
@@ -22,6 +24,7 @@ import tgc.dialects  # noqa: F401  (registers the ops the builder makes)
 from tgc.builder import FunctionBuilder
 from tgc.builtin import PARAM_ATTR, ModuleOp
 from tgc.diagnostics import UNKNOWN_LOC, Location, TgcError
+from tgc.importers._weights import WeightFiles
 from tgc.importers.torch import (  # noqa: F401  (registration)
     ops_elementwise,
     ops_nn,
@@ -86,15 +89,49 @@ def to_core_aten(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgr
 
 def load_program(path: Path) -> torch.export.ExportedProgram:
     """The ExportedProgram saved at `path` by torch.export.save; a bad file is one TgcError."""
+    if path.is_dir():
+        raise TgcError(f"cannot read '{path}': it is a directory")
     if not path.is_file():
         raise TgcError(f"cannot read '{path}': no such file")
+    logged: list[logging.LogRecord] = []
     try:
-        return torch.export.load(path)
+        with _logs_kept("torch.export", logged):
+            return torch.export.load(path)
     except Exception as e:  # torch raises many kinds for a corrupt or foreign file
-        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        why = _first_line(e)
+        causes = [r.exc_info[1] for r in logged if r.exc_info and r.exc_info[1] is not None]
+        if "warnings above" in why and causes:  # the real reason is in what it logged
+            why = _first_line(causes[-1])
         raise TgcError(
-            f"cannot read '{path}' as a program saved by torch.export.save: {first_line}"
+            f"cannot read '{path}' as a program saved by torch.export.save: {why}"
         ) from None
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+class _Keep(logging.Handler):
+    def __init__(self, records: list) -> None:
+        super().__init__()
+        self.records = records
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def _logs_kept(name: str, records: list):
+    """The records of logger `name` kept in `records` instead of printed, for a while:
+    torch.export.load logs the traceback of its first attempt at a corrupt file before it tries
+    the older format and raises, and the error is reported as one line."""
+    logger = logging.getLogger(name)
+    handlers, propagate = logger.handlers, logger.propagate
+    logger.handlers, logger.propagate = [_Keep(records)], False
+    try:
+        yield
+    finally:
+        logger.handlers, logger.propagate = handlers, propagate
 
 
 def parameter_arrays(ep: torch.export.ExportedProgram) -> list:
@@ -113,13 +150,18 @@ def _state_tensor(ep: torch.export.ExportedProgram, spec) -> torch.Tensor:
 
 
 def import_program(
-    ep: torch.export.ExportedProgram, *, params_as_args: bool, name: str, decompose: bool
+    ep: torch.export.ExportedProgram,
+    *,
+    params_as_args: bool,
+    name: str,
+    decompose: bool,
+    weights: WeightFiles,
 ) -> ModuleOp:
     if not isinstance(ep, torch.export.ExportedProgram):
         raise TgcError(f"expected a torch.export.ExportedProgram, got {type(ep).__name__}")
     if decompose:
         ep = to_core_aten(ep)
-    return _Importer(ep, params_as_args).run(name)
+    return _Importer(ep, params_as_args, weights).run(name)
 
 
 def node_location(node: torch.fx.Node) -> Location:
@@ -173,9 +215,12 @@ def _live_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
 
 
 class _Importer:
-    def __init__(self, ep: torch.export.ExportedProgram, params_as_args: bool) -> None:
+    def __init__(
+        self, ep: torch.export.ExportedProgram, params_as_args: bool, weights: WeightFiles
+    ) -> None:
         self.ep = ep
         self.params_as_args = params_as_args
+        self.weights = weights  # large constants: inline or in .npy files
         self.graph = ep.graph_module.graph
         self.specs = {spec.arg.name: spec for spec in ep.graph_signature.input_specs}
         self.env: dict[torch.fx.Node, Any] = {}
@@ -260,10 +305,8 @@ class _Importer:
             self.env[node] = Static(node, tensor)
             return
         t = self._placeholder_type(node, spec.target)
-        cx = self._cx(node, {}, [t])
-        value = cx.constant(to_numpy(tensor), t.element_type)
-        value.name_hint = spec.target
-        self.env[node] = value
+        self.fb.loc = node_location(node)
+        self.env[node] = self._constant(to_numpy(tensor), t.element_type, spec.target)
 
     # -- nodes --------------------------------------------------------------------------------
 
@@ -380,10 +423,17 @@ class _Importer:
             elem = element_type(tensor.dtype, describe(static.node), node_location(static.node))
         else:
             tensor = tensor.to(TORCH_DTYPES[elem])
-        cx = Cx(static.node, self.fb, {}, [], self._materialize)
-        value = cx.constant(to_numpy(tensor), elem)
-        value.name_hint = static.node.name
+        value = self._constant(to_numpy(tensor), elem, static.node.name)
         self.constants[key] = value
+        return value
+
+    def _constant(self, array, elem: str, name: str) -> Value:
+        """An `atomic.constant` named `name`, inline or in a weights file (importers/_weights)."""
+        t = TensorType.get(tuple(array.shape), elem)
+        value = self.fb.atomic.constant(
+            value=self.weights.dense_attr(array, t, name), result_type=t
+        )
+        value.name_hint = name
         return value
 
     def _result(self, r) -> Value:

@@ -1,8 +1,11 @@
-"""tgc-import: an ONNX model as a .tg module.
+"""tgc-import: an ONNX model, or a PyTorch program saved by torch.export.save (.pt2), as a .tg
+module.
 
 tgc-import model.onnx -o model.tg          # large constants in model.weights/*.npy
 tgc-import model.onnx -o -                 # to stdout, every constant inline
 tgc-import model.onnx --weights-as-args --input-shape ids=1x128 -o model.tg
+tgc-import model.pt2 -o model.tg           # parameters as constants, the large ones in .npy files
+tgc-import model.pt2 --weights-as-args     # parameters as {tgc.param} arguments
 """
 
 from __future__ import annotations
@@ -10,14 +13,16 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import tgc
 from tgc.diagnostics import TgcError
+from tgc.importers._weights import DEFAULT_INLINE_LIMIT
 from tgc.tools._common import EXIT_OK, guarded
 from tgc.tools.opt import write_output
 
-DEFAULT_INLINE_LIMIT = 1024  # importers.onnx.DEFAULT_INLINE_LIMIT (importing it needs onnx)
+TORCH_SUFFIX = ".pt2"  # a program saved by torch.export.save; anything else is read as ONNX
 
 WEIGHTS_RULE = (
     "With -o FILE, constants of more than --inline-limit elements are written as NumPy files "
@@ -58,17 +63,20 @@ def inline_limit(text: str) -> int:
 def build_arg_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="tgc-import",
-        description="Import an ONNX model (opset 13 and later) as a .tg module.",
+        description="Import an ONNX model (opset 13 and later), or a PyTorch program saved by\n"
+        "torch.export.save (a .pt2 file), as a .tg module.",
         epilog=textwrap.fill(WEIGHTS_RULE, 79),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("input", help="the .onnx file ('-' for stdin)")
+    ap.add_argument(
+        "input", help="the .onnx file ('-' for stdin), or a .pt2 file (torch.export.save)"
+    )
     ap.add_argument("-o", dest="output", default="-", help="output .tg file (default: stdout)")
     ap.add_argument(
         "--weights-as-args",
         action="store_true",
-        help="float initializers of more than one element become function arguments marked "
-        "{tgc.param} instead of constants",
+        help="float initializers of more than one element (ONNX), the parameters and buffers "
+        "(.pt2), become function arguments marked {tgc.param} instead of constants",
     )
     ap.add_argument(
         "--input-shape",
@@ -77,7 +85,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
         type=input_shape,
         default=[],
         metavar="NAME=DIMS",
-        help="static shape for a graph input with symbolic dims, e.g. ids=1x128 (repeatable)",
+        help="static shape for a graph input with symbolic dims, e.g. ids=1x128 (repeatable; "
+        "ONNX only)",
     )
     ap.add_argument(
         "--inline-limit",
@@ -87,12 +96,36 @@ def build_arg_parser() -> argparse.ArgumentParser:
         help=f"with -o FILE, constants of more than N elements go to .npy files (default "
         f"{DEFAULT_INLINE_LIMIT})",
     )
-    ap.add_argument("--func-name", default=None, help="the function's name (default: the graph's)")
+    ap.add_argument(
+        "--func-name",
+        default=None,
+        help="the function's name (default: the graph's, else main; .pt2: forward)",
+    )
     ap.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
     return ap
 
 
+def is_torch_program(path: str) -> bool:
+    return Path(path).suffix == TORCH_SUFFIX
+
+
 def run(args) -> int:
+    to_file = args.output != "-"
+    if to_file and not Path(args.output).parent.is_dir():  # before anything is written
+        raise TgcError(f"could not write output file '{args.output}': its folder does not exist")
+    weights_dir = f"{Path(args.output).stem}.weights" if to_file else None
+    if is_torch_program(args.input):
+        module = import_torch(args, weights_dir)
+    else:
+        module = import_onnx(args, weights_dir)
+    text = tgc.print_ir(module)
+    if to_file:
+        write_weights(module, Path(args.output).parent)
+    write_output(args.output, text)
+    return EXIT_OK
+
+
+def import_onnx(args, weights_dir: str | None):
     try:
         from tgc.importers.onnx import import_model
     except ImportError as e:
@@ -100,25 +133,34 @@ def run(args) -> int:
             f"tgc-import needs the onnx package ({e}): pip install 'tgc[onnx]'"
         ) from None
 
-    to_file = args.output != "-"
-    if to_file and not Path(args.output).parent.is_dir():  # before anything is written
-        raise TgcError(f"could not write output file '{args.output}': its folder does not exist")
     source = sys.stdin.buffer.read() if args.input == "-" else args.input
-    weights_dir = f"{Path(args.output).stem}.weights" if to_file else None
-    shapes = dict(args.input_shapes)
     result = import_model(
         source,
         weights_as_args=args.weights_as_args,
         inline_limit=args.inline_limit,
         weights_dir=weights_dir,
         name=args.func_name,
-        input_shapes=shapes,
+        input_shapes=dict(args.input_shapes),
     )
-    text = tgc.print_ir(result.module)
-    if to_file:
-        write_weights(result.module, Path(args.output).parent)
-    write_output(args.output, text)
-    return EXIT_OK
+    return result.module
+
+
+def import_torch(args, weights_dir: str | None):
+    """A .pt2 file: its parameters and buffers are constants (large ones in files), or with
+    --weights-as-args {tgc.param} arguments. Without PyTorch, one line says so."""
+    from tgc.importers import torch as torch_importer  # imports PyTorch only when called
+
+    with warnings.catch_warnings():
+        # PyTorch's deprecation notes about its own internals (run_decompositions deep-copies
+        # tree specs) are nothing a user of tgc-import can act on.
+        warnings.simplefilter("ignore", FutureWarning)
+        return torch_importer.import_file(
+            args.input,
+            params_as_args=args.weights_as_args,
+            name=args.func_name or "forward",
+            weights_dir=weights_dir,
+            inline_limit=args.inline_limit,
+        )
 
 
 def write_weights(module, folder: Path) -> None:
@@ -140,7 +182,13 @@ def write_weights(module, folder: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_arg_parser().parse_args(argv)
+    ap = build_arg_parser()
+    args = ap.parse_args(argv)
+    if args.input_shapes and is_torch_program(args.input):
+        ap.error(
+            "--input-shape is for ONNX models only: a .pt2 program has the static shapes it "
+            "was exported with"
+        )
     tgc.load_all()
     return guarded("tgc-import", lambda: run(args), args.debug)
 
