@@ -662,6 +662,133 @@ def test_pt2_file_missing_or_corrupt(tmp_path):
     assert "\n" not in e.value.message
 
 
+# -- tgc-import model.pt2 ---------------------------------------------------------------------------
+
+
+def _save_mlp(folder: Path, d: int = 16, hidden: int = 128):
+    """An MLP in float64 saved with torch.export.save: its weights have d * hidden = 2048
+    elements (more than --inline-limit's 1024), its biases fewer."""
+    torch.manual_seed(0)
+    model = MLP(d, hidden).double().eval()
+    path = folder / "mlp.pt2"
+    torch.export.save(_export(model, (torch.randn(4, d, dtype=torch.float64),)), path)
+    return model, path
+
+
+def _tgc_import(argv: list[str]) -> int:
+    from tgc.tools.import_ import main
+
+    return main(argv)
+
+
+def _tgc_run(tg: Path, inputs: dict[str, np.ndarray], folder: Path) -> list[np.ndarray]:
+    """tgc-run on `tg` with each argument bound to a .npy file; its results, read back."""
+    from tgc.tools.run import main
+
+    argv = [str(tg), "-o", str(folder / "results")]
+    for name, array in inputs.items():
+        np.save(folder / f"in_{name}.npy", array)
+        argv += ["--input", f"{name}={folder / f'in_{name}.npy'}"]
+    assert main(argv) == 0
+    count = len(list((folder / "results").glob("result_*.npy")))
+    return [np.load(folder / "results" / f"result_{i}.npy") for i in range(count)]
+
+
+def test_tgc_import_pt2_weights_in_files(tmp_path, capsys):
+    """tgc-import model.pt2 -o model.tg: the parameters are constants, those of more than
+    --inline-limit elements in model.weights/<state-dict key>.npy (their exact values), the
+    others inline; tgc-run on the .tg computes what the module computes in PyTorch."""
+    model, pt2 = _save_mlp(tmp_path)
+    tg = tmp_path / "model.tg"
+    assert _tgc_import([str(pt2), "-o", str(tg)]) == 0
+    text = tg.read_text()
+    assert text.startswith("func.func @forward(%x: tensor<4x16xf64>) -> tensor<4x16xf64>")
+    for key, shape in (("fc1.weight", "128x16"), ("fc2.weight", "16x128")):
+        assert (
+            f'%{key} = atomic.constant {{value = dense_file<"model.weights/{key}.npy"> : '
+            f"tensor<{shape}xf64>}}" in text
+        )
+        stored = np.load(tmp_path / "model.weights" / f"{key}.npy")
+        np.testing.assert_array_equal(stored, model.state_dict()[key].numpy())
+    assert sorted(p.name for p in (tmp_path / "model.weights").iterdir()) == [
+        "fc1.weight.npy",
+        "fc2.weight.npy",
+    ]
+    assert "%fc1.bias = atomic.constant {value = dense<[" in text
+    x = torch.randn(4, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    (got,) = _tgc_run(tg, {"x": x.numpy()}, tmp_path)
+    with torch.no_grad():
+        np.testing.assert_allclose(got, model(x).numpy(), **F64)
+    # --inline-limit raises the bound; -o - (stdout) keeps every constant inline.
+    assert _tgc_import([str(pt2), "-o", str(tmp_path / "inline.tg"), "--inline-limit", "4096"]) == 0
+    assert "dense_file" not in (tmp_path / "inline.tg").read_text()
+    capsys.readouterr()
+    assert _tgc_import([str(pt2), "-o", "-"]) == 0
+    out = capsys.readouterr().out
+    assert "dense_file" not in out and "%fc2.weight = atomic.constant" in out
+
+
+def test_tgc_import_pt2_weights_as_args(tmp_path):
+    """--weights-as-args: the parameters are {tgc.param} arguments named by their state-dict
+    keys, before the inputs, and no weights folder is written; --func-name names the function."""
+    model, pt2 = _save_mlp(tmp_path)
+    tg = tmp_path / "model.tg"
+    assert _tgc_import([str(pt2), "-o", str(tg), "--weights-as-args", "--func-name", "mlp"]) == 0
+    text = tg.read_text()
+    assert text.startswith(
+        "func.func @mlp(%fc1.weight: tensor<128x16xf64> {tgc.param}, %fc1.bias: "
+        "tensor<128xf64> {tgc.param}, %fc2.weight: tensor<16x128xf64> {tgc.param}, "
+        "%fc2.bias: tensor<16xf64> {tgc.param}, %x: tensor<4x16xf64>)"
+    )
+    assert "atomic.constant" not in text
+    assert not (tmp_path / "model.weights").exists()
+    x = torch.randn(4, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    params = {k: v.numpy() for k, v in model.state_dict().items()}
+    (got,) = _tgc_run(tg, {**params, "x": x.numpy()}, tmp_path)
+    with torch.no_grad():
+        np.testing.assert_allclose(got, model(x).numpy(), **F64)
+
+
+def test_tgc_import_corrupt_pt2_is_one_line(tmp_path, capfd):
+    """A .pt2 that is not a saved program is one line naming it and exit 1, with nothing of
+    what PyTorch logs while it tries: random bytes, a cut file, an empty file, a zip of
+    something else, a damaged program, a folder, a missing file."""
+    import zipfile
+
+    _, pt2 = _save_mlp(tmp_path)
+    data = pt2.read_bytes()
+    (tmp_path / "noise.pt2").write_bytes(np.random.default_rng(0).bytes(3000))
+    (tmp_path / "cut.pt2").write_bytes(data[: len(data) // 2])
+    (tmp_path / "empty.pt2").write_bytes(b"")
+    with zipfile.ZipFile(tmp_path / "other.pt2", "w") as z:
+        z.writestr("hello.txt", "hi")
+    with zipfile.ZipFile(pt2) as src, zipfile.ZipFile(tmp_path / "damaged.pt2", "w") as dst:
+        for name in src.namelist():
+            content = src.read(name)
+            dst.writestr(
+                name, content[: len(content) // 2] if name.endswith("model.json") else content
+            )
+    (tmp_path / "folder.pt2").mkdir()
+    cases = {
+        "noise": " as a program saved by torch.export.save: File is not a zip file",
+        "cut": " as a program saved by torch.export.save: ",
+        "empty": " as a program saved by torch.export.save: File is not a zip file",
+        "other": " as a program saved by torch.export.save: [enforce fail",
+        "damaged": " as a program saved by torch.export.save: ",  # the JSON parser's reason
+        "folder": ": it is a directory",
+        "missing": ": no such file",
+    }
+    capfd.readouterr()
+    for name, reason in cases.items():
+        path = tmp_path / f"{name}.pt2"
+        assert _tgc_import([str(path), "-o", str(tmp_path / "out.tg")]) == 1, name
+        out, err = capfd.readouterr()
+        assert out == ""
+        assert err.startswith(f"error: cannot read '{path}'{reason}"), (name, err)
+        assert err.count("\n") == 1, (name, err)
+    assert not (tmp_path / "out.tg").exists()
+
+
 # -- refusals ---------------------------------------------------------------------------------------
 
 
