@@ -607,6 +607,29 @@ def test_integer_rounding_ops_match_pytorch(dtype):
     assert (j < 0).any() and (i < 0).any()
 
 
+def test_floor_divide_and_fix_as_exported():
+    """decompose=False: aten.floor_divide and aten.fix as torch.export leaves them (before the
+    decomposition into div(rounding_mode='floor') and trunc)."""
+
+    class FloorDivide(nn.Module):
+        def forward(self, x, y, i, j):
+            return x // y, torch.fix(x), x // -0.1, i // j, torch.floor_divide(i, -3)
+
+    model = FloorDivide().eval()
+    x, y = _rounding_inputs(torch.float64, 5)
+    ints = torch.randint(-50, 50, (2, 40), generator=torch.Generator().manual_seed(6))
+    i, j = ints[0], ints[1].clamp(-7, 7)
+    j[j == 0] = -2
+    ep = _export(model, (x, y, i, j))
+    assert "aten.floor_divide.default" in str(ep.graph) and "aten.fix.default" in str(ep.graph)
+    module = import_exported_program(ep, decompose=False)
+    x, y = _rounding_inputs(torch.float64, 7)
+    got = tgc.run(module, [x.numpy(), y.numpy(), i.numpy(), j.numpy()])
+    for index, (g, e) in enumerate(zip(got, model(x, y, i, j))):
+        assert g.dtype == e.numpy().dtype
+        np.testing.assert_array_equal(g, e.numpy(), err_msg=str(index))
+
+
 def test_integer_division_by_zero_is_zero():
     """Where PyTorch raises ZeroDivisionError, the imported function gives 0 (tgc's rule for
     integer division and remainder, docs/ir.md), and the other elements are PyTorch's."""
