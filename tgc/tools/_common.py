@@ -6,6 +6,7 @@ No Python traceback reaches the user unless --debug is given.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 
@@ -61,6 +62,24 @@ def guarded(tool: str, body: Callable[[], int], debug: bool) -> int:
             file=sys.stderr,
         )
         return EXIT_INPUT
+
+
+def non_negative_int(metavar: str) -> Callable[[str], int]:
+    """An argparse type: a non-negative integer, refused as "METAVAR must be a non-negative
+    integer, got '...'" (a usage error, exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise argparse.ArgumentTypeError(
+                f"{metavar} must be a non-negative integer, got '{text}'"
+            )
+        return value
+
+    return parse
 
 
 def add_planning_db(ap, what: str) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import tgc
 from tgc.diagnostics import TgcError
 from tgc.importers._weights import DEFAULT_INLINE_LIMIT
-from tgc.tools._common import EXIT_OK, guarded
+from tgc.tools._common import EXIT_OK, guarded, non_negative_int
 from tgc.tools.opt import write_output
 
 TORCH_SUFFIX = ".pt2"  # a program saved by torch.export.save; anything else is read as ONNX
@@ -48,16 +48,6 @@ def input_shape(text: str) -> tuple[str, tuple[int, ...]]:
             f"DIMS must be non-negative integers joined by 'x' (e.g. 1x128), got '{dims}'"
         )
     return name, shape
-
-
-def inline_limit(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"N must be a non-negative integer, got '{text}'")
-    return value
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -90,7 +80,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--inline-limit",
-        type=inline_limit,
+        type=non_negative_int("N"),
         default=DEFAULT_INLINE_LIMIT,
         metavar="N",
         help=f"with -o FILE, constants of more than N elements go to .npy files (default "

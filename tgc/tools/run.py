@@ -12,7 +12,14 @@ import numpy as np
 
 import tgc
 from tgc.diagnostics import TgcError
-from tgc.tools._common import EXIT_OK, add_planner_backends, add_planning_db, guarded, read_input
+from tgc.tools._common import (
+    EXIT_OK,
+    add_planner_backends,
+    add_planning_db,
+    guarded,
+    non_negative_int,
+    read_input,
+)
 
 # The route of --backend cuda when -p does not give one: it ends in placed IR.
 CUDA_PIPELINE = "cuda"
@@ -38,17 +45,6 @@ RANDOM_RULE = (
 )
 
 
-def seed(text: str) -> int:
-    """argparse type of --random-inputs: a non-negative integer (numpy's seeds are)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"SEED must be a non-negative integer, got '{text}'")
-    return value
-
-
 def build_arg_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="tgc-run",
@@ -71,7 +67,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--random-inputs",
-        type=seed,
+        type=non_negative_int("SEED"),  # numpy seeds are non-negative
         default=None,
         metavar="SEED",
         help="seeded random values for arguments not bound by --input (default 0; see below)",
