@@ -7,23 +7,20 @@ from a fixed seed so that CHECK lines can name values.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # test/: the tests' shared helpers
+import onnx_testing  # noqa: E402
+
 F32 = TensorProto.FLOAT
 
 
 def model(nodes, inputs, outputs, initializers=(), opset=17, name="main"):
-    graph = helper.make_graph(
-        nodes,
-        name,
-        [helper.make_tensor_value_info(*i) for i in inputs],
-        [helper.make_tensor_value_info(*o) for o in outputs],
-        list(initializers),
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return onnx_testing.make_model(nodes, inputs, outputs, initializers, opset=opset, name=name)
 
 
 def weight(name, shape, seed=0):
