@@ -138,10 +138,15 @@ class FuncOp(Operation):
         return found is None or _well_formed_arg_attrs(found, len(self.function_type.inputs))
 
     def arg_attrs(self, index: int) -> dict:
-        """The attributes of argument `index` (an empty dict when it has none, or when
-        `arg_attrs` is malformed, which the verifier reports)."""
+        """The attributes of argument `index` (an empty dict when it has none, or when its entry
+        of `arg_attrs` is malformed, which the verifier reports)."""
         found = self.attributes.get("arg_attrs")
-        if found is None or not self.has_well_formed_arg_attrs():
+        # Only this entry is checked, in O(1): the verifier asks for all of them, once per verify.
+        if not (
+            isinstance(found, tuple)
+            and len(found) == len(self.function_type.inputs)
+            and isinstance(found[index], DictAttr)
+        ):
             return {}
         return found[index].as_dict()
 

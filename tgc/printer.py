@@ -152,8 +152,10 @@ class Printer:
 
     def func(self, func: FuncOp, depth: int) -> None:
         pad = "  " * depth
+        inline_attrs = func.has_well_formed_arg_attrs()  # else shown as it is, in the dictionary
         args = ", ".join(
-            f"{self.name(a)}: {a.type}" + _spaced(format_attr_dict(func.arg_attrs(a.index)))
+            f"{self.name(a)}: {a.type}"
+            + (_spaced(format_attr_dict(func.arg_attrs(a.index))) if inline_attrs else "")
             for a in func.body.args
         )
         results = func.function_type.results
@@ -162,9 +164,7 @@ class Printer:
             head += f" -> {results[0]}"
         elif results:
             head += " -> (" + ", ".join(map(str, results)) + ")"
-        printed_inline = {"sym_name", "function_type"}
-        if func.has_well_formed_arg_attrs():
-            printed_inline.add("arg_attrs")  # else shown as it is, in the dictionary (diagnostics)
+        printed_inline = {"sym_name", "function_type"} | ({"arg_attrs"} if inline_attrs else set())
         extra = {k: v for k, v in func.attributes.items() if k not in printed_inline}
         if extra:
             head += " attributes " + format_attr_dict(extra)
