@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -234,9 +235,9 @@ def commit_of(given: str | None) -> str:
 def versions() -> str:
     parts = [f"python {sys.version.split()[0]}", f"numpy {np.__version__}"]
     for module in ("torch", "transformers", "onnx", "pycuda"):
-        try:
-            parts.append(f"{module} {__import__(module).__version__}")
-        except ImportError:
+        try:  # the installed distribution's version: not every module has `__version__`
+            parts.append(f"{module} {importlib.metadata.version(module)}")
+        except importlib.metadata.PackageNotFoundError:
             parts.append(f"{module} absent")
     return ", ".join(parts)
 
