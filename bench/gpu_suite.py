@@ -44,6 +44,10 @@ class Result:
     variants: list[tuple[str, float]] = field(default_factory=list)
     profile: list[tuple[str, float]] = field(default_factory=list)
     best_variant: str = ""
+    auto_ms: float | None = None  # --backend auto on the defaults' measurements
+    tuned_ms: float | None = None  # ... after tgc-profile --tune
+    auto_plan: str = ""
+    tuned_plan: str = ""
 
 
 def time_ms(fn, stream, reps: int = 30, warmup: int = 3) -> float:
@@ -98,6 +102,94 @@ def tgc_runner(text: str, pipeline: str = "", params: dict | None = None):
     return CudaPlanRunner(build_plan(module.funcs[0], {"*": params} if params else None))
 
 
+# -- --backend auto: tgc-profile, then select-kernels on the measurements (issue 7, item 6) ---------
+
+AUTO_BACKENDS = ("cuda", "torch")  # the GPU's kernels: inputs and results live on the device
+
+
+def on_device(text: str) -> str:
+    """`text` with its values in device memory (every tensor type but a constant attribute's):
+    the plan keeps the arguments and results there, as the fixed route's runner does, and
+    places the rest as it finds fastest."""
+    import re
+
+    return re.sub(r"(?<!> : )tensor<([^>]*)>", r'tensor<\1, "cuda">', text)
+
+
+def profile_workload(path: Path, db: Path, pipeline: str, budget: float, tune: bool) -> str:
+    """Run tgc-profile on the workload (a separate process, as a user would); its summary."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "tgc.tools.profile", str(path), "--db", str(db), "--quiet"]
+    cmd += ["--planner-backends", ",".join(AUTO_BACKENDS), "--budget", str(budget)]
+    cmd += ["-p", pipeline] if pipeline else []
+    cmd += ["--tune"] if tune else []
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    return lines[-1] if lines else f"tgc-profile exited {proc.returncode}"
+
+
+def auto_plan(text: str, pipeline: str, db: Path):
+    """The function select-kernels plans from the database (the route of tgc-run --backend
+    auto --db DB --planner-backends cuda,torch, after `pipeline`)."""
+    import tgc
+    from tgc.parser import parse_module
+    from tgc.pass_manager import PassManager, parse_pipeline
+    from tgc.planner import load_backends
+    from tgc.planner.select import with_backends, with_database
+
+    tgc.load_all()
+    load_backends(AUTO_BACKENDS, required=True)
+    passes = parse_pipeline(f"{pipeline},select-kernels" if pipeline else "select-kernels")
+    module = parse_module(text)
+    PassManager(with_backends(with_database(passes, str(db)), AUTO_BACKENDS)).run(module)
+    return module.funcs[0]
+
+
+def plan_summary(func) -> str:
+    from collections import Counter
+
+    calls = Counter()
+    sources = Counter()
+    for op in func.body.ops:
+        if op.name in ("kernel.call", "kernel.copy"):
+            calls[str(op.attributes.get("callee") or op.name)] += 1
+            sources[str(op.attributes.get("plan.source") or "?").strip('"')] += 1
+    listed = ", ".join(f"{n} x{c}" if c > 1 else n for n, c in calls.items())
+    return f"{listed} (costs: {', '.join(f'{n} {c}' for n, c in sources.items())})"
+
+
+def bench_auto(res: Result, text, pipeline, inputs, want, stream, db: Path, tol, budget) -> None:
+    """Profile, plan and time the auto route, first on the defaults, then after --tune."""
+    import tempfile
+
+    import torch
+
+    from tgc.planner.executor import run_planned
+
+    device_text = on_device(text)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "workload.tg"
+        path.write_text(device_text)
+        for tune in (False, True):
+            summary = profile_workload(path, db, pipeline, budget, tune)
+            print(f"  {res.name} [tgc-profile{' --tune' if tune else ''}]: {summary}", flush=True)
+            func = auto_plan(device_text, pipeline, db)
+            outs = run_planned(func, list(inputs))
+            got = torch.as_tensor(outs[0], device="cuda")
+            err = rel_error(got, want)
+            label = "auto tuned" if tune else "auto"
+            if not err <= tol:
+                res.note += f" [{label}: differs from PyTorch by {err:.2e}, tolerance {tol:g}]"
+                continue
+            ms = time_ms(lambda: run_planned(func, list(inputs)), stream)
+            print(f"  {res.name} [{label}]: {ms:.4f} ms", flush=True)
+            if tune:
+                res.tuned_ms, res.tuned_plan = ms, plan_summary(func)
+            else:
+                res.auto_ms, res.auto_plan = ms, plan_summary(func)
+
+
 def run_tgc(runner, inputs_torch, stream):
     import torch
 
@@ -126,6 +218,8 @@ def bench_one(
     do_compile=True,
     tol=2e-4,
     variants=None,
+    auto_db: Path | None = None,
+    auto_budget: float = 60.0,
 ):
     import torch
 
@@ -159,6 +253,10 @@ def bench_one(
     if best is not None:
         res.tgc_ms, res.error, res.best_variant, res.kernels = best
     torch_stream = torch.cuda.current_stream()
+    if auto_db is not None:
+        with torch.cuda.stream(torch_stream):
+            want = torch_fn(*inputs)
+            bench_auto(res, text, pipeline, inputs, want, torch_stream, auto_db, tol, auto_budget)
     with torch.cuda.stream(torch_stream):
         res.eager_ms = time_ms(lambda: torch_fn(*inputs), torch_stream)
         if do_compile:
@@ -326,7 +424,15 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--no-sweep", action="store_true", help="template defaults only")
+    ap.add_argument(
+        "--auto",
+        metavar="DB",
+        default=None,
+        help="also time --backend auto (tgc-profile into DB, then --tune, select-kernels)",
+    )
+    ap.add_argument("--auto-budget", type=float, default=60.0, help="tgc-profile's --budget")
     args = ap.parse_args(argv)
+    auto = {"auto_db": Path(args.auto), "auto_budget": args.auto_budget} if args.auto else {}
     only = set(filter(None, args.only.split(",")))
     do_compile = not (args.quick or args.no_compile)
     torch.manual_seed(0)
@@ -357,6 +463,7 @@ def main(argv=None) -> int:
             bandwidth=bw,
             do_compile=do_compile,
             variants=None if args.no_sweep else ELEMENTWISE_VARIANTS,
+            **auto,
         )
         results.append(res)
         print(res, flush=True)
@@ -378,6 +485,7 @@ def main(argv=None) -> int:
             bandwidth=bw,
             do_compile=do_compile,
             variants=None if args.no_sweep else ROW_VARIANTS,
+            **auto,
         )
         results.append(res)
         print(res, flush=True)
@@ -399,6 +507,7 @@ def main(argv=None) -> int:
             bandwidth=bw,
             do_compile=do_compile,
             variants=None if args.no_sweep else ROW_VARIANTS,
+            **auto,
         )
         results.append(res)
         print(res, flush=True)
@@ -418,6 +527,7 @@ def main(argv=None) -> int:
             pipeline=pipeline,
             do_compile=do_compile,
             tol=1e-3,
+            **auto,
         )
         res.note += f" pipeline '{pipeline or 'none'}'"
         results.append(res)
@@ -437,6 +547,7 @@ def main(argv=None) -> int:
             variants=None
             if args.no_sweep
             else [None, {"attention_kernel": False}, {"matmul_epilogue": True}],
+            **auto,
         )
         results.append(res)
         print(res, flush=True)
@@ -496,14 +607,28 @@ def write_report(results, device, bw, commit, out: Path, quick: bool) -> None:
         ),
         "- percentages: the floor (bytes that must move / copy bandwidth) over the measured time",
         "",
-        "| workload | tgc | PyTorch eager | torch.compile | floor | target | met | max rel. error vs PyTorch |",
-        "|---|---|---|---|---|---|---|---|",
+    ]
+    auto = any(r.auto_plan or r.tuned_plan for r in results)
+    if auto:
+        lines[-1:-1] = [
+            (
+                "- tgc auto: `--backend auto` on the kernels of the cuda and torch backends, planned "
+                "by select-kernels from what tgc-profile measured into the database (arguments "
+                "and results in device memory); auto tuned: the same after `tgc-profile --tune`; "
+                "tgc: the fixed `cuda` route, its best template parameters of the sweep"
+            )
+        ]
+    head = "| workload | tgc | " + ("tgc auto | auto tuned | " if auto else "")
+    lines += [
+        head + "PyTorch eager | torch.compile | floor | target | met | max rel. error vs PyTorch |",
+        "|---|---|---|---|---|---|---|---|" + ("---|---|" if auto else ""),
     ]
     for r in results:
         met = "met" if r.met else "missed"
         err = f"{r.error:.1e}" if r.error is not None else "-"
+        autos = f"{fmt(r.auto_ms, r.floor_ms)} | {fmt(r.tuned_ms, r.floor_ms)} | " if auto else ""
         lines.append(
-            f"| {r.name} | {fmt(r.tgc_ms, r.floor_ms)} | {fmt(r.eager_ms, r.floor_ms)} | "
+            f"| {r.name} | {fmt(r.tgc_ms, r.floor_ms)} | {autos}{fmt(r.eager_ms, r.floor_ms)} | "
             f"{fmt(r.compile_ms, r.floor_ms)} | {fmt(r.floor_ms)} | {TARGET_TEXT[r.target]} | "
             f"{met} | {err} |"
         )
@@ -518,6 +643,10 @@ def write_report(results, device, bw, commit, out: Path, quick: bool) -> None:
         if r.variants:
             tried = "; ".join(f"{label}: {ms:.4f} ms" for label, ms in r.variants)
             lines.append(f"  - template parameters tried (best: {r.best_variant}): {tried}")
+        if r.auto_plan:
+            lines.append(f"  - auto plan: {r.auto_plan}")
+        if r.tuned_plan:
+            lines.append(f"  - auto plan after --tune: {r.tuned_plan}")
     path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"wrote {path}")

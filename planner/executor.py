@@ -1,6 +1,8 @@
 """Run a selected (placed) function, mixing backends: one executor for every plan.
 
-`run_plan(func, inputs)` walks the function once, in order:
+`run_plan(func, inputs)` (host arrays in and out) and `run_planned(func, values)` (values in
+their spaces in and out, for a caller that keeps them on the device) walk the function once,
+in order:
 
 - `kernel.call`: the kernel named by `callee` (in `KERNELS`) runs on its backend (`BACKENDS`,
   see planner/backends/__init__.py): the operands, kept in their memory space's representation,
@@ -47,15 +49,40 @@ def run_plan(
 
     `backends` replaces the registered backends (name -> Backend), e.g. to run without one."""
     load_backends(_families_called(func))
+    values = [
+        _space(arg.type.encoding, func).from_host(value, arg.type)
+        for arg, value in zip(func.body.args, check_inputs(func, inputs, "native"))
+    ]
+    results = run_planned(func, values, backends, loaded=True)
+    types = func.function_type.results
+    return [_space(t.encoding, func).to_host(x) for t, x in zip(types, results)]
+
+
+def run_planned(
+    func: FuncOp,
+    values: list,
+    backends: Mapping[str, Backend] | None = None,
+    loaded: bool = False,
+) -> list:
+    """Run `func` on values already in its arguments' spaces (device arrays for arguments typed
+    in device memory); its results stay in their spaces. Nothing here waits for the device: a
+    caller that keeps its values on the GPU queues the plan's kernels and goes on (as a
+    benchmark timing the plan with CUDA events does). `loaded`: the backends `func` calls are
+    loaded already."""
+    if not loaded:
+        load_backends(_families_called(func))
+    if len(values) != len(func.body.args):
+        raise TgcError(
+            f"@{func.sym_name} takes {len(func.body.args)} argument(s), {len(values)} given",
+            func.loc,
+        )
     table = dict(BACKENDS) if backends is None else dict(backends)
-    env = {}
-    for arg, value in zip(func.body.args, check_inputs(func, inputs, "native")):
-        env[arg] = _space(arg.type.encoding, func).from_host(value, arg.type)
+    env = dict(zip(func.body.args, values))
     for op in func.body.ops:
-        values = [env[v] for v in op.operands]
+        operands = [env[v] for v in op.operands]
         if isinstance(op, ReturnOp):
-            return [_space(v.type.encoding, op).to_host(x) for v, x in zip(op.operands, values)]
-        for result, value in zip(op.results, _run_located(op, values, table)):
+            return operands
+        for result, value in zip(op.results, _run_located(op, operands, table)):
             env[result] = value
     raise TgcError(f"@{func.sym_name} has no 'func.return'", func.loc)
 

@@ -14,8 +14,10 @@ checked first against its reference evaluated in float64: allowed is the kernel'
 `max_rel_error` plus the larger of 4x the error of the op-by-op evaluation in the program's own
 types and 8 ulp of the result type. A wrong result (or an exception) is recorded as a failure
 with its error and never timed. Then warm-up, and the median of repeated timings of the call on
-the backend's own values (`perf_counter`, with the space's synchronisation around each call),
-as many as fit in `min_time` (at least MIN_RUNS).
+the backend's own values, as many as fit in `min_time` (at least MIN_RUNS): in a space that
+times queued work (the GPU: `Space.time_queued`), the longer of the device's time and the host's
+per call, as the call costs a plan whose host runs ahead; elsewhere `perf_counter` with the
+space's synchronisation around each call.
 
 **A run** (`Profiler`): the instances with no record on this device are measured one by one,
 each stored in its own transaction; `budget` seconds stops it starting new ones. A killed run
@@ -230,8 +232,14 @@ class Timing:
     runs: int
 
 
-def time_call(call: Callable[[], object], sync: Callable[[], None], min_time: float) -> Timing:
-    """Warm up, then time `call` as often as fits in `min_time` (MIN_RUNS..MAX_RUNS)."""
+def time_call(
+    call: Callable[[], object], sync: Callable[[], None], min_time: float, queued=None
+) -> Timing:
+    """Warm up, then time `call` as often as fits in `min_time` (MIN_RUNS..MAX_RUNS).
+
+    With `queued` (a space's `time_queued`), each call costs the longer of the work it queued,
+    timed on the device, and the host's time to queue it: what it adds to a plan whose host runs
+    ahead of the device. Otherwise the host's clock around each synchronised call."""
     sync()
     call()  # warm-up: first-call costs (allocation, caches, compilation) are not the kernel's
     sync()
@@ -240,13 +248,17 @@ def time_call(call: Callable[[], object], sync: Callable[[], None], min_time: fl
     sync()
     first = time.perf_counter() - start
     runs = int(min(MAX_RUNS, max(MIN_RUNS, min_time / max(first, 1e-9))))
-    times = np.empty(runs)
-    for i in range(runs):
-        sync()
-        start = time.perf_counter()
-        call()
-        sync()
-        times[i] = time.perf_counter() - start
+    if queued is not None:
+        device, host = queued(call, runs)
+        times = np.maximum(device, host)
+    else:
+        times = np.empty(runs)
+        for i in range(runs):
+            sync()
+            start = time.perf_counter()
+            call()
+            sync()
+            times[i] = time.perf_counter() - start
     median = float(np.median(times))
     p10, p90 = np.percentile(times, [10, 90])
     return Timing(median, float(times.min()), float((p90 - p10) / median) if median else 0.0, runs)
@@ -289,7 +301,7 @@ def measure(inst: Instance, min_time: float = MIN_TIME, origin: str = "profile")
         return _failure(inst, message, error, origin)
     sync = SYNCHRONIZE.get(kernel.space, SYNCHRONIZE[None])
     with np.errstate(all="ignore"):
-        timing = time_call(lambda: invoke(values), sync, min_time)
+        timing = time_call(lambda: invoke(values), sync, min_time, space.time_queued)
     return _success(inst, timing, error, origin)
 
 

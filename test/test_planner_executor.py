@@ -19,7 +19,7 @@ from tgc.opdef import OPS
 from tgc.parser import parse_module
 from tgc.planner.backends import BACKENDS, SPACES, Backend, Space
 from tgc.planner.backends.numpy import op_kernel_run
-from tgc.planner.executor import run_plan
+from tgc.planner.executor import run_plan, run_planned
 from tgc.planner.kernel import KERNELS, Kernel, register_kernel, rel_error, unregister_kernel
 from tgc.runtime.interpreter import run_function
 from tgc.verifier import verify
@@ -202,6 +202,30 @@ def test_a_mixed_plan_moves_values_between_spaces(device):
     want = np.exp(inputs[0].astype(np.float64)) + inputs[0]
     assert rel_error(got, want) <= F32_TOLERANCE
     assert moves == ["from_host", "to_host"]  # one copy each way
+
+
+ON_DEVICE = f"""
+func.func @f(%d: {DEVICE}) -> {DEVICE} {{
+  %e = kernel.call %d {{callee = "cuda.test_exp", op = "atomic.exp"}} : ({DEVICE}) -> {DEVICE}
+  func.return %e : {DEVICE}
+}}
+"""
+
+
+def test_run_planned_keeps_device_values_on_the_device(device):
+    """Arguments and results typed in device memory stay there: no copy either way."""
+    backends, moves = device
+    func = parse(ON_DEVICE)
+    x = fresh_inputs(func, 7)[0]
+    (got,) = run_planned(func, [Boxed(x.copy())], backends)
+    assert isinstance(got, Boxed) and moves == []
+    assert rel_error(got.array, np.exp(x.astype(np.float64))) <= F32_TOLERANCE
+
+
+def test_run_planned_counts_its_arguments(device):
+    backends, _ = device
+    with pytest.raises(TgcError, match=r"@f takes 1 argument\(s\), 2 given"):
+        run_planned(parse(ON_DEVICE), [Boxed(np.ones((4, 8))), Boxed(np.ones((4, 8)))], backends)
 
 
 @pytest.mark.usefixtures("device")

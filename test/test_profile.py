@@ -22,7 +22,15 @@ from tgc.planner.estimate import DatabaseCostSource
 from tgc.planner.executor import run_plan
 from tgc.planner.kernel import KERNELS, Kernel, register_kernel, unregister_kernel
 from tgc.planner.options import PlanContext
-from tgc.planner.profile import MIN_RUNS, Instance, Profiler, Progress, instances, measure
+from tgc.planner.profile import (
+    MIN_RUNS,
+    Instance,
+    Profiler,
+    Progress,
+    instances,
+    measure,
+    time_call,
+)
 from tgc.planner.select import prepare, select_kernels
 from tgc.types import TensorType
 
@@ -69,6 +77,30 @@ def test_measure_checks_then_times():
     assert m.ok and m.runs >= MIN_RUNS and 0 < m.min <= m.median
     assert 0 <= m.max_error < 1e-5  # float32 BLAS against float64
     assert (m.bytes, m.flops) == (4.0 * (48 * 64 + 64 * 32 + 48 * 32), 2.0 * 48 * 32 * 64)
+
+
+def test_queued_work_costs_the_longer_of_device_and_host_time():
+    """In a space that times queued work (the GPU), each call costs max(device, host): the
+    device's time where the host keeps ahead, the host's where the device waits for it."""
+    calls = []
+    device = np.array([5e-6, 5e-6, 5e-6, 40e-6, 40e-6, 40e-6, 40e-6])
+    host = np.array([20e-6, 20e-6, 20e-6, 1e-6, 1e-6, 1e-6, 1e-6])
+
+    def queued(call, runs):
+        assert runs == MIN_RUNS  # a slow first call: the fewest runs
+        for _ in range(runs):
+            call()
+        return device[:runs], host[:runs]
+
+    def slow():
+        calls.append(1)
+        time.sleep(0.01)
+
+    timing = time_call(slow, lambda: None, min_time=1e-3, queued=queued)
+    want = np.maximum(device[:MIN_RUNS], host[:MIN_RUNS])
+    assert timing.runs == MIN_RUNS and len(calls) == 2 + MIN_RUNS  # warm-up and first call
+    assert timing.median == pytest.approx(float(np.median(want)))
+    assert timing.min == pytest.approx(float(want.min()))
 
 
 def _exp_times(factor: float):

@@ -13,10 +13,13 @@ device pieces here:
   runtime's caches (runtime/cuda_executor.py: nvcc to a cubin, in memory and on disk) and
   launches it; `call` runs cuda.cublas.gemm through runtime/cublas.py.
 
-Everything runs on the legacy default stream and synchronises after each kernel, so a kernel
-that fails is reported at its own op, and torch-cuda kernels (also on the default stream) see
-finished inputs. Speed is not the point of this executor: the `cuda` pipeline's plan runner
-(runtime/cuda_executor.py) is.
+Everything runs in order on the legacy default stream, as PyTorch's kernels (torch-cuda) do:
+a kernel's inputs are finished before it starts with no synchronisation between kernels, so
+the host queues a plan's kernels ahead of the GPU. Device memory comes from a pool: memory a
+value gave back is reused by a later allocation, which the stream orders after every kernel
+that read it. A kernel that cannot be launched is reported at its op; a fault while it runs
+surfaces at the next synchronisation (the copy of a result to the host). The space times queued
+work with CUDA events (runtime/cuda_timing.py), which is how the profiler measures its kernels.
 """
 
 from __future__ import annotations
@@ -42,7 +45,20 @@ from tgc.ir import Operation
 from tgc.planner.backends import Backend, Space
 from tgc.planner.backends import cuda_kernels as planner_side
 from tgc.runtime.cuda_executor import context, load_kernels
+from tgc.runtime.cuda_timing import time_queued
 from tgc.types import TensorType
+
+_pool = None
+
+
+def _allocate(size: int):
+    """`size` bytes of device memory from the pool (module doc)."""
+    global _pool
+    if _pool is None:
+        from pycuda.tools import DeviceMemoryPool
+
+        _pool = DeviceMemoryPool()
+    return _pool.allocate(size)
 
 
 class DeviceArray:
@@ -66,7 +82,7 @@ class DeviceArray:
     def empty(cls, shape: tuple[int, ...], dtype) -> DeviceArray:
         context()
         size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        allocation = cuda.mem_alloc(max(size, 1))
+        allocation = _allocate(max(size, 1))
         return cls(int(allocation), shape, dtype, allocation)
 
     @classmethod
@@ -156,10 +172,9 @@ def run_region(op: CallOp | FusedOp, inputs: list) -> list[DeviceArray]:
     pointers = [np.uintp(a.ptr) for a in [*args, *outs]]
     label = f"kernel '{display_name(source.ir_name or source.name)}' ({source.name})"
     try:
-        function.prepared_call(
-            source.grid, source.block, *pointers, shared_size=source.shared_bytes
+        function.prepared_async_call(
+            source.grid, source.block, None, *pointers, shared_size=source.shared_bytes
         )
-        cuda.Context.synchronize()
     except cuda.Error as e:
         raise TgcError(f"{label} failed to run: {e}", op.loc) from None
     return outs
@@ -181,7 +196,6 @@ def _gemm(inputs: list, attrs: dict, result_types: list[TensorType]) -> list[Dev
     status = blas.gemm(g, a.ptr, b.ptr, out.ptr)
     if status != 0:
         raise TgcError(f"cuBLAS gemm ({g.m}x{g.n}x{g.k}) failed with status {status}")
-    cuda.Context.synchronize()
     return [out]
 
 
@@ -198,7 +212,7 @@ def _cublas_host_run(inputs: list, attrs: dict, result_types: list[TensorType]) 
 
 
 BACKEND = Backend("cuda", call=_call, adopt=DeviceArray.of, run_region=run_region)
-SPACE = Space("cuda", to_host, from_host)
+SPACE = Space("cuda", to_host, from_host, time_queued)
 
 
 def register() -> None:

@@ -255,9 +255,8 @@ def as_cuda_tensor(value) -> torch.Tensor:
 
 
 def _release_cuda(tensor: torch.Tensor) -> torch.Tensor:
-    # The cuda backend's kernels run on the same device queue (the legacy default stream);
-    # synchronising here makes a failing torch kernel fail at its own call.
-    torch.cuda.synchronize()
+    # No synchronisation: the cuda backend's kernels run on the same queue (the legacy default
+    # stream, PyTorch's default), so the next kernel starts after this one finished.
     return tensor
 
 
