@@ -1,7 +1,14 @@
 """The fused attention kernel (template `attention`): one `hl.attention` in a `kernel.fused`
 region, computed flash-attention style (tiles of queries against tiles of keys, online softmax,
-the score matrix never in memory), exact f32 arithmetic (no TF32; f16 and bf16 are loaded into
-f32 and rounded on store).
+the score matrix never in memory). Two skeletons:
+
+- `attention_tc.cu.j2`, on tensor cores, for bf16 and f16 whose q, k and v rows are contiguous
+  and 16-byte aligned (column stride 1; offset, row and batch strides multiples of 8 elements)
+  with head dims d and d_v multiples of 16 up to 128: mma.sync m16n8k16 with f32 accumulators,
+  K/V tiles double-buffered through cp.async, P rounded to the element type for P V (as every
+  tensor-core flash attention does), f32 softmax. Needs sm_80 or later.
+- `attention.cu.j2` for everything else: exact f32 arithmetic (no TF32; f16 and bf16 are
+  loaded into f32 and rounded on store).
 
 On the CUDA route (the `cuda` pipeline) `lower-unsupported-attention` and
 `lower-hl{keep=attention}` leave `hl.attention` alone when `attention_supported` holds, and
@@ -32,30 +39,61 @@ THREADS = 128
 
 def generate_attention(fused: FusedOp, params: dict, symbol: str) -> KernelSource:
     """The KernelSource of an `attention` region (one hl.attention, its operands block arguments
-    or views of them, its result the region's only yield), its C symbol `symbol`."""
+    or views of them, its result the region's only yield), its C symbol `symbol`: the tensor-core
+    kernel where `_tensor_core_fits` holds, else the exact f32 one."""
     att = _attention_of(fused)
     q, k, v, *mask = att.operands
     out = att.results[0].type
     batch_shape = list(out.shape[:-2])
-    d, dv = q.type.shape[-1], v.type.shape[-1]
-    elem = q.type.element_type
     ops = _operand_layouts(fused, att, batch_shape)
+    common = dict(
+        name=symbol,
+        **_signature(fused, out.num_elements, q.type.element_type),
+        **_bases(ops, batch_shape),
+        seq_q=q.type.shape[-2],
+        seq_k=k.type.shape[-2],
+        offset_k=k.type.shape[-2] - q.type.shape[-2],
+        d=q.type.shape[-1],
+        dv=v.type.shape[-1],
+        nb=math.prod(batch_shape),
+        causal=bool(att.attr("causal")),
+        has_mask=bool(mask),
+        shape=f"q {q.type.shape} k {k.type.shape} v {v.type.shape}"
+        + (f" mask {mask[0].type.shape}" if mask else ""),
+    )
+    make = _tensor_core_kernel if _tensor_core_fits(att, ops) else _f32_kernel
+    source, grid, block, shared_bytes, template_params = make(att, ops, common)
+    params = dict(params)
+    for key, value in template_params.items():
+        params.setdefault(key, value)
+    ks = KernelSource(
+        symbol,
+        source,
+        "attention",
+        len(fused.operands),
+        1,
+        grid,
+        block,
+        params,
+        fused.loc,
+        fused.attr("name"),
+    )
+    ks.shared_bytes = shared_bytes
+    return ks
+
+
+def _f32_kernel(att: Operation, ops: dict[str, dict], common: dict):
+    """attention.cu.j2: exact f32 arithmetic, 64 queries x 64 keys a tile, 128 threads."""
+    elem, d, dv = att.operands[0].type.element_type, common["d"], common["dv"]
     _mark_vector_loads(ops, elem, d, dv)
-    nb = math.prod(batch_shape)
-    nq = (q.type.shape[-2] + BLOCK_M - 1) // BLOCK_M
+    nq = (common["seq_q"] + BLOCK_M - 1) // BLOCK_M
     dp, cw = (d + 3) // 4 * 4, (dv + 15) // 16
     qstr, vstr, pstr = dp + 4, 16 * cw, BLOCK_N + 4
     shared_floats = BLOCK_M * qstr + BLOCK_N * qstr + BLOCK_N * vstr + BLOCK_M * pstr
     source = render(
         "attention.cu.j2",
-        name=symbol,
-        **_signature(fused, out.num_elements, elem),
-        seq_q=q.type.shape[-2],
-        seq_k=k.type.shape[-2],
-        offset_k=k.type.shape[-2] - q.type.shape[-2],
-        d=d,
+        **common,
         dp=dp,
-        dv=dv,
         cw=cw,
         qstr=qstr,
         vstr=vstr,
@@ -63,33 +101,95 @@ def generate_attention(fused: FusedOp, params: dict, symbol: str) -> KernelSourc
         bm=BLOCK_M,
         bn=BLOCK_N,
         threads=THREADS,
-        nb=nb,
         nq=nq,
-        causal=bool(att.attr("causal")),
-        has_mask=bool(mask),
         scale=f"{float(np.float32(att.scale()))!r}f",
-        **_bases(ops, batch_shape),
         out_vec=(elem == "f32" and cw == 4 and dv == 64),
-        shape=f"q {q.type.shape} k {k.type.shape} v {v.type.shape}"
-        + (f" mask {mask[0].type.shape}" if mask else ""),
     )
-    params = dict(params)
-    params.setdefault("block_m", BLOCK_M)
-    params.setdefault("block_n", BLOCK_N)
-    ks = KernelSource(
-        symbol,
+    grid = (common["nb"] * nq, 1, 1)
+    return (
         source,
-        "attention",
-        len(fused.operands),
-        1,
-        (nb * nq, 1, 1),
+        grid,
         (THREADS, 1, 1),
-        params,
-        fused.loc,
-        fused.attr("name"),
+        shared_floats * 4,
+        {"block_m": BLOCK_M, "block_n": BLOCK_N},
     )
-    ks.shared_bytes = shared_floats * 4
-    return ks
+
+
+# -- the tensor-core kernel ------------------------------------------------------------------------
+
+TC_TYPES = {
+    "bf16": ("bf16", "__nv_bfloat162", "__floats2bfloat162_rn"),
+    "f16": ("f16", "__half2", "__floats2half2_rn"),
+}
+TC_WARPS = 4
+TC_BLOCK_N = 64  # keys per shared-memory tile
+TC_MAX_HEAD_DIM = 128
+TC_ALIGN = 8  # elements in 16 bytes: the unit of cp.async
+
+
+def _tensor_core_fits(att: Operation, ops: dict[str, dict]) -> bool:
+    """bf16/f16, head dims multiples of 16 up to 128, and q, k, v rows that 16-byte copies can
+    move: column stride 1, offset and every other stride a multiple of 8 elements (the base
+    pointers' alignment is checked at run time)."""
+    q, _, v, *_ = att.operands
+    d, dv = q.type.shape[-1], v.type.shape[-1]
+    if q.type.element_type not in TC_TYPES:
+        return False
+    if any(x % 16 or x > TC_MAX_HEAD_DIM for x in (d, dv)):
+        return False
+    for name in ("q", "k", "v"):
+        o = ops[name]
+        others = [o["offset"], o["row"], *o["batch"]]
+        if o["col"] != 1 or any(x % TC_ALIGN for x in others):
+            return False
+    return True
+
+
+def _tc_rows_per_warp(d: int, dv: int) -> int:
+    """16-row slices of queries per warp: two for small head dims (each K/V tile read from
+    shared memory serves twice the queries), one where the accumulators of two would spill."""
+    return 2 if max(d, dv) <= 64 else 1
+
+
+def _tensor_core_kernel(att: Operation, ops: dict[str, dict], common: dict):
+    """attention_tc.cu.j2: 128 threads per block of 16 * rows * 4 queries."""
+    elem, d, dv = att.operands[0].type.element_type, common["d"], common["dv"]
+    ptx_type, t2, pack2 = TC_TYPES[elem]
+    rows = _tc_rows_per_warp(d, dv)
+    bm, bn = 16 * rows * TC_WARPS, TC_BLOCK_N
+    nq = (common["seq_q"] + bm - 1) // bm
+    # Q [bm][d + 8], K [2][bn][d + 8], V [2][bn][dv + 8], 2-byte elements.
+    shared_bytes = 2 * (bm * (d + 8) + 2 * bn * (d + 8) + 2 * bn * (dv + 8))
+    scale = att.scale()
+    source = render(
+        "attention_tc.cu.j2",
+        **common,
+        elem=elem,
+        ptx_type=ptx_type,
+        T2=t2,
+        pack2=pack2,
+        bm=bm,
+        bn=bn,
+        rows=rows,
+        warps=TC_WARPS,
+        threads=32 * TC_WARPS,
+        nq=nq,
+        shared_bytes=shared_bytes,
+        scale=_f32_literal(scale),
+        scale_log2=_f32_literal(scale * LOG2E),
+        log2e=_f32_literal(LOG2E),
+    )
+    grid = (common["nb"] * nq, 1, 1)
+    block = (32 * TC_WARPS, 1, 1)
+    return source, grid, block, shared_bytes, {"block_m": bm, "block_n": bn, "tensor_cores": True}
+
+
+LOG2E = 1.4426950408889634
+
+
+def _f32_literal(x: float) -> str:
+    """`x` rounded once to f32, as a C float literal."""
+    return f"{float(np.float32(x))!r}f"
 
 
 def _attention_of(fused: FusedOp) -> Operation:

@@ -1,0 +1,237 @@
+"""tgc's tensor-core attention kernel against PyTorch's F.scaled_dot_product_attention (issue 8).
+
+On a GPU machine (PyTorch, PyCUDA and nvcc there), from the repository root:
+
+    python3 bench/attention_tc.py [--only bf16,causal,...] [--commit HASH] [--out bench/results]
+
+Shapes B8 H16 S2048 D64 and B4 H32 S4096 D128, causal and not, bf16 and f16: q, k, v drawn once
+on the GPU (N(0, 1)), (B, H, S, D) contiguous; tgc runs `hl.attention` through the `cuda` route
+and the PyCUDA executor (its output poisoned with NaN first and checked against SDPA's: relative
+Frobenius error), then both are timed by `gpu_suite.time_ms` (CUDA events around each of 30
+repetitions after 3 warm-ups, a sleep kernel queued first; the median). TFLOP/s counts
+4 B H Sq Sk D flops, half of them for causal. Writes
+bench/results/attention_tc-<device>-<date>.md.
+
+    python3 bench/attention_tc.py --dry-run [--arch sm_90]
+
+needs no GPU: generates every kernel and compiles it with nvcc (a CPU test runs this).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+SHAPES = [(8, 16, 2048, 64), (4, 32, 4096, 128)]  # B, H, S, D
+
+
+@dataclass
+class Case:
+    b: int
+    h: int
+    s: int
+    d: int
+    causal: bool
+    dtype: str
+
+    @property
+    def name(self) -> str:
+        mode = "causal" if self.causal else "full"
+        return f"B{self.b} H{self.h} S{self.s} D{self.d} {mode} {self.dtype}"
+
+    @property
+    def flops(self) -> float:
+        full = 4.0 * self.b * self.h * self.s * self.s * self.d
+        return full / 2 if self.causal else full
+
+    def text(self) -> str:
+        t = f"tensor<{self.b}x{self.h}x{self.s}x{self.d}x{self.dtype}>"
+        attrs = " {causal = true}" if self.causal else ""
+        return (
+            f"func.func @attention(%q: {t}, %k: {t}, %v: {t}) -> {t} {{\n"
+            f"  %y = hl.attention %q, %k, %v{attrs} : ({t}, {t}, {t}) -> {t}\n"
+            f"  func.return %y : {t}\n}}"
+        )
+
+
+def cases(only: set[str]) -> list[Case]:
+    found = [
+        Case(b, h, s, d, causal, dtype)
+        for (b, h, s, d) in SHAPES
+        for causal in (True, False)
+        for dtype in ("bf16", "f16")
+    ]
+    return [c for c in found if all(word in c.name.split() for word in only)]
+
+
+def kernels_of(case: Case):
+    """The plan's kernels for `case` (placed by the `cuda` route), without a GPU."""
+    import tgc
+    from tgc.codegen.plan import build_plan
+    from tgc.parser import parse_module
+    from tgc.pass_manager import PassManager
+
+    tgc.load_all()
+    module = parse_module(case.text())
+    PassManager.from_text("cuda").run(module)
+    return build_plan(module.funcs[0]).kernels
+
+
+def dry_run(selected: list[Case], arch: str) -> int:
+    """Generate and compile every kernel (nvcc -cubin, the executor's options)."""
+    from tgc.codegen.render import prelude
+
+    nvcc = "nvcc"
+
+    def build(case: Case) -> str:
+        (k,) = kernels_of(case)
+        with tempfile.TemporaryDirectory(prefix="tgc-attention-tc-") as tmp:
+            src = Path(tmp) / "k.cu"
+            src.write_text(prelude() + "\n" + k.source)
+            proc = subprocess.run(
+                [nvcc, "-cubin", f"-arch={arch}", "-O3", "-std=c++17", "-o", f"{tmp}/k.cubin", src],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+        if proc.returncode != 0:
+            return f"{case.name}: nvcc failed:\n{proc.stderr[-2000:]}"
+        tc = "tensor cores" if k.params.get("tensor_cores") else "f32 kernel"
+        return (
+            f"{case.name}: compiled for {arch} ({tc}, grid {k.grid[0]}, "
+            f"{k.shared_bytes} bytes of shared memory)"
+        )
+
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+        lines = list(pool.map(build, selected))
+    print("\n".join(lines), flush=True)
+    return 0 if all("compiled" in line for line in lines) else 1
+
+
+@dataclass
+class Row:
+    case: Case
+    tgc_ms: float
+    sdpa_ms: float
+    error: float
+    shared_bytes: int
+    tensor_cores: bool
+
+
+def rel_frobenius(got, want) -> float:
+    got, want = got.double(), want.double()
+    return float((got - want).norm() / want.norm().clamp_min(1e-300))
+
+
+def measure(case: Case) -> Row:
+    import torch
+    import torch.nn.functional as F
+    from gpu_suite import time_ms, tgc_runner
+
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[case.dtype]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    shape = (case.b, case.h, case.s, case.d)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
+    runner = tgc_runner(case.text())
+    (kernel,) = runner.plan.kernels
+    torch_stream = torch.cuda.ExternalStream(runner.stream.handle)
+    with torch.cuda.stream(torch_stream):
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=case.causal)
+        torch.cuda.synchronize()
+        # The executor takes host arrays; f32 holds every bf16/f16 value exactly.
+        runner.upload([x.float().cpu().numpy() for x in (q, k, v)])
+        runner.poison()
+        runner.launch(check_each=True)
+        (out,) = runner.download()
+        got = torch.from_numpy(out.astype("float32")).cuda()
+        error = rel_frobenius(got, want)
+        tgc_ms = time_ms(lambda: runner.launch(), torch_stream)
+        sdpa_ms = time_ms(
+            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=case.causal), torch_stream
+        )
+    return Row(
+        case, tgc_ms, sdpa_ms, error, kernel.shared_bytes, bool(kernel.params.get("tensor_cores"))
+    )
+
+
+def tflops(case: Case, ms: float) -> float:
+    return case.flops / (ms * 1e-3) / 1e12
+
+
+def report(rows: list[Row], device: str, commit: str, out: Path) -> Path:
+    today = datetime.date.today().isoformat()
+    out.mkdir(parents=True, exist_ok=True)
+    slug = device.replace(" ", "-").replace("/", "-")
+    path = out / f"attention_tc-{slug}-{today}.md"
+    lines = [
+        f"# tgc tensor-core attention vs SDPA: {device}, {today}",
+        "",
+        f"- device: {device}; date: {today}; commit: {commit}",
+        "- method: `bench/attention_tc.py`; q, k, v N(0, 1), (B, H, S, D) contiguous; medians of 30",
+        "  repetitions timed with CUDA events after 3 warm-ups (`gpu_suite.time_ms`); SDPA is",
+        "  `F.scaled_dot_product_attention` with PyTorch's own backend choice",
+        "- TFLOP/s: 4 B H S^2 D flops (half for causal) over the median time; error: relative",
+        "  Frobenius norm of tgc's result minus SDPA's",
+        "",
+        "| workload | tgc | TFLOP/s | SDPA | TFLOP/s | tgc speed / SDPA's | rel. error | kernel |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        kernel = "tensor cores" if r.tensor_cores else "f32"
+        lines.append(
+            f"| {r.case.name} | {r.tgc_ms:.4f} ms | {tflops(r.case, r.tgc_ms):.0f} | "
+            f"{r.sdpa_ms:.4f} ms | {tflops(r.case, r.sdpa_ms):.0f} | "
+            f"{100 * r.sdpa_ms / r.tgc_ms:.0f}% | {r.error:.1e} | {kernel}, "
+            f"{r.shared_bytes} B shared |"
+        )
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dry-run", action="store_true", help="generate and compile only (no GPU)")
+    ap.add_argument("--arch", default="sm_90", help="nvcc's -arch for --dry-run")
+    ap.add_argument("--only", default="", help="comma-separated words a case's name must hold")
+    ap.add_argument("--commit", default=os.environ.get("TGC_COMMIT", "unknown"))
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = ap.parse_args(argv)
+    selected = cases(set(filter(None, args.only.split(","))))
+    if not selected:
+        print("no case matches --only", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        return dry_run(selected, args.arch)
+
+    import torch
+
+    device = torch.cuda.get_device_name()
+    print(f"device {device}", flush=True)
+    rows = []
+    for case in selected:
+        row = measure(case)
+        rows.append(row)
+        print(
+            f"{case.name}: tgc {row.tgc_ms:.4f} ms ({tflops(case, row.tgc_ms):.0f} TFLOP/s), "
+            f"SDPA {row.sdpa_ms:.4f} ms ({tflops(case, row.sdpa_ms):.0f} TFLOP/s), "
+            f"rel. error {row.error:.1e}",
+            flush=True,
+        )
+    path = report(rows, device, args.commit, Path(args.out))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,342 @@
+"""The tensor-core attention kernel (codegen/attention_tc.cu.j2).
+
+CPU: code generation picks it exactly for bf16/f16 with head dims multiples of 16 up to 128 and
+q, k, v rows that 16-byte copies can move (else the exact f32 kernel), and nvcc compiles what
+it emits for sm_80 and sm_90 (and, as a trap, for older targets), alone and in a standalone file.
+GPU (marker `cuda`): against the float64 interpreter on fresh random inputs, outputs poisoned
+with NaN first; the relative Frobenius error ||out - ref|| / ||ref|| must stay under 1e-2 for
+bf16 and 2e-3 for f16 (P is rounded to the element type before P V, the output on store).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tgc.codegen.kernels import generate_kernel
+from tgc.codegen.render import prelude
+from tgc.codegen.standalone import emit_standalone_cuda
+from tgc.dialects.kernel import FusedOp
+from tgc.parser import parse_module
+from tgc.pass_manager import PassManager
+from tgc.runtime.interpreter import random_inputs, run_function
+from tgc.verifier import verify
+
+ROOT = Path(__file__).resolve().parent.parent
+NVCC = shutil.which("nvcc") or shutil.which("nvcc", path="/usr/local/cuda/bin")
+REL_ERROR = {"bf16": 1e-2, "f16": 2e-3}
+
+
+def t(shape, dtype) -> str:
+    return f"tensor<{''.join(f'{d}x' for d in shape)}{dtype}>"
+
+
+def heads_text(
+    b, h, sq, sk, d, dv, dtype="bf16", causal=False, mask=False, layout="heads", scale=None
+) -> str:
+    """hl.attention over `h` heads. layout `heads`: q, k, v are (b, s, h, d) buffers transposed
+    to (b, h, s, d), as GPT-2 splits heads; `flat`: (b, h, s, d) arguments; `qkv`: one
+    (b, s, 3 h d) buffer split, reshaped and transposed (sq == sk, d == dv); `q_transposed`: q
+    is a (b, h, d, sq) buffer with its last two dims swapped (column stride sq); `q_offset4`: q
+    is columns 4 .. 4 + d of a (b, h, sq, d + 8) buffer (offset 4 elements)."""
+    out = t((b, h, sq, dv), dtype)
+    qh, kh, vh = t((b, h, sq, d), dtype), t((b, h, sk, d), dtype), t((b, h, sk, dv), dtype)
+    args, lines = [], []
+    perm = "{perm = [0, 2, 1, 3]}"
+    if layout == "qkv":
+        w = h * d
+        x = t((b, sq, 3 * w), dtype)
+        args.append(f"%qkv: {x}")
+        lines.append(
+            f"  %q, %k, %v = atomic.split %qkv {{axis = 2, sizes = [{w}, {w}, {w}]}} : ({x}) -> "
+            f"({t((b, sq, w), dtype)}, {t((b, sq, w), dtype)}, {t((b, sq, w), dtype)})"
+        )
+        for n in "qkv":
+            lines.append(
+                f"  %{n}4 = atomic.reshape %{n} : ({t((b, sq, w), dtype)}) -> {t((b, sq, h, d), dtype)}"
+            )
+            lines.append(
+                f"  %{n}h = atomic.transpose %{n}4 {perm} : ({t((b, sq, h, d), dtype)}) -> {qh}"
+            )
+    elif layout == "heads":
+        for n, s, dd in (("q", sq, d), ("k", sk, d), ("v", sk, dv)):
+            buf = t((b, s, h, dd), dtype)
+            args.append(f"%{n}b: {buf}")
+            lines.append(
+                f"  %{n}h = atomic.transpose %{n}b {perm} : ({buf}) -> {t((b, h, s, dd), dtype)}"
+            )
+    else:
+        args += [f"%kh: {kh}", f"%vh: {vh}"]
+        if layout == "flat":
+            args.insert(0, f"%qh: {qh}")
+        elif layout == "q_transposed":
+            buf = t((b, h, d, sq), dtype)
+            args.insert(0, f"%qb: {buf}")
+            lines.append(f"  %qh = atomic.transpose %qb {{perm = [0, 1, 3, 2]}} : ({buf}) -> {qh}")
+        elif layout == "q_offset4":
+            buf = t((b, h, sq, d + 8), dtype)
+            args.insert(0, f"%qb: {buf}")
+            lines.append(
+                f"  %qh = atomic.slice %qb {{start = [0, 0, 0, 4], stop = [{b}, {h}, {sq}, {d + 4}], "
+                f"step = [1, 1, 1, 1]}} : ({buf}) -> {qh}"
+            )
+        else:
+            raise ValueError(layout)
+    operands, types = "%qh, %kh, %vh", [qh, kh, vh]
+    if mask:
+        args.append(f"%m: {t((sq, sk), dtype)}")
+        operands += ", %m"
+        types.append(t((sq, sk), dtype))
+    attrs = (["causal = true"] if causal else []) + ([f"scale = {scale}"] if scale else [])
+    attr_text = f" {{{', '.join(attrs)}}}" if attrs else ""
+    lines.append(f"  %y = hl.attention {operands}{attr_text} : ({', '.join(types)}) -> {out}")
+    return "\n".join(
+        [f"func.func @att({', '.join(args)}) -> {out} {{", *lines, f"  func.return %y : {out}", "}"]
+    )
+
+
+def attention_kernel(text: str, pipeline: str = "cuda"):
+    """The KernelSource of the one attention region `pipeline` makes of `text`."""
+    module = parse_module(text)
+    PassManager.from_text(pipeline).run(module)
+    fused = [o for o in module.walk() if isinstance(o, FusedOp)]
+    assert [o.attr("template") for o in fused] == ["attention"]
+    return generate_kernel(fused[0])
+
+
+# -- which kernel ----------------------------------------------------------------------------------
+
+CHOICES = [
+    # dtype, d, dv, layout, tensor cores?
+    ("bf16", 64, 64, "heads", True),
+    ("f16", 128, 128, "heads", True),
+    ("bf16", 64, 64, "qkv", True),
+    ("f16", 64, 64, "flat", True),
+    ("bf16", 80, 80, "flat", True),  # any multiple of 16 up to 128
+    ("bf16", 32, 128, "flat", True),  # d != d_v
+    ("f32", 64, 64, "heads", False),  # f32 stays exact
+    ("bf16", 72, 72, "flat", False),  # not a multiple of 16
+    ("f16", 64, 40, "flat", False),
+    ("bf16", 64, 64, "q_transposed", False),  # column stride != 1
+    ("f16", 64, 64, "q_offset4", False),  # offset not a multiple of 8 elements
+]
+
+
+@pytest.mark.parametrize("dtype,d,dv,layout,tc", CHOICES)
+def test_tensor_core_kernel_is_chosen_exactly_where_it_fits(dtype, d, dv, layout, tc):
+    k = attention_kernel(heads_text(2, 3, 100, 100, d, dv, dtype, True, False, layout))
+    assert ("mma.sync.aligned.m16n8k16" in k.source) == tc
+    assert k.params.get("tensor_cores", False) == tc
+    assert k.template == "attention" and k.block == (128, 1, 1)
+    if tc:
+        assert "cp.async.cg.shared.global" in k.source and "ldmatrix" in k.source
+        bm = k.params["block_m"]
+        assert bm in (64, 128) and k.grid == (2 * 3 * -(-100 // bm), 1, 1)
+        assert k.shared_bytes == 2 * (bm * (d + 8) + 2 * 64 * (d + 8) + 2 * 64 * (dv + 8))
+
+
+def test_mma_type_follows_the_element_type():
+    for dtype, ptx in (("bf16", "f32.bf16.bf16.f32"), ("f16", "f32.f16.f16.f32")):
+        source = attention_kernel(heads_text(1, 2, 65, 65, 64, 64, dtype)).source
+        assert f"mma.sync.aligned.m16n8k16.row.col.{ptx}" in source
+
+
+def test_over_48k_of_shared_memory_is_raised_in_the_standalone_launcher():
+    """Head dim 128 needs 87,040 bytes of dynamic shared memory: the standalone host code sets
+    the function's limit before its launch (the PyCUDA executor does the same)."""
+    module = parse_module(heads_text(1, 2, 65, 65, 128, 128, "bf16", True))
+    PassManager.from_text("cuda-standalone").run(module)
+    source = emit_standalone_cuda(module, "att")
+    assert "cudaFuncAttributeMaxDynamicSharedMemorySize, 87040" in source
+
+
+# -- nvcc ------------------------------------------------------------------------------------------
+
+
+def nvcc(tmp_path: Path, source: str, *flags: str) -> None:
+    path = tmp_path / "k.cu"
+    path.write_text(source)
+    proc = subprocess.run(
+        [NVCC, *flags, "-O3", "-std=c++17", str(path), "-o", str(tmp_path / "k.out")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+COMPILED = [
+    # dtype, d, dv, causal, mask, layout
+    ("bf16", 64, 64, True, False, "heads"),
+    ("f16", 128, 128, False, True, "heads"),
+    ("bf16", 80, 48, True, True, "flat"),
+]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("dtype,d,dv,causal,mask,layout", COMPILED)
+def test_generated_kernel_compiles(tmp_path, arch, dtype, d, dv, causal, mask, layout):
+    k = attention_kernel(
+        heads_text(2, 3, 100, 130 if dv == d else 100, d, dv, dtype, causal, mask, layout)
+    )
+    assert k.params["tensor_cores"]
+    nvcc(tmp_path, prelude() + "\n" + k.source, "-cubin", f"-arch={arch}")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_standalone_file_compiles_and_traps_below_sm80(tmp_path):
+    """The whole standalone file (two attention kernels in one translation unit) compiles for
+    sm_90 with its main, and for sm_75, where the tensor-core kernel is a trap."""
+    text = heads_text(2, 2, 70, 70, 64, 64, "bf16", True, True, "qkv")
+    second = heads_text(1, 2, 33, 33, 128, 128, "bf16").replace("@att", "@att2")
+    module = parse_module(text + "\n" + second)
+    PassManager.from_text("cuda-standalone").run(module)
+    source = emit_standalone_cuda(module, "att")
+    assert source.count("mma.sync.aligned.m16n8k16") == 2
+    nvcc(tmp_path, source, "-arch=sm_90", "-DTGC_STANDALONE_MAIN")
+    nvcc(tmp_path, source, "-arch=sm_75", "-c")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_bench_dry_run_generates_and_compiles(tmp_path):
+    """bench/attention_tc.py --dry-run: every kernel of the benchmark generated and compiled,
+    no GPU needed."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "attention_tc.py"), "--dry-run", "--arch", "sm_90"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": f"{Path(NVCC).parent}:/usr/bin:/bin", "TGC_CACHE_DIR": str(tmp_path)},
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stdout.count("compiled") == 8, proc.stdout
+
+
+# -- on the GPU ------------------------------------------------------------------------------------
+
+
+def rel_frobenius(got: np.ndarray, want: np.ndarray) -> float:
+    got, want = got.astype(np.float64), want.astype(np.float64)
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-300))
+
+
+def run_gpu(text: str, seed: int, q_gain: float = 1.0, edit=None):
+    """(result, float64 reference, runner): placed by `cuda`, outputs poisoned first. `q_gain`
+    scales the first input (peakier softmax: the running max moves more); `edit(inputs)` may
+    change the inputs further."""
+    from tgc.codegen.plan import build_plan
+    from tgc.runtime.cuda_executor import CudaPlanRunner
+
+    ref = parse_module(text)
+    verify(ref)
+    inputs = random_inputs(ref.funcs[0], seed)
+    inputs[0] = (inputs[0].astype(np.float32) * q_gain).astype(inputs[0].dtype)
+    if edit is not None:
+        edit(inputs)
+    module = parse_module(text)
+    PassManager.from_text("cuda").run(module)
+    runner = CudaPlanRunner(build_plan(module.funcs[0]))
+    runner.poison()
+    (got,) = runner.run(inputs)
+    (want,) = run_function(ref.funcs[0], inputs, "f64")
+    return got, want, runner
+
+
+SHAPES = [
+    # b, h, seq_q, seq_k, d, d_v, layout
+    (1, 1, 1, 1, 64, 64, "heads"),
+    (2, 3, 63, 63, 64, 64, "heads"),
+    (1, 2, 65, 65, 128, 128, "heads"),
+    (2, 2, 200, 200, 80, 80, "heads"),
+    (1, 3, 65, 200, 64, 64, "heads"),  # seq_q < seq_k: the causal diagonal at the end
+    (2, 1, 200, 333, 128, 128, "flat"),
+    (1, 2, 1, 200, 128, 128, "heads"),  # one query against a cache
+    (2, 2, 200, 200, 64, 64, "qkv"),  # GPT-2's split of one projection
+    (1, 2, 130, 97, 32, 128, "flat"),  # d != d_v, more queries than keys (not causal)
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask", [False, True])
+@pytest.mark.parametrize("b,h,sq,sk,d,dv,layout", SHAPES)
+def test_tensor_core_attention_matches_float64(b, h, sq, sk, d, dv, layout, mask, causal, dtype):
+    if causal and sq > sk:
+        pytest.skip("causal attention needs seq_q <= seq_k (the verifier rejects it)")
+    text = heads_text(b, h, sq, sk, d, dv, dtype, causal, mask, layout)
+    seed = b * 1000 + sq + sk + d + 7 * mask + 13 * causal
+    got, want, runner = run_gpu(text, seed, q_gain=3.0 if seed % 2 else 1.0)
+    assert [k.params.get("tensor_cores") for k in runner.plan.kernels] == [True]
+    assert not np.isnan(got).any(), "NaN in the result (an element left unwritten?)"
+    err = rel_frobenius(got, want)
+    assert err < REL_ERROR[dtype], f"relative error {err:.2e}"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_long_causal_sequence(dtype):
+    """Many key tiles through the double buffer, the heaviest query tiles first."""
+    text = heads_text(1, 2, 1030, 1030, 64, 64, dtype, True, False, "heads")
+    got, want, _ = run_gpu(text, 11, q_gain=2.0)
+    assert rel_frobenius(got, want) < REL_ERROR[dtype]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_minus_inf_mask_rows_are_nan_as_in_numpy(dtype):
+    """An additive -inf mask over a whole first key tile (the running max stays -inf there), and
+    one query that sees no key at all: NaN, as softmax over -inf in the reference."""
+
+    def edit(inputs):
+        inputs[3][:, :70] = -np.inf
+        inputs[3][5, :] = -np.inf
+
+    text = heads_text(2, 2, 80, 150, 64, 64, dtype, True, True, "heads")
+    got, want, _ = run_gpu(text, 3, edit=edit)
+    assert np.isnan(got[:, :, 5]).all() and np.isnan(want[:, :, 5]).all()
+    keep = np.ones(80, bool)
+    keep[5] = False
+    assert not np.isnan(got[:, :, keep]).any()
+    assert rel_frobenius(got[:, :, keep], want[:, :, keep]) < REL_ERROR[dtype]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_unaligned_base_pointers_take_the_plain_load_path(dtype):
+    """Buffers 2 bytes past a 16-byte boundary (not what the executor allocates, but what a
+    caller of the standalone file may pass): the kernel loads its tiles without cp.async and
+    stores the result one element at a time, with the same results."""
+    import pycuda.driver as cuda
+
+    from tgc.codegen.plan import Launch
+
+    text = heads_text(2, 2, 100, 150, 128, 128, dtype, True, True, "flat")
+    _, want, runner = run_gpu(text, 5)
+    inputs = random_inputs(parse_module(text).funcs[0], 5)
+    (step,) = [s for s in runner.plan.steps if isinstance(s, Launch)]
+    fn = runner.functions[id(step)]
+    keep, pointers = [], []
+    for buf in step.args:
+        mem = cuda.mem_alloc(buf.nbytes + 16)
+        keep.append(mem)
+        ptr = int(mem) + 2
+        if buf.kind == "input":
+            cuda.memcpy_htod(ptr, np.ascontiguousarray(inputs[buf.index]))
+        else:
+            cuda.memset_d8(ptr, 0xFF, buf.nbytes)
+            out_ptr, out_type = ptr, buf.type
+        pointers.append(ptr)
+    k = step.kernel
+    fn.prepared_call(k.grid, k.block, *pointers, shared_size=k.shared_bytes)
+    cuda.Context.synchronize()
+    got = np.empty(out_type.shape, dtype=out_type.dtype)
+    cuda.memcpy_dtoh(got, out_ptr)
+    assert not np.isnan(got.astype(np.float64)).any()
+    assert rel_frobenius(got, want) < REL_ERROR[dtype]
