@@ -15,6 +15,7 @@ bench/results/attention_tc-<device>-<date>.md.
     python3 bench/attention_tc.py --dry-run [--arch sm_90]
 
 needs no GPU: generates every kernel and compiles it with nvcc (a CPU test runs this).
+`--params rows_per_warp=1,q_in_registers=true` passes template parameters to the kernel.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def cases(only: set[str]) -> list[Case]:
     return [c for c in found if all(word in c.name.split() for word in only)]
 
 
-def kernels_of(case: Case):
+def kernels_of(case: Case, params: dict | None = None):
     """The plan's kernels for `case` (placed by the `cuda` route), without a GPU."""
     import tgc
     from tgc.codegen.plan import build_plan
@@ -85,17 +86,17 @@ def kernels_of(case: Case):
     tgc.load_all()
     module = parse_module(case.text())
     PassManager.from_text("cuda").run(module)
-    return build_plan(module.funcs[0]).kernels
+    return build_plan(module.funcs[0], {"*": params} if params else None).kernels
 
 
-def dry_run(selected: list[Case], arch: str) -> int:
+def dry_run(selected: list[Case], arch: str, params: dict) -> int:
     """Generate and compile every kernel (nvcc -cubin, the executor's options)."""
     from tgc.codegen.render import prelude
 
     nvcc = "nvcc"
 
     def build(case: Case) -> str:
-        (k,) = kernels_of(case)
+        (k,) = kernels_of(case, params)
         with tempfile.TemporaryDirectory(prefix="tgc-attention-tc-") as tmp:
             src = Path(tmp) / "k.cu"
             src.write_text(prelude() + "\n" + k.source)
@@ -134,7 +135,7 @@ def rel_frobenius(got, want) -> float:
     return float((got - want).norm() / want.norm().clamp_min(1e-300))
 
 
-def measure(case: Case) -> Row:
+def measure(case: Case, params: dict) -> Row:
     import torch
     import torch.nn.functional as F
     from gpu_suite import time_ms, tgc_runner
@@ -143,7 +144,7 @@ def measure(case: Case) -> Row:
     gen = torch.Generator(device="cuda").manual_seed(0)
     shape = (case.b, case.h, case.s, case.d)
     q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
-    runner = tgc_runner(case.text())
+    runner = tgc_runner(case.text(), params=params)
     (kernel,) = runner.plan.kernels
     torch_stream = torch.cuda.ExternalStream(runner.stream.handle)
     with torch.cuda.stream(torch_stream):
@@ -169,7 +170,7 @@ def tflops(case: Case, ms: float) -> float:
     return case.flops / (ms * 1e-3) / 1e12
 
 
-def report(rows: list[Row], device: str, commit: str, out: Path) -> Path:
+def report(rows: list[Row], device: str, commit: str, out: Path, params: dict) -> Path:
     today = datetime.date.today().isoformat()
     out.mkdir(parents=True, exist_ok=True)
     slug = device.replace(" ", "-").replace("/", "-")
@@ -183,6 +184,7 @@ def report(rows: list[Row], device: str, commit: str, out: Path) -> Path:
         "  `F.scaled_dot_product_attention` with PyTorch's own backend choice",
         "- TFLOP/s: 4 B H S^2 D flops (half for causal) over the median time; error: relative",
         "  Frobenius norm of tgc's result minus SDPA's",
+        f"- template parameters: {params or 'defaults'}",
         "",
         "| workload | tgc | TFLOP/s | SDPA | TFLOP/s | tgc speed / SDPA's | rel. error | kernel |",
         "|---|---|---|---|---|---|---|---|",
@@ -199,6 +201,16 @@ def report(rows: list[Row], device: str, commit: str, out: Path) -> Path:
     return path
 
 
+def parse_params(text: str) -> dict:
+    """`k=v,k=v` -> {k: v}: integers as int, true/false as bool."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        low = value.strip().lower()
+        out[key.strip()] = low == "true" if low in ("true", "false") else int(value)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="generate and compile only (no GPU)")
@@ -206,13 +218,15 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="comma-separated words a case's name must hold")
     ap.add_argument("--commit", default=os.environ.get("TGC_COMMIT", "unknown"))
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--params", default="", help="template parameters, k=v,k=v")
     args = ap.parse_args(argv)
+    params = parse_params(args.params)
     selected = cases(set(filter(None, args.only.split(","))))
     if not selected:
         print("no case matches --only", file=sys.stderr)
         return 2
     if args.dry_run:
-        return dry_run(selected, args.arch)
+        return dry_run(selected, args.arch, params)
 
     import torch
 
@@ -220,7 +234,7 @@ def main(argv=None) -> int:
     print(f"device {device}", flush=True)
     rows = []
     for case in selected:
-        row = measure(case)
+        row = measure(case, params)
         rows.append(row)
         print(
             f"{case.name}: tgc {row.tgc_ms:.4f} ms ({tflops(case, row.tgc_ms):.0f} TFLOP/s), "
@@ -228,7 +242,7 @@ def main(argv=None) -> int:
             f"rel. error {row.error:.1e}",
             flush=True,
         )
-    path = report(rows, device, args.commit, Path(args.out))
+    path = report(rows, device, args.commit, Path(args.out), params)
     print(f"wrote {path}")
     return 0
 

@@ -62,7 +62,7 @@ def generate_attention(fused: FusedOp, params: dict, symbol: str) -> KernelSourc
         + (f" mask {mask[0].type.shape}" if mask else ""),
     )
     make = _tensor_core_kernel if _tensor_core_fits(att, ops) else _f32_kernel
-    source, grid, block, shared_bytes, template_params = make(att, ops, common)
+    source, grid, block, shared_bytes, template_params = make(att, ops, common, params)
     params = dict(params)
     for key, value in template_params.items():
         params.setdefault(key, value)
@@ -82,7 +82,7 @@ def generate_attention(fused: FusedOp, params: dict, symbol: str) -> KernelSourc
     return ks
 
 
-def _f32_kernel(att: Operation, ops: dict[str, dict], common: dict):
+def _f32_kernel(att: Operation, ops: dict[str, dict], common: dict, params: dict):
     """attention.cu.j2: exact f32 arithmetic, 64 queries x 64 keys a tile, 128 threads."""
     elem, d, dv = att.operands[0].type.element_type, common["d"], common["dv"]
     _mark_vector_loads(ops, elem, d, dv)
@@ -145,22 +145,34 @@ def _tensor_core_fits(att: Operation, ops: dict[str, dict]) -> bool:
     return True
 
 
-def _tc_rows_per_warp(d: int, dv: int) -> int:
-    """16-row slices of queries per warp: two for small head dims (each K/V tile read from
-    shared memory serves twice the queries), one where the accumulators of two would spill."""
-    return 2 if max(d, dv) <= 64 else 1
+def _tc_layout(d: int, dv: int, params: dict) -> tuple[int, bool]:
+    """(16-row query slices per warp, whether q's fragments stay in registers), by default two
+    slices (each K/V fragment read from shared memory serves 32 queries), q in registers up to
+    head dim 64 (above, the o accumulators need them: q is read again for each key tile).
+    Template parameters `rows_per_warp` (1 or 2) and `q_in_registers` override them."""
+    rows = params.get("rows_per_warp", 2)
+    q_in_registers = params.get("q_in_registers", max(d, dv) <= 64)
+    if rows not in (1, 2) or not isinstance(q_in_registers, bool):
+        raise TgcError(
+            f"attention template parameters: rows_per_warp must be 1 or 2 and q_in_registers "
+            f"true or false, got {rows!r} and {q_in_registers!r}"
+        )
+    return rows, q_in_registers
 
 
-def _tensor_core_kernel(att: Operation, ops: dict[str, dict], common: dict):
+def _tensor_core_kernel(att: Operation, ops: dict[str, dict], common: dict, params: dict):
     """attention_tc.cu.j2: 128 threads per block of 16 * rows * 4 queries."""
     elem, d, dv = att.operands[0].type.element_type, common["d"], common["dv"]
     ptx_type, t2, pack2 = TC_TYPES[elem]
-    rows = _tc_rows_per_warp(d, dv)
+    rows, q_in_registers = _tc_layout(d, dv, params)
     bm, bn = 16 * rows * TC_WARPS, TC_BLOCK_N
     nq = (common["seq_q"] + bm - 1) // bm
     # Q [bm][d + 8], K [2][bn][d + 8], V [2][bn][dv + 8], 2-byte elements.
     shared_bytes = 2 * (bm * (d + 8) + 2 * bn * (d + 8) + 2 * bn * (dv + 8))
     scale = att.scale()
+    # Without a mask, a positive scale commutes with the max: scores stay unscaled and the scale
+    # joins log2 e in the FMA before exp2.
+    raw_scores = not common["has_mask"] and scale > 0
     source = render(
         "attention_tc.cu.j2",
         **common,
@@ -175,13 +187,15 @@ def _tensor_core_kernel(att: Operation, ops: dict[str, dict], common: dict):
         threads=32 * TC_WARPS,
         nq=nq,
         shared_bytes=shared_bytes,
+        q_in_registers=q_in_registers,
+        raw_scores=raw_scores,
         scale=_f32_literal(scale),
-        scale_log2=_f32_literal(scale * LOG2E),
-        log2e=_f32_literal(LOG2E),
+        exp_factor=_f32_literal(scale * LOG2E if raw_scores else LOG2E),
     )
     grid = (common["nb"] * nq, 1, 1)
     block = (32 * TC_WARPS, 1, 1)
-    return source, grid, block, shared_bytes, {"block_m": bm, "block_n": bn, "tensor_cores": True}
+    chosen = {"block_m": bm, "block_n": bn, "tensor_cores": True, "rows_per_warp": rows}
+    return source, grid, block, shared_bytes, {**chosen, "q_in_registers": q_in_registers}
 
 
 LOG2E = 1.4426950408889634
