@@ -3,10 +3,14 @@ region, computed flash-attention style (tiles of queries against tiles of keys, 
 the score matrix never in memory). Two skeletons:
 
 - `attention_tc.cu.j2`, on tensor cores, for bf16 and f16 whose q, k and v rows are contiguous
-  and 16-byte aligned (column stride 1; offset, row and batch strides multiples of 8 elements)
-  with head dims d and d_v multiples of 16 up to 128: mma.sync m16n8k16 with f32 accumulators,
-  K/V tiles double-buffered through cp.async, P rounded to the element type for P V (as every
-  tensor-core flash attention does), f32 softmax. Needs sm_80 or later.
+  and 16-byte aligned (column stride 1; offset, row and batch strides multiples of 8 elements;
+  the base pointers are checked at run time, and unaligned ones take plain loads) with head
+  dims d and d_v multiples of 16 up to 128: 4 warps of 32 query rows each (template parameter
+  `rows_per_warp` 1 gives 16), K/V tiles of 64 keys double-buffered through cp.async, ldmatrix
+  feeding mma.sync m16n8k16 with f32 accumulators, online softmax in f32, P rounded to the
+  element type in registers for P V (as every tensor-core flash attention does); q's fragments
+  stay in registers up to head dim 64 (`q_in_registers`). Needs sm_80 or later (below, the
+  kernel traps).
 - `attention.cu.j2` for everything else: exact f32 arithmetic (no TF32; f16 and bf16 are
   loaded into f32 and rounded on store).
 
@@ -172,7 +176,9 @@ def _tensor_core_kernel(att: Operation, ops: dict[str, dict], common: dict, para
     scale = att.scale()
     # Without a mask, a positive scale commutes with the max: scores stay unscaled and the scale
     # joins log2 e in the FMA before exp2.
-    raw_scores = not common["has_mask"] and scale > 0
+    raw_scores = (
+        not common["has_mask"] and scale > 0 and bool(np.isfinite(np.float32(scale * LOG2E)))
+    )
     source = render(
         "attention_tc.cu.j2",
         **common,
