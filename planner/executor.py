@@ -47,8 +47,10 @@ def run_plan(
 ) -> list[np.ndarray]:
     """Run `func` (ops left as they are, kernel calls, copies) on host inputs; host results.
 
-    `backends` replaces the registered backends (name -> Backend), e.g. to run without one."""
-    load_backends(_families_called(func))
+    `backends` replaces the registered backends (name -> Backend), e.g. to run without one;
+    without it, the backends `func` calls are loaded."""
+    if backends is None:
+        load_backends(_families_called(func))
     values = [
         _space(arg.type.encoding, func).from_host(value, arg.type)
         for arg, value in zip(func.body.args, check_inputs(func, inputs, "native"))
@@ -67,9 +69,9 @@ def run_planned(
     """Run `func` on values already in its arguments' spaces (device arrays for arguments typed
     in device memory); its results stay in their spaces. Nothing here waits for the device: a
     caller that keeps its values on the GPU queues the plan's kernels and goes on (as a
-    benchmark timing the plan with CUDA events does). `loaded`: the backends `func` calls are
-    loaded already."""
-    if not loaded:
+    benchmark timing the plan with CUDA events does). Without `backends` and `loaded`, the
+    backends `func` calls are loaded first."""
+    if backends is None and not loaded:
         load_backends(_families_called(func))
     if len(values) != len(func.body.args):
         raise TgcError(
