@@ -6,11 +6,15 @@ fits the estimator (`planner.estimate.Curve`) on every other shape and predicts 
 prints the median and worst relative error of the predictions per family, with the curve's own
 expected error (leave-one-out) beside them.
 
-    python bench/estimate_accuracy.py [--min-time S] [--seed N] [--markdown]
+    python bench/estimate_accuracy.py [--backend numpy|cuda] [--min-time S] [--seed N] [--markdown]
 
-Families: memory-bound numpy kernels (add, exp, tanh, a row sum) over 2-D shapes whose rows
-grow geometrically, and matmul over random (M, K, N) with each side in 48..768 (flops over a
-range of 4096x). The goal (issue 7): median under 15% for memory-bound kernels and GEMMs.
+Families: memory-bound kernels (add, exp, tanh, a row sum) over 2-D shapes whose rows grow
+geometrically, and matmul over random (M, K, N). With `--backend numpy` (the default): numpy's
+kernels, rows of 512, matmul sides in 48..768 (flops over a range of 4096x). With `--backend
+cuda` (a GPU machine): PyTorch's CUDA kernels (torch-cuda) for the memory-bound families, rows
+of 4096 (from launch-bound to bandwidth-bound), and cuBLAS (cuda.cublas.gemm) for matmul, sides
+in 64..4096; GPU kernels are timed as the profiler times them (CUDA events, planner/profile.py).
+The goal (issue 7): median under 15% for memory-bound kernels and GEMMs.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import time
 import numpy as np
 
 import tgc
+from tgc.diagnostics import TgcError
 from tgc.planner import load_backends
 from tgc.planner.estimate import Curve, instance_bytes, instance_flops
 from tgc.planner.kernel import KERNELS
@@ -45,30 +50,53 @@ def rows_grid(count: int = 16, low: int = 16, high: int = 4096) -> list[int]:
     return sorted({int(v) for v in values})
 
 
-def memory_bound_families(width: int = 512) -> dict[str, list[Instance]]:
+# backend -> (the memory-bound kernels' prefix, their row width, the matmul kernel, its sides,
+# the memory space of the values)
+BACKENDS = {
+    "numpy": (
+        "numpy",
+        512,
+        "numpy.atomic.matmul",
+        [48, 64, 96, 128, 192, 256, 384, 512, 768],
+        None,
+    ),
+    "cuda": (
+        "torch-cuda",
+        4096,
+        "cuda.cublas.gemm",
+        [64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096],
+        "cuda",
+    ),
+}
+
+
+def memory_bound_families(prefix: str, width: int, space: str | None) -> dict[str, list[Instance]]:
     k = KERNELS
     out: dict[str, list[Instance]] = {"add": [], "exp": [], "tanh": [], "row sum": []}
     for r in rows_grid():
-        x = t(r, width)
-        out["add"].append(Instance(k["numpy.atomic.add"], (x, x), (x,)))
-        out["exp"].append(Instance(k["numpy.atomic.exp"], (x,), (x,)))
-        out["tanh"].append(Instance(k["numpy.hl.tanh"], (x,), (x,)))
+        x, row = t(r, width).with_encoding(space), t(r).with_encoding(space)
+        out["add"].append(Instance(k[f"{prefix}.atomic.add"], (x, x), (x,)))
+        out["exp"].append(Instance(k[f"{prefix}.atomic.exp"], (x,), (x,)))
+        out["tanh"].append(Instance(k[f"{prefix}.hl.tanh"], (x,), (x,)))
         out["row sum"].append(
-            Instance(k["numpy.atomic.reduce_sum"], (x,), (t(r),), {"axes": (1,), "keepdims": False})
+            Instance(
+                k[f"{prefix}.atomic.reduce_sum"], (x,), (row,), {"axes": (1,), "keepdims": False}
+            )
         )
     return out
 
 
-def matmul_family(count: int, rng: random.Random) -> list[Instance]:
-    sides = [48, 64, 96, 128, 192, 256, 384, 512, 768]
+def matmul_family(
+    count: int, rng: random.Random, kernel: str, sides: list[int], space: str | None
+) -> list[Instance]:
     seen, out = set(), []
     while len(out) < count:
         m, kk, n = (rng.choice(sides) for _ in range(3))
         if (m, kk, n) in seen:
             continue
         seen.add((m, kk, n))
-        inst = Instance(KERNELS["numpy.atomic.matmul"], (t(m, kk), t(kk, n)), (t(m, n),))
-        out.append(inst)
+        a, b, c = (t(*s).with_encoding(space) for s in ((m, kk), (kk, n), (m, n)))
+        out.append(Instance(KERNELS[kernel], (a, b), (c,)))
     return out
 
 
@@ -119,11 +147,16 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the matmul shapes")
     ap.add_argument("--matmuls", type=int, default=40, help="matmul shapes")
     ap.add_argument("--markdown", action="store_true", help="print a markdown table")
+    ap.add_argument("--backend", choices=sorted(BACKENDS), default="numpy")
     args = ap.parse_args()
     tgc.load_all()
-    load_backends()
-    families = memory_bound_families()
-    families["matmul"] = matmul_family(args.matmuls, random.Random(args.seed))
+    prefix, width, matmul, sides, space = BACKENDS[args.backend]
+    try:
+        load_backends(["numpy"] if args.backend == "numpy" else ["cuda", "torch"], required=True)
+    except TgcError as e:
+        raise SystemExit(f"estimate_accuracy: {e.message}") from None
+    families = memory_bound_families(prefix, width, space)
+    families["matmul"] = matmul_family(args.matmuls, random.Random(args.seed), matmul, sides, space)
     start = time.time()
     results = {}
     for name, insts in families.items():
@@ -133,9 +166,16 @@ def main() -> int:
     from tgc.planner.db import cpu_description
 
     cpu = cpu_description()
+    if args.backend == "cuda":
+        import torch
+
+        where = f"{torch.cuda.get_device_name()} (torch-cuda and cuBLAS), torch {torch.__version__}"
+    else:
+        where = (
+            f"{cpu['cpu']} ({cpu['cores']} cores available), numpy {cpu['numpy']}, {cpu['blas']}"
+        )
     print(
-        f"device: {cpu['cpu']} ({cpu['cores']} cores available), numpy {cpu['numpy']}, "
-        f"{cpu['blas']}; python {platform.python_version()}; commit {commit()}; "
+        f"device: {where}; python {platform.python_version()}; commit {commit()}; "
         f"{time.strftime('%Y-%m-%d')}; {elapsed:.0f} s; min-time {args.min_time} s; "
         f"threads {os.environ.get('OPENBLAS_NUM_THREADS', 'default')}"
     )
