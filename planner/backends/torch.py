@@ -251,6 +251,13 @@ def as_cuda_tensor(value) -> torch.Tensor:
     `__cuda_array_interface__` (a PyCUDA buffer of the cuda backend)."""
     if isinstance(value, torch.Tensor):
         return value
+    owner = getattr(value, "owner", None)  # a cuda-backend view of a tensor: the tensor itself
+    if (
+        isinstance(owner, torch.Tensor)
+        and owner.data_ptr() == getattr(value, "ptr", None)
+        and tuple(owner.shape) == tuple(value.shape)
+    ):
+        return owner
     return torch.as_tensor(value, device="cuda")
 
 
