@@ -170,12 +170,12 @@ def run_region(op: CallOp | FusedOp, inputs: list) -> list[DeviceArray]:
     args = [DeviceArray.of(v) for v in inputs]
     outs = [DeviceArray.empty(r.type.shape, r.type.dtype) for r in op.results]
     pointers = [np.uintp(a.ptr) for a in [*args, *outs]]
-    label = f"kernel '{display_name(source.ir_name or source.name)}' ({source.name})"
     try:
         function.prepared_async_call(
             source.grid, source.block, None, *pointers, shared_size=source.shared_bytes
         )
     except cuda.Error as e:
+        label = f"kernel '{display_name(source.ir_name or source.name)}' ({source.name})"
         raise TgcError(f"{label} failed to run: {e}", op.loc) from None
     return outs
 
