@@ -249,7 +249,7 @@ def time_call(
     first = time.perf_counter() - start
     runs = int(min(MAX_RUNS, max(MIN_RUNS, min_time / max(first, 1e-9))))
     if queued is not None:
-        device, host = queued(call, runs)
+        device, host = queued(call, runs, first)
         times = np.maximum(device, host)
     else:
         times = np.empty(runs)

@@ -5,7 +5,7 @@ the time the GPU spends on it, or, when the host cannot queue work as fast as th
 it, the time the host spends queueing it. `time_queued(call, runs)` measures both for each of
 `runs` calls:
 
-- a spin kernel is queued first, long enough (from a first, synchronised call) that the host
+- a spin kernel is queued first, long enough (from the time of one synchronised call) that the host
   queues every timed call before the GPU reaches them: the CUDA events recorded around each call
   then bracket the GPU's work alone, with no gap where the GPU waited for the host;
 - the host's time per call is read from `perf_counter` around the same calls.
@@ -52,13 +52,13 @@ def spin(seconds: float) -> None:
     _spin_kernel()(np.int64(cycles), block=(1, 1, 1), grid=(1, 1, 1))
 
 
-def time_queued(call: Callable[[], object], runs: int) -> tuple[np.ndarray, np.ndarray]:
-    """(GPU seconds, host seconds) of each of `runs` calls of `call` (module doc)."""
+def time_queued(
+    call: Callable[[], object], runs: int, first: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(GPU seconds, host seconds) of each of `runs` calls of `call` (module doc). `first`: the
+    seconds of one call with a synchronisation after it, which the caller has measured: no less
+    than the host's time per call, so a spin of `runs` times that covers the host's queueing."""
     cuda.Context.synchronize()
-    start = time.perf_counter()
-    call()
-    cuda.Context.synchronize()
-    first = time.perf_counter() - start  # >= the host's time per call: the spin covers them all
     starts = [cuda.Event() for _ in range(runs)]
     ends = [cuda.Event() for _ in range(runs)]
     host = np.empty(runs)

@@ -86,8 +86,9 @@ def test_queued_work_costs_the_longer_of_device_and_host_time():
     device = np.array([5e-6, 5e-6, 5e-6, 40e-6, 40e-6, 40e-6, 40e-6])
     host = np.array([20e-6, 20e-6, 20e-6, 1e-6, 1e-6, 1e-6, 1e-6])
 
-    def queued(call, runs):
+    def queued(call, runs, first):
         assert runs == MIN_RUNS  # a slow first call: the fewest runs
+        assert first >= 0.01  # the synchronised call time_call measured, passed on
         for _ in range(runs):
             call()
         return device[:runs], host[:runs]

@@ -61,15 +61,16 @@ class Backend:
 class Space:
     """A memory space's value representation, seen from the host.
 
-    `time_queued(call, runs) -> (device_seconds, host_seconds)`, where a space has it: the time
-    of the work each of `runs` calls of `call` queues in the space, measured there, and the
-    host's time for each call (runtime/cuda_timing.py). The profiler times a kernel of such a
+    `time_queued(call, runs, first) -> (device_seconds, host_seconds)`, where a space has it:
+    the time of the work each of `runs` calls of `call` queues in the space, measured there, and
+    the host's time for each call (`first`: one synchronised call's seconds; see
+    runtime/cuda_timing.py). The profiler times a kernel of such a
     space by it; elsewhere by the host's clock around each synchronised call."""
 
     name: str | None
     to_host: Callable[[object], np.ndarray]
     from_host: Callable[[np.ndarray, TensorType], object]
-    time_queued: Callable[[Callable[[], object], int], tuple[np.ndarray, np.ndarray]] | None = None
+    time_queued: Callable[..., tuple[np.ndarray, np.ndarray]] | None = None
 
 
 @dataclass(frozen=True)

@@ -261,12 +261,6 @@ def as_cuda_tensor(value) -> torch.Tensor:
     return torch.as_tensor(value, device="cuda")
 
 
-def _release_cuda(tensor: torch.Tensor) -> torch.Tensor:
-    # No synchronisation: the cuda backend's kernels run on the same queue (the legacy default
-    # stream, PyTorch's default), so the next kernel starts after this one finished.
-    return tensor
-
-
 def host_run(op_name: str, fn: TensorFn, device: str) -> Callable:
     """The kernel's `run`: host arrays in and out (on "cuda", through the GPU)."""
     on_tensors = tensor_run(op_name, fn)
@@ -333,9 +327,10 @@ def register() -> list[Kernel]:
         _REGISTERED.extend(kernels)
     register_backend(Backend("torch-cpu", call=_call, adopt=from_numpy, release=to_numpy))
     if torch.cuda.is_available():
-        register_backend(
-            Backend("torch-cuda", call=_call, adopt=as_cuda_tensor, release=_release_cuda)
-        )
+        # Results are released as they are, with no synchronisation: the cuda backend's
+        # kernels run on the same queue (the legacy default stream, PyTorch's default), so the
+        # next kernel starts after this one finished.
+        register_backend(Backend("torch-cuda", call=_call, adopt=as_cuda_tensor))
         if "cuda" not in SPACES:
             _OWN_SPACE.append(register_space(_cuda_space()))
     return list(_REGISTERED)
