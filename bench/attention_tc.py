@@ -34,6 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from gpu_suite import device_slug  # noqa: E402  (bench/ is on the path only now)
+
 SHAPES = [(8, 16, 2048, 64), (4, 32, 4096, 128)]  # B, H, S, D
 
 
@@ -173,8 +175,7 @@ def tflops(case: Case, ms: float) -> float:
 def report(rows: list[Row], device: str, commit: str, out: Path, params: dict) -> Path:
     today = datetime.date.today().isoformat()
     out.mkdir(parents=True, exist_ok=True)
-    slug = device.replace(" ", "-").replace("/", "-")
-    path = out / f"attention_tc-{slug}-{today}.md"
+    path = out / f"attention_tc-{device_slug(device)}-{today}.md"
     lines = [
         f"# tgc tensor-core attention vs SDPA: {device}, {today}",
         "",

@@ -591,11 +591,15 @@ def fmt(ms, floor=None) -> str:
     return text
 
 
+def device_slug(device: str) -> str:
+    """The device's name as it appears in a results file's name."""
+    return device.replace(" ", "-").replace("/", "-")
+
+
 def write_report(results, device, bw, commit, out: Path, quick: bool) -> None:
     today = datetime.date.today().isoformat()
     out.mkdir(parents=True, exist_ok=True)
-    slug = device.replace(" ", "-").replace("/", "-")
-    path = out / f"{slug}-{today}{'-quick' if quick else ''}.md"
+    path = out / f"{device_slug(device)}-{today}{'-quick' if quick else ''}.md"
     lines = [
         f"# tgc GPU benchmark: {device}, {today}",
         "",

@@ -42,6 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from gpu_suite import device_slug  # noqa: E402  (bench/ is on the path only now)
+
 MODELS = ROOT / "test" / "models"
 NAMES = ("tiny_gpt2", "tiny_bert", "tiny_gpt2_dynamo", "tiny_bert_dynamo")
 RTOL, ATOL = 1e-3, 1e-4  # numpy run against PyTorch float64 (test/test_import_models.py's)
@@ -347,7 +349,7 @@ def gpu_name() -> str:
 
 
 def write(lines: list[str], out: Path, device: str, dry_run: bool) -> None:
-    slug = "dry-run" if dry_run else device.replace(" ", "-").replace("/", "-")
+    slug = "dry-run" if dry_run else device_slug(device)
     path = out / f"models-{slug}-{datetime.date.today().isoformat()}.md"
     out.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
