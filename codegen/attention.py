@@ -106,7 +106,7 @@ def _f32_kernel(att: Operation, ops: dict[str, dict], common: dict, params: dict
         bn=BLOCK_N,
         threads=THREADS,
         nq=nq,
-        scale=f"{float(np.float32(att.scale()))!r}f",
+        scale=_f32_literal(att.scale()),
         out_vec=(elem == "f32" and cw == 4 and dv == 64),
     )
     grid = (common["nb"] * nq, 1, 1)
