@@ -165,7 +165,7 @@ def bench_auto(res: Result, text, pipeline, inputs, want, stream, db: Path, tol,
 
     import torch
 
-    from tgc.planner.executor import run_planned
+    from tgc.planner.executor import PlannedFunction
 
     device_text = on_device(text)
     with tempfile.TemporaryDirectory() as tmp:
@@ -174,20 +174,20 @@ def bench_auto(res: Result, text, pipeline, inputs, want, stream, db: Path, tol,
         for tune in (False, True):
             summary = profile_workload(path, db, pipeline, budget, tune)
             print(f"  {res.name} [tgc-profile{' --tune' if tune else ''}]: {summary}", flush=True)
-            func = auto_plan(device_text, pipeline, db)
-            outs = run_planned(func, list(inputs))
+            func = PlannedFunction(auto_plan(device_text, pipeline, db))
+            outs = func(list(inputs))
             got = torch.as_tensor(outs[0], device="cuda")
             err = rel_error(got, want)
             label = "auto tuned" if tune else "auto"
             if not err <= tol:
                 res.note += f" [{label}: differs from PyTorch by {err:.2e}, tolerance {tol:g}]"
                 continue
-            ms = time_ms(lambda: run_planned(func, list(inputs)), stream)
+            ms = time_ms(lambda: func(list(inputs)), stream)
             print(f"  {res.name} [{label}]: {ms:.4f} ms", flush=True)
             if tune:
-                res.tuned_ms, res.tuned_plan = ms, plan_summary(func)
+                res.tuned_ms, res.tuned_plan = ms, plan_summary(func.func)
             else:
-                res.auto_ms, res.auto_plan = ms, plan_summary(func)
+                res.auto_ms, res.auto_plan = ms, plan_summary(func.func)
 
 
 def run_tgc(runner, inputs_torch, stream):

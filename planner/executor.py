@@ -18,7 +18,9 @@ in order:
   meaning on the host, as the interpreter's "native" precision computes it.
 
 So one run mixes numpy, torch and CUDA kernels, with copies between host and device where the
-plan has them. Inputs and results are host numpy arrays; a function argument typed in another
+plan has them. `PlannedFunction(func)` resolves every op once (kernel, backend, attributes,
+spaces, value slots) and is then called like `run_planned`: a run does little on the host
+beyond the kernels' own calls, which matters where the GPU's work per kernel takes a few µs. Inputs and results are host numpy arrays; a function argument typed in another
 space is moved there first, and results are brought back. Errors (a callee no kernel has, a
 backend that is not available here, a kernel whose operands live in another space) are
 TgcErrors at the op.
@@ -26,7 +28,8 @@ TgcErrors at the op.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -70,23 +73,68 @@ def run_planned(
     in device memory); its results stay in their spaces. Nothing here waits for the device: a
     caller that keeps its values on the GPU queues the plan's kernels and goes on (as a
     benchmark timing the plan with CUDA events does). Without `backends` and `loaded`, the
-    backends `func` calls are loaded first."""
-    if backends is None and not loaded:
-        load_backends(_families_called(func))
-    if len(values) != len(func.body.args):
-        raise TgcError(
-            f"@{func.sym_name} takes {len(func.body.args)} argument(s), {len(values)} given",
-            func.loc,
-        )
-    table = dict(BACKENDS) if backends is None else dict(backends)
-    env = dict(zip(func.body.args, values))
-    for op in func.body.ops:
-        operands = [env[v] for v in op.operands]
-        if isinstance(op, ReturnOp):
-            return operands
-        for result, value in zip(op.results, _run_located(op, operands, table)):
-            env[result] = value
-    raise TgcError(f"@{func.sym_name} has no 'func.return'", func.loc)
+    backends `func` calls are loaded first. A caller that runs one function many times makes
+    it a `PlannedFunction` once instead."""
+    return PlannedFunction(func, backends, loaded)(values)
+
+
+class PlannedFunction:
+    """A planned function made ready to run many times: every op is resolved once (its kernel,
+    backend, attributes, the memory spaces involved, the value slots it reads and writes), so a
+    call does no more on the host than the kernels themselves need. What can be found wrong
+    without running (a callee no kernel has, a backend not available here, values in the wrong
+    space) is a located TgcError when the function is made ready; a kernel's own error and
+    running out of memory are located at the op when it runs."""
+
+    def __init__(
+        self,
+        func: FuncOp,
+        backends: Mapping[str, Backend] | None = None,
+        loaded: bool = False,
+    ) -> None:
+        if backends is None and not loaded:
+            load_backends(_families_called(func))
+        table = dict(BACKENDS) if backends is None else dict(backends)
+        self.func = func
+        slots = {arg: i for i, arg in enumerate(func.body.args)}
+        self.steps: list[_Step] = []
+        self.returned: tuple[int, ...] | None = None
+        for op in func.body.ops:
+            operands = tuple(slots[v] for v in op.operands)
+            if isinstance(op, ReturnOp):
+                self.returned = operands
+                break
+            results = tuple(range(len(slots), len(slots) + len(op.results)))
+            slots.update(zip(op.results, results))
+            self.steps.append(_Step(op, _prepare_op(op, table), operands, results))
+        self.slot_count = len(slots)
+
+    def __call__(self, values: list) -> list:
+        func = self.func
+        if len(values) != len(func.body.args):
+            raise TgcError(
+                f"@{func.sym_name} takes {len(func.body.args)} argument(s), {len(values)} given",
+                func.loc,
+            )
+        if self.returned is None:
+            raise TgcError(f"@{func.sym_name} has no 'func.return'", func.loc)
+        env = list(values) + [None] * (self.slot_count - len(values))
+        for step in self.steps:
+            outs = _run_located(step, [env[i] for i in step.operands])
+            for i, value in zip(step.results, outs):
+                env[i] = value
+        return [env[i] for i in self.returned]
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One op made ready: `run(operand values) -> result values`, and the slots it reads and
+    writes."""
+
+    op: Operation
+    run: Callable[[list], list]
+    operands: tuple[int, ...]
+    results: tuple[int, ...]
 
 
 def _families_called(func: FuncOp) -> list[str]:
@@ -103,29 +151,48 @@ def _families_called(func: FuncOp) -> list[str]:
     return found
 
 
-def _run_located(op: Operation, values: list, backends: dict[str, Backend]) -> list:
-    """`_run_op`, its errors at the op: a kernel's own error (an index out of range) and
-    running out of memory."""
-    what = f"the result of '{op.attr('callee') if isinstance(op, CallOp) else op.name}'"
-    types = [r.type for r in op.results]
+def _run_located(step: _Step, values: list) -> list:
+    """`step.run(values)`, its errors at the op: a kernel's own error (an index out of range)
+    and running out of memory."""
+    op = step.op
     try:
-        return allocating(lambda: _run_op(op, values, backends), types, what, "native", op.loc)
+        return step.run(values)
+    except MemoryError:
+        _out_of_memory(op)
+        raise
     except TgcError as e:
         if e.loc is None or e.loc == UNKNOWN_LOC:  # a kernel's own op has no place in the file
             e.loc = op.loc
         raise
 
 
-def _run_op(op: Operation, values: list, backends: dict[str, Backend]) -> list:
+def _out_of_memory(op: Operation) -> None:
+    """Raise the located error that says how much memory `op`'s results needed."""
+
+    def fail():
+        raise MemoryError
+
+    allocating(fail, [r.type for r in op.results], _what(op), "native", op.loc)
+
+
+def _what(op: Operation) -> str:
+    return f"the result of '{op.attr('callee') if isinstance(op, CallOp) else op.name}'"
+
+
+def _prepare_op(op: Operation, backends: dict[str, Backend]) -> Callable[[list], list]:
+    """How to run `op` on its operand values (module doc), checked now for what can be."""
+    # results no address can hold are refused before anything runs
+    allocating(lambda: None, [r.type for r in op.results], _what(op), "native", op.loc)
     if isinstance(op, CallOp):
-        return _run_call(op, values, backends)
+        return _prepare_call(op, backends)
     if isinstance(op, CopyOp):
         source = _space(op.operands[0].type.encoding, op)
-        target = op.results[0].type
-        return [_space(target.encoding, op).from_host(source.to_host(values[0]), target)]
+        target_type = op.results[0].type
+        target = _space(target_type.encoding, op)
+        return lambda values: [target.from_host(source.to_host(values[0]), target_type)]
     spaces = {v.type.encoding for v in op.operands} | {r.type.encoding for r in op.results}
     if isinstance(op, FusedOp) and spaces - {None}:
-        return _run_fused_on_device(op, values, backends, spaces)
+        return _prepare_fused_on_device(op, backends, spaces)
     if spaces - {None}:
         raise TgcError(
             f"'{op.name}' on values in {', '.join(sorted(s for s in spaces if s))} memory has no "
@@ -133,13 +200,15 @@ def _run_op(op: Operation, values: list, backends: dict[str, Backend]) -> list:
             op.loc,
         )
     if isinstance(op, FusedOp):
-        return evaluate_block(op.body, values, "native")
+        return lambda values: evaluate_block(op.body, values, "native")
     from tgc.planner.backends.numpy import op_kernel_run
 
-    return op_kernel_run(type(op))(values, op.attributes, [r.type for r in op.results])
+    run = op_kernel_run(type(op))
+    attrs, types = op.attributes, [r.type for r in op.results]
+    return lambda values: run(values, attrs, types)
 
 
-def _run_call(op: CallOp, values: list, backends: dict[str, Backend]) -> list:
+def _prepare_call(op: CallOp, backends: dict[str, Backend]) -> Callable[[list], list]:
     kernel = _kernel(op)
     backend = _backend(kernel, backends, op)
     space = BACKEND_SPACE[kernel.backend]
@@ -151,19 +220,28 @@ def _run_call(op: CallOp, values: list, backends: dict[str, Backend]) -> list:
             f"values are in {where} memory (insert kernel.copy)",
             op.loc,
         )
-    inputs = [backend.adopt(v) for v in values]
+    adopt, release = backend.adopt, backend.release
     if isinstance(kernel, Template):
-        outs = backend.run_region(op, inputs)
-    else:
-        attrs = op.op_attributes() if kernel.op is not None else {}
-        # its parameters beside the attributes (planner/kernel.py): those select-kernels chose
-        # (`param.<name>`), else the defaults
-        attrs.update(kernel.default_params)
-        attrs.update({k[6:]: v for k, v in op.attributes.items() if k.startswith("param.")})
-        outs = backend.call(kernel, inputs, attrs, [r.type for r in op.results])
-    outs = [backend.release(v) for v in outs]
-    _check_results(op, kernel, outs)
-    return outs
+        run_region = backend.run_region
+
+        def run(values: list) -> list:
+            outs = run_region(op, [adopt(v) for v in values])
+            return _checked(op, kernel, [release(v) for v in outs])
+
+        return run
+    attrs = op.op_attributes() if kernel.op is not None else {}
+    # its parameters beside the attributes (planner/kernel.py): those select-kernels chose
+    # (`param.<name>`), else the defaults
+    attrs.update(kernel.default_params)
+    attrs.update({k[6:]: v for k, v in op.attributes.items() if k.startswith("param.")})
+    types = [r.type for r in op.results]
+    call = backend.call
+
+    def run(values: list) -> list:
+        outs = call(kernel, [adopt(v) for v in values], dict(attrs), types)
+        return _checked(op, kernel, [release(v) for v in outs])
+
+    return run
 
 
 def _backend(kernel: Kernel | Template, backends: dict[str, Backend], op: Operation) -> Backend:
@@ -181,7 +259,9 @@ def _backend(kernel: Kernel | Template, backends: dict[str, Backend], op: Operat
     return backend
 
 
-def _run_fused_on_device(op: FusedOp, values: list, backends: dict[str, Backend], spaces) -> list:
+def _prepare_fused_on_device(
+    op: FusedOp, backends: dict[str, Backend], spaces: set
+) -> Callable[[list], list]:
     """A `kernel.fused` in device memory: compiled and run by that space's generated kernels."""
     found = [
         b
@@ -192,8 +272,12 @@ def _run_fused_on_device(op: FusedOp, values: list, backends: dict[str, Backend]
         where = ", ".join(sorted(str(s or "host") for s in spaces))
         raise TgcError(f"no backend here runs a 'kernel.fused' on values in {where} memory", op.loc)
     backend = found[0]
-    outs = backend.run_region(op, [backend.adopt(v) for v in values])
-    return [backend.release(v) for v in outs]
+
+    def run(values: list) -> list:
+        outs = backend.run_region(op, [backend.adopt(v) for v in values])
+        return [backend.release(v) for v in outs]
+
+    return run
 
 
 def _kernel(op: CallOp) -> Kernel | Template:
@@ -216,9 +300,9 @@ def _kernel(op: CallOp) -> Kernel | Template:
     return kernel
 
 
-def _check_results(op: CallOp, kernel: Kernel | Template, outs: list) -> None:
-    """A kernel that returns the wrong number or shapes of results is a broken kernel: say so
-    here rather than let a later op fail on it."""
+def _checked(op: CallOp, kernel: Kernel | Template, outs: list) -> list:
+    """`outs`, checked: a kernel that returns the wrong number or shapes of results is a broken
+    kernel: say so here rather than let a later op fail on it."""
     if len(outs) != len(op.results):
         raise TgcError(
             f"internal error: kernel '{kernel.name}' returned {len(outs)} result(s), the call "
@@ -233,6 +317,7 @@ def _check_results(op: CallOp, kernel: Kernel | Template, outs: list) -> None:
                 f"call declares {result.type}",
                 op.loc,
             )
+    return outs
 
 
 def _space(name: str | None, where: Operation) -> Space:
