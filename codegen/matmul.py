@@ -57,13 +57,14 @@ def generate_matmul(op: FusedOp, params: dict, symbol: str) -> KernelSource:
     m, n, k = shape.m, shape.n, shape.k
     sam, sak = (1, m) if ta else (k, 1)
     sbk, sbn = (1, k) if tb else (n, 1)
-    tiles = _tiles(params)
+    acc_t = COMPUTE_CTYPE[mm.results[0].type.element_type]
+    tiles = _tiles(params, 8 if acc_t == "double" else 4)
     source = render(
         "matmul.cu.j2",
         name=symbol,
         params=decls,
         idx_t=idx_type(op),
-        acc_t=COMPUTE_CTYPE[mm.results[0].type.element_type],
+        acc_t=acc_t,
         m=m,
         n=n,
         k=k,
@@ -119,14 +120,30 @@ def _shape(mm: Operation) -> _Shape:
     )
 
 
-def _tiles(params: dict) -> dict[str, int]:
-    """The tile sizes (template parameters) and the threads of a block."""
+# What one block may have: threads, and static shared memory (the two tiles).
+MAX_THREADS, MAX_STATIC_SHARED = 1024, 48 * 1024
+
+
+def _tiles(params: dict, acc_bytes: int) -> dict[str, int]:
+    """The tile sizes (template parameters) and the threads of a block; a TgcError where they
+    do not make a kernel (a thread tile that does not divide the block tile, more threads or
+    shared memory than a block has), so a parameter search can skip the point."""
     bm = int(params.setdefault("block_m", 64))
     bn = int(params.setdefault("block_n", 64))
     bk = int(params.setdefault("block_k", 16))
     tm = int(params.setdefault("thread_m", 4))
     tn = int(params.setdefault("thread_n", 4))
+    if min(bm, bn, bk, tm, tn) < 1 or bm % tm or bn % tn:
+        raise TgcError(
+            f"matmul tiles {bm}x{bn} (k step {bk}) cannot be split into {tm}x{tn} per thread"
+        )
     threads = (bm // tm) * (bn // tn)
+    shared = bk * (bm + 1 + bn + 1) * acc_bytes
+    if threads > MAX_THREADS or shared > MAX_STATIC_SHARED:
+        raise TgcError(
+            f"matmul tiles {bm}x{bn}x{bk} with {tm}x{tn} per thread need {threads} threads and "
+            f"{shared} bytes of shared memory; a block has {MAX_THREADS} and {MAX_STATIC_SHARED}"
+        )
     return {"bm": bm, "bn": bn, "bk": bk, "tm": tm, "tn": tn, "threads": threads}
 
 

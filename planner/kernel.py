@@ -121,6 +121,12 @@ class Kernel:
     def default_params(self) -> dict:
         return {k: domain[0] for k, domain in self.params.items()}
 
+    def param_attributes(self, params: dict) -> dict:
+        """The `param.<name>` attributes a call running with `params` carries: the parameters
+        with a choice (a one-value domain, such as a generated kernel's region key, stays off
+        the IR)."""
+        return {f"param.{k}": v for k, v in params.items() if len(self.params[k]) > 1}
+
     @property
     def is_graph_kernel(self) -> bool:
         return self.reference is not None

@@ -65,8 +65,7 @@ class _Writer:
             "plan.backend": kernel.backend,
             "plan.seconds": float(cost.seconds),
             "plan.source": cost.source,
-            # the choices the kernel runs with (a one-value domain is no choice)
-            **{f"param.{k}": v for k, v in params.items() if len(kernel.params[k]) > 1},
+            **kernel.param_attributes(params),  # the choices the kernel runs with
         }
 
     def call(self, o: Option, operands: list[Value]) -> Operation:

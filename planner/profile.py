@@ -342,6 +342,7 @@ def region_call(inst: Instance, ref: FuncOp):
         body.append(clone)
         env.update(zip(op.results, clone.results))
     attrs = {"callee": inst.kernel.name}
+    attrs.update(inst.kernel.param_attributes(inst.params))  # as select-kernels writes them
     call = create(CallOp, list(scratch.body.args), attrs, list(inst.result_types), [Region([body])])
     return scratch.body.append(call)
 

@@ -164,6 +164,65 @@ def test_the_same_region_is_one_kernel_and_other_regions_are_others():
     assert len({k.params["region"] for k in first}) == len(first)
 
 
+# -- template parameters: what tuning searches -------------------------------------------------------
+
+
+def _fused_of(m):
+    kind = m.kernel.name.split(".")[1]
+    region = ck.region_function(ck.region_of(kind, list(m.ops)))
+    return ck.fused_from_block(region.body, [m.outputs[0].type], kind, "k", None)
+
+
+def test_a_region_kernel_offers_its_template_parameters_its_generators_choice_first():
+    _, func = lowered((EXAMPLES[0].parent / "gpt2_block.tg").read_text())
+    matches = _distinct_region_kernels(func)
+    for m in matches:
+        kind = m.kernel.name.split(".")[1]
+        chosen = generate_kernel(_fused_of(m)).params
+        offered = ck.template_params(m.kernel.params)
+        assert offered and set(offered) <= set(ck.TUNABLE[kind]), m.kernel.name
+        for name, domain in offered.items():
+            assert domain[0] == chosen[name], (m.kernel.name, name)
+            assert set(ck.TUNABLE[kind][name]) <= set(domain)
+            assert len(set(domain)) == len(domain)
+        assert len(m.kernel.params[ck.REGION_PARAM]) == 1  # the region key is no choice
+
+
+def test_a_parameter_point_the_template_cannot_make_is_refused_with_its_reason():
+    _, func = lowered(MLP)
+    (m, *_) = [m for m in _distinct_region_kernels(func) if m.kernel.name == "cuda.matmul"]
+    kernel = m.kernel
+    default = kernel.default_params
+    assert kernel.param_constraints(None, default) is None
+    too_many = {**default, "block_m": 128, "block_n": 128, "thread_m": 2, "thread_n": 2}
+    reason = kernel.param_constraints(None, too_many)
+    assert reason is not None and "need 4096 threads" in reason and "a block has 1024" in reason
+    uneven = {**default, "block_m": 32, "thread_m": 8, "block_n": 32, "thread_n": 8}
+    assert kernel.param_constraints(None, uneven) is None  # 16 threads: slow, but a kernel
+
+
+def test_a_call_runs_its_region_with_the_parameters_it_names(stand_in):
+    """The call the profiler times and select-kernels writes names the template parameters as
+    `param.<name>` (not the region key); the kernel generated from it uses them."""
+    from tgc.planner.profile import Instance, reference_function, region_call
+
+    _, func = lowered(MLP)
+    (m, *_) = [m for m in _distinct_region_kernels(func) if m.kernel.name == "cuda.elementwise"]
+    types = ([v.type for v in m.inputs], [m.outputs[0].type])
+    point = {**m.kernel.default_params, "block_size": 512, "streaming": True}
+    inst = Instance(m.kernel, *types, params=point)
+    ref = reference_function(inst)
+    call = region_call(inst, ref)
+    assert ck.call_params(call) == {"block_size": 512, "streaming": True}
+    tuned = generate_kernel(ck.fused_from_call(call), ck.call_params(call))
+    assert (tuned.block, tuned.params["streaming"]) == ((512, 1, 1), True)
+    plain = region_call(Instance(m.kernel, *types, params=m.kernel.default_params), ref)
+    assert ck.call_params(plain) == {"block_size": 256, "streaming": False}
+    default = generate_kernel(ck.fused_from_call(plain), ck.call_params(plain))
+    assert (default.block, default.params["streaming"]) == ((256, 1, 1), False)
+    assert tuned.source != default.source
+
+
 # -- the generated code ------------------------------------------------------------------------------
 
 
@@ -787,3 +846,62 @@ def test_a_region_that_does_not_fit_quotes_its_own_line(profiled):
     assert found, str(e.value)
     assert "reshape" in found[3]
     assert found[4] == inst.kernel.reference.split("\n")[int(found[2]) - 1]
+
+
+# A device program of one elementwise op (arguments and result in device memory).
+DEVICE_EXP = """
+func.func @f(%x: tensor<64x256xf32, "cuda">) -> tensor<64x256xf32, "cuda"> {
+  %g = atomic.exp %x : (tensor<64x256xf32, "cuda">) -> tensor<64x256xf32, "cuda">
+  func.return %g : tensor<64x256xf32, "cuda">
+}
+"""
+
+
+def test_tuning_finds_the_fastest_template_parameters_and_the_plan_runs_with_them(
+    stand_in, monkeypatch, tmp_path
+):
+    """On the stand-in device block size 512 is made the fast point (every other one sleeps):
+    `tgc-profile --tune` measures the region's points, select-kernels writes the fastest on
+    the call, and the executor hands run_region a call naming it."""
+    import time
+
+    from tgc.planner import db as dbm
+    from tgc.planner.estimate import DatabaseCostSource
+    from tgc.planner.options import PlanContext
+    from tgc.planner.profile import Profiler, instances
+    from tgc.planner.select import prepare
+
+    seen = []
+
+    def region(op, inputs):
+        params = ck.call_params(op)
+        seen.append(params)
+        if params.get("block_size") != 512:
+            time.sleep(0.002)
+        return _stand_in_region(op, inputs)
+
+    monkeypatch.setitem(BACKENDS, "cuda", Backend("cuda", call=_stand_in_call, run_region=region))
+    monkeypatch.setitem(dbm.FINGERPRINTS, "cuda", lambda: {"gpu": "stand-in"})
+    dbm.device_info.cache_clear()
+    try:
+        path = str(tmp_path / "m.sqlite")
+        _, func = parse(DEVICE_EXP)
+        prepare(func)
+        cuda_kernels = [k for k in KERNELS.values() if k.backend == "cuda"]
+        insts = instances(func, PlanContext(cuda_kernels, 1e-5))
+        regions = [i for i in insts if i.kernel.name == "cuda.elementwise"]
+        assert len(regions) == 1 and len(ck.template_params(regions[0].kernel.params)) == 2
+        with dbm.Database.open(path) as db:
+            report = Profiler(db, min_time=0.005, progress=False).run(regions, tune=True)
+        assert (report.measured, report.tuned, report.failed) == (1, 7, 0)  # 4 sizes x 2 hints
+        _, func = parse(DEVICE_EXP)
+        select_kernels(func, DatabaseCostSource(path), tolerance=1e-5, kernels=cuda_kernels)
+        (call,) = [op for op in func.body.ops if isinstance(op, CallOp)]
+        assert call.attr("callee") == "cuda.elementwise" and call.attr("param.block_size") == 512
+        seen.clear()
+        x = np.random.default_rng(7).standard_normal((64, 256)).astype(np.float32)
+        (got,) = run_plan(func, [x])
+        assert [p["block_size"] for p in seen] == [512]
+        assert rel_error(got, np.exp(x.astype(np.float64))) <= 2e-6
+    finally:
+        dbm.device_info.cache_clear()

@@ -9,7 +9,8 @@ device pieces here:
   `__cuda_array_interface__`, such as a torch CUDA tensor, wrapped without a copy and kept
   alive); `kernel.copy` uploads and downloads through the host;
 - the "cuda" backend: `run_region(op, inputs)` turns a generated-kernel call (or a
-  `kernel.fused`) into a `kernel.fused`, generates its code, compiles it through the CUDA
+  `kernel.fused`) into a `kernel.fused`, generates its code (with the template parameters the
+  call names as `param.<name>`, the generator's own choice for the rest), compiles it through the CUDA
   runtime's caches (runtime/cuda_executor.py: nvcc to a cubin, in memory and on disk) and
   launches it; `call` runs cuda.cublas.gemm through runtime/cublas.py.
 
@@ -157,7 +158,7 @@ def _compiled(op: CallOp | FusedOp):
         return found[1], found[2]
     fused = op if isinstance(op, FusedOp) else planner_side.fused_from_call(op)
     symbol = planner_side.kernel_symbol(fused)
-    source = generate_kernel(fused, None, symbol)
+    source = generate_kernel(fused, planner_side.call_params(op), symbol)
     source.loc = op.loc
     (function,) = load_kernels([source])
     _COMPILED[id(op)] = (op, source, function)

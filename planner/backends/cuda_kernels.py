@@ -19,8 +19,11 @@ A region is offered only where its code generates (the generator is run once per
 region, at planning time) and where it is self-contained: its ops other than the last (the
 root) are read by no op outside it, and the root has one result. Each distinct region is one
 `Kernel` (not registered: the hook makes it): the template's name, the region as its reference
-text (so the roofline counts its flops) and a one-value parameter `region` (its structural
-digest, so a cost table tells regions of one template apart).
+text (so the roofline counts its flops), a one-value parameter `region` (its structural
+digest, so a cost table tells regions of one template apart) and the template parameters
+tuning searches (`TUNABLE`: block sizes, tiles, streaming hints; the generator's own choice
+for the region first), refused where the region's code does not generate with them. A call
+carries the chosen ones as `param.<name>`, and the executor generates the kernel with them.
 
 Error bounds (`max_rel_error`, as planner/kernel.py defines them, for f32/f64):
 elementwise 2e-6 (CUDA's expf, tanhf, erff, powf are within 2-4 ulp of correctly rounded and
@@ -233,6 +236,12 @@ def fused_from_call(call: CallOp) -> FusedOp:
     return fused_from_block(call.body, [r.type for r in call.results], kind, name, call.loc)
 
 
+def call_params(op: Operation) -> dict:
+    """The template parameters a generated-kernel call was planned with (its `param.<name>`
+    attributes, as select-kernels writes them); none for a `kernel.fused`."""
+    return {k[6:]: v for k, v in op.attributes.items() if k.startswith("param.")}
+
+
 def kernel_symbol(fused: FusedOp) -> str:
     """A C symbol for the kernel of `fused`, compiled as its own translation unit."""
     return module_names().allocate(str(fused.attr("name")))
@@ -252,6 +261,37 @@ def region_kernel(region: KernelRegion) -> Kernel | None:
     return _REGION_KERNELS[key]
 
 
+# The template parameters tuning searches (`tgc-profile --tune`), per template: name -> values.
+# A region's domain of each is the value its generator chose by default (first), then these; a
+# name the generator did not use for the region (the f32 attention kernel has no
+# rows_per_warp) is not offered. The values are those a template accepts for any region;
+# whether one fits a given region is the kernel's parameter constraint (its code generates).
+TUNABLE: dict[str, dict[str, tuple]] = {
+    "elementwise": {"block_size": (128, 256, 512, 1024), "streaming": (False, True)},
+    "row_reduction": {
+        "block_size": (64, 128, 256, 512, 1024),
+        "warp_per_row_max": (512, 1024, 2048),
+        "merge_passes": (False, True),
+        "keep_in_registers": (True, False),
+        "streaming": (False, True),
+    },
+    "matmul": {
+        "block_m": (32, 64, 128),
+        "block_n": (32, 64, 128),
+        "block_k": (8, 16, 32),
+        "thread_m": (2, 4, 8),
+        "thread_n": (2, 4, 8),
+    },
+    "attention": {"rows_per_warp": (1, 2), "q_in_registers": (False, True)},
+}
+REGION_PARAM = "region"  # the one-value parameter naming the region (module doc)
+
+
+def template_params(params: dict) -> dict:
+    """The template parameters among a region kernel's parameters (the region key left out)."""
+    return {k: v for k, v in params.items() if k != REGION_PARAM}
+
+
 def _make_region_kernel(region: KernelRegion, key: tuple) -> Kernel | None:
     template = TEMPLATE_OF_KIND[region.kind]
     func = region_function(region)
@@ -259,16 +299,21 @@ def _make_region_kernel(region: KernelRegion, key: tuple) -> Kernel | None:
         func.body, list(func.function_type.results), region.kind, "plan_region", func.loc
     )
     try:
-        generate_kernel(fused)
+        chosen = generate_kernel(fused).params
     except (TgcError, KeyError):  # no C code for an op on this type, an unsupported shape...
         return None
     text = print_op(func)
     digest = hashlib.blake2b(repr(key).encode(), digest_size=8).hexdigest()
+    params: dict[str, tuple] = {REGION_PARAM: (digest,)}
+    for name, values in TUNABLE.get(fused.attr("template"), {}).items():
+        if name in chosen:
+            params[name] = (chosen[name], *(v for v in values if v != chosen[name]))
     kernel = Kernel(
         template.name,
         "cuda",
         reference=text,
-        params={"region": (digest,)},
+        params=params,
+        param_constraints=_generates(fused),
         max_rel_error=template.max_rel_error,
         doc=f"{template.doc}: {', '.join(op.name for op in region.ops)}",
     )
@@ -277,6 +322,27 @@ def _make_region_kernel(region: KernelRegion, key: tuple) -> Kernel | None:
     except TypeError:  # canonicalisation folds an argument away: no option, rather than a crash
         return None
     return kernel
+
+
+def _generates(fused: FusedOp):
+    """The parameter constraint of a region kernel: a point is refused when the template cannot
+    make the region's code with it (a tile that does not divide, too many threads), with the
+    generator's reason. Remembered per point: tuning asks again for points it has seen."""
+    seen: dict[tuple, str | None] = {}
+
+    def constraint(types, params: dict) -> str | None:
+        point = tuple(sorted(template_params(params).items()))
+        if point not in seen:
+            try:
+                generate_kernel(fused, dict(point))
+                seen[point] = None
+            except TgcError as e:
+                seen[point] = e.message
+            except (KeyError, ValueError) as e:
+                seen[point] = f"{type(e).__name__}: {e}"
+        return seen[point]
+
+    return constraint
 
 
 def _match(region: KernelRegion | None) -> Match | None:
