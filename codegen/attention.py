@@ -35,6 +35,7 @@ from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import FusedOp
 from tgc.ir import Operation, Value
 from tgc.passes.cuda_support import attention_supported, strided_layout
+from tgc.types import contiguous_strides
 
 BLOCK_M = 64  # queries per block: 8 rows of threads x 8 rows each
 BLOCK_N = 64  # keys per tile: 16 columns of threads x 4 keys each
@@ -50,6 +51,7 @@ def generate_attention(fused: FusedOp, params: dict, symbol: str) -> KernelSourc
     out = att.results[0].type
     batch_shape = list(out.shape[:-2])
     ops = _operand_layouts(fused, att, batch_shape)
+    ops["o"] = _output_layout(fused, att, batch_shape)
     common = dict(
         name=symbol,
         **_signature(fused, out.num_elements, q.type.element_type),
@@ -107,7 +109,7 @@ def _f32_kernel(att: Operation, ops: dict[str, dict], common: dict, params: dict
         threads=THREADS,
         nq=nq,
         scale=_f32_literal(att.scale()),
-        out_vec=(elem == "f32" and cw == 4 and dv == 64),
+        out_vec=(elem == "f32" and cw == 4 and dv == 64 and _strides_divisible(ops["o"], 4)),
     )
     grid = (common["nb"] * nq, 1, 1)
     return (
@@ -197,6 +199,7 @@ def _tensor_core_kernel(att: Operation, ops: dict[str, dict], common: dict, para
         raw_scores=raw_scores,
         scale=_f32_literal(scale),
         exp_factor=_f32_literal(scale * LOG2E if raw_scores else LOG2E),
+        out_pairs=_strides_divisible(ops["o"], 2),
     )
     grid = (common["nb"] * nq, 1, 1)
     block = (32 * TC_WARPS, 1, 1)
@@ -213,7 +216,8 @@ def _f32_literal(x: float) -> str:
 
 
 def _attention_of(fused: FusedOp) -> Operation:
-    """The region's one hl.attention, which must be one the kernel supports."""
+    """The region's one hl.attention, which must be one the kernel supports (its result, or the
+    transpose the region yields instead, is the region's one result)."""
     inner = [o for o in fused.body.ops if o.name == "hl.attention"]
     if len(inner) != 1 or len(fused.results) != 1:
         raise TgcError(f"attention kernel '{kernel_label(fused)}' needs exactly one hl.attention")
@@ -239,6 +243,48 @@ def _signature(fused: FusedOp, out_elements: int, elem: str) -> dict:
             "" if elem == "f32" else {"bf16": "__float2bfloat16_rn", "f16": "__float2half_rn"}[elem]
         ),
     }
+
+
+def _output_layout(fused: FusedOp, att: Operation, batch_shape: list[int]) -> dict:
+    """Where the kernel writes element (batch..., row, column) of the attention result: the
+    region yields that result (contiguous), or a transpose of it that keeps the head dim last,
+    written contiguously (GPT-2 merges the heads so), or a reshape of that transpose (the same
+    buffer relabelled). The stride of each batch dim, of rows and of columns in the yielded
+    buffer; a located error for any other result."""
+    (y,) = fused.body.last.operands
+    shape = y.type.shape
+    reshape = y.defining_op
+    if reshape is not None and reshape.name == "atomic.reshape":
+        y = reshape.operands[0]
+        shape = y.type.shape
+    strides = list(contiguous_strides(shape))
+    transpose = y.defining_op
+    if transpose is not None and transpose.name == "atomic.transpose":
+        inverse = [0] * len(strides)
+        for i, p in enumerate(transpose.attr("perm")):
+            inverse[p] = strides[i]
+        strides = inverse
+        y = transpose.operands[0]
+    if y is not att.results[0] or strides[-1] != 1:
+        raise TgcError(
+            f"attention kernel '{kernel_label(fused)}' writes the attention result, or a "
+            "transpose of it that keeps the last dim (then maybe reshaped), not this value",
+            fused.body.last.loc,
+        )
+    shape = att.results[0].type.shape
+    return {
+        "offset": 0,
+        "batch": _batch_strides(shape, strides, batch_shape, 2),
+        "row": strides[-2],
+        "col": 1,
+        # The result itself: batch bz starts bz * rows * columns elements in.
+        "flat_batch": shape[-2] * shape[-1] if strides == list(contiguous_strides(shape)) else None,
+    }
+
+
+def _strides_divisible(o: dict, n: int) -> bool:
+    """Every stride of layout `o` but the column's (1) is a multiple of `n` elements."""
+    return o["row"] % n == 0 and all(s % n == 0 for s in o["batch"])
 
 
 def _layout(args: list[Value], x: Value, what: str) -> tuple[int, int, list[int]]:
@@ -314,8 +360,8 @@ def _mark_vector_loads(ops: dict[str, dict], elem: str, d: int, dv: int) -> None
 
 
 def _bases(ops: dict[str, dict], batch_shape: list[int]) -> dict:
-    """The operand layouts and the C expression of each operand's start for the flat batch
-    index `bz` (row-major over batch_shape)."""
+    """The operand and output layouts and the C expression of each one's start for the flat
+    batch index `bz` (row-major over batch_shape)."""
     bcoords = []
     rest = "bz"
     for i in range(len(batch_shape) - 1, -1, -1):
@@ -329,6 +375,7 @@ def _bases(ops: dict[str, dict], batch_shape: list[int]) -> dict:
         ]
         return " + ".join(terms)
 
+    o = ops["o"]
     return {
         "q": ops["q"],
         "k": ops["k"],
@@ -338,4 +385,6 @@ def _bases(ops: dict[str, dict], batch_shape: list[int]) -> dict:
         "k_base": base(ops["k"]),
         "v_base": base(ops["v"]),
         "mask_base": base(ops["mask"]) if "mask" in ops else "0",
+        "o": o,
+        "o_base": f"(long long) bz * {o['flat_batch']}" if o["flat_batch"] else base(o),
     }

@@ -11,6 +11,12 @@ Three kinds of kernel (the `template` attribute of the region):
   result, with or without kept unit dims).
 - `matmul`: one `atomic.matmul` and the elementwise ops on its result (bias, activation, scale,
   residual add): the epilogue runs on the accumulator before it is stored.
+- `attention`: one `hl.attention` the fused CUDA kernel runs and the transpose that is its only
+  user, when that transpose keeps the head dim last (GPT-2's merge of the heads), with the
+  reshape that is the transpose's only user: the kernel writes its output in that layout, so the
+  transpose is no copy kernel. An attention without such a transpose is left alone (placement
+  makes it a kernel of its own). Its operands that are chains of views expressible as strides
+  (`strided_layout`) are cloned into the region, where the kernel reads them through strides.
 
 Views (ops with the VIEW trait: `broadcast`, `reshape`, `transpose`, `slice`, `split`) of a
 kernel input, splat constants, `iota` and small elementwise expressions of those alone (a causal
@@ -47,6 +53,7 @@ from tgc.dialects.kernel import FusedOp, YieldOp
 from tgc.ir import Block, Operation, Region, Value
 from tgc.opdef import ELEMENTWISE, REDUCTION, TERMINATOR, VIEW
 from tgc.pass_manager import Pass, PassStatistics, register_pass
+from tgc.passes.cuda_support import attention_supported, strided_layout
 from tgc.patterns import erase_dead_ops
 
 MAX_KERNEL_INPUTS = 64
@@ -97,7 +104,7 @@ def is_unit_reshape(op: Operation) -> bool:
 class Group:
     """Ops that will become one kernel, and the iteration space they share."""
 
-    kind: str  # "elementwise" | "row_reduction" | "matmul"
+    kind: str  # "elementwise" | "row_reduction" | "matmul" | "attention"
     space: tuple[int, ...]  # the full iteration shape
     ncols: int = 0  # row_reduction: how many trailing dims are reduced
     ops: list[Operation] = field(default_factory=list)
@@ -115,6 +122,8 @@ class Group:
 
 def _compatible(a: Group, b: Group) -> Group | None:
     """The kind and space of a merged group, or None when `a` and `b` cannot share a kernel."""
+    if "attention" in (a.kind, b.kind):
+        return None  # only its output transpose and reshape join an attention kernel
     if a.kind == "matmul" and b.kind == "matmul":
         return None
     if "matmul" in (a.kind, b.kind):
@@ -127,6 +136,29 @@ def _compatible(a: Group, b: Group) -> Group | None:
     if b.kind == "row_reduction":
         return b if b.accepts_shape(a.space) else None
     return a if a.space == b.space else None
+
+
+def only_user(v: Value) -> Operation | None:
+    """The one op that reads `v` (once), or None."""
+    users = v.users()
+    return users[0] if len(v.uses) == 1 and len(users) == 1 else None
+
+
+def writes_transposed(op: Operation) -> bool:
+    """Can the attention kernel write its output through this transpose of it? Yes when the
+    permutation keeps the last dim (the head dim, written in contiguous runs) last."""
+    if op.name != "atomic.transpose":
+        return False
+    perm = list(op.attr("perm"))
+    return perm[-1] == len(perm) - 1
+
+
+def folds_output_transpose(att: Operation) -> bool:
+    """An `hl.attention` the fused kernel runs whose only user is a transpose it can write."""
+    if att.name != "hl.attention" or not attention_supported(att):
+        return False
+    user = only_user(att.results[0])
+    return user is not None and writes_transposed(user)
 
 
 def _feeds_matmul(group: Group, other: Group, group_of: dict[Operation, Group]) -> bool:
@@ -317,6 +349,8 @@ class _Fuser:
     def new_group(self, op: Operation) -> Group | None:
         if op.name == "atomic.matmul":
             group = Group("matmul", op.results[0].type.shape)
+        elif folds_output_transpose(op):
+            group = Group("attention", op.results[0].type.shape)
         elif (k := reduced_suffix(op)) is not None:
             group = Group("row_reduction", op.operands[0].type.shape, k)
         elif is_elementwise(op):
@@ -331,6 +365,8 @@ class _Fuser:
 
     def can_join(self, group: Group, op: Operation) -> bool:
         """May `op`, which reads a value of `group`, run inside it (shapes only)?"""
+        if group.kind == "attention":
+            return self.extends_attention_output(group, op)
         if op.name == "atomic.matmul" or (group.kind == "matmul" and not self.matmul_epilogue):
             return False
         if (k := reduced_suffix(op)) is not None:
@@ -348,6 +384,18 @@ class _Fuser:
         if op.name == "atomic.broadcast" or is_unit_reshape(op):
             return group.accepts_shape(shape)
         return False
+
+    @staticmethod
+    def extends_attention_output(group: Group, op: Operation) -> bool:
+        """The transpose of the group's attention (its only user, which the kernel can write),
+        then the reshape that is that transpose's only user: a reshape of the contiguous buffer
+        the kernel writes only relabels it."""
+        last = group.ops[-1]
+        if only_user(last.results[0]) is not op:
+            return False
+        if last.name == "hl.attention":
+            return writes_transposed(op)
+        return last.name == "atomic.transpose" and op.name == "atomic.reshape"
 
     def join(self, group: Group, op: Operation) -> None:
         if (k := reduced_suffix(op)) is not None and group.kind == "elementwise":
@@ -370,7 +418,7 @@ class _Fuser:
             g = self.group_of.get(p) if p is not None else None
             if g is not None and g not in found:
                 found.append(g)
-        rank = {"matmul": 0, "row_reduction": 1, "elementwise": 2}
+        rank = {"attention": 0, "matmul": 1, "row_reduction": 2, "elementwise": 3}
         return sorted(found, key=lambda g: rank[g.kind])
 
     def run(self) -> None:
@@ -476,7 +524,16 @@ class Materializer:
             v = op.operands[0]
 
     def takes_whole(self, op: Operation, v: Value) -> bool:
-        """True when `op` reads `v` as a whole buffer (a kernel input, never a cloned view)."""
+        """True when `op` reads `v` as a whole buffer (a kernel input, never a cloned view): a
+        matmul operand; an attention operand unless it is a chain of views of a computed value
+        that strides express (a view of a free value, such as an iota mask, is computed by its
+        own kernel: the attention kernel only loads)."""
+        if op.name == "hl.attention":
+            found = strided_layout(v)
+            if found is None:
+                return True
+            root = found[0].defining_op
+            return root is not None and is_free(root)
         return op.name == "atomic.matmul"
 
     def resolve(self, v: Value, block: Block) -> Value:
@@ -593,7 +650,14 @@ class Fuse(Pass):
     def fuse_function(self, func: FuncOp, stats: PassStatistics, taken: set[str]) -> None:
         fuser = _Fuser.grouped(func, self.matmul_epilogue)
         key = dict(fuser.index)
-        for group in sorted(fuser.groups, key=lambda g: fuser.index[g.ops[0]]):
+
+        # Attention kernels first: the transpose they write is then already their result when
+        # another kernel reads it (else that kernel would clone the transpose as a view of the
+        # attention's own result, which the attention kernel does not yield).
+        def order(g: Group) -> tuple[bool, int]:
+            return g.kind != "attention", fuser.index[g.ops[0]]
+
+        for group in sorted(fuser.groups, key=order):
             if not _worth_a_kernel(group):
                 continue
             name = unique_kernel_name(f"{func.sym_name}_{_summary(group)}", taken)

@@ -30,16 +30,15 @@ from tgc.builder import Builder
 from tgc.builtin import FuncOp, ModuleOp, ReturnOp
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import CopyOp
-from tgc.ir import Operation, Value
+from tgc.ir import Operation
 from tgc.opdef import MOVE, OPS, REDUCTION, create
 from tgc.pass_manager import Pass, PassStatistics, register_pass
-from tgc.passes.cuda_support import attention_supported, cublas_can_run, strided_layout
+from tgc.passes.cuda_support import attention_supported, cublas_can_run
 from tgc.passes.fuse import (
     Group,
     Materializer,
     existing_kernel_names,
     is_elementwise,
-    is_free,
     unique_kernel_name,
 )
 from tgc.patterns import erase_dead_ops
@@ -171,27 +170,12 @@ def _split_to_slices(func: FuncOp, stats: PassStatistics) -> None:
         stats.bump("splits into slices")
 
 
-class _AttentionMaterializer(Materializer):
-    """The region of one `hl.attention`: an operand that is a chain of views of a value computed
-    elsewhere (the head-splitting reshape + transpose of a slice of qkv) is cloned into the
-    region, where the kernel reads it through strides; anything else is a whole input."""
-
-    def takes_whole(self, op: Operation, v: Value) -> bool:
-        if op.name != "hl.attention":
-            return super().takes_whole(op, v)
-        found = strided_layout(v)
-        if found is None:
-            return True
-        root = found[0].defining_op
-        return root is not None and is_free(root)
-
-
 def _wrap(func: FuncOp, op: Operation, kind: str, taken: set[str]) -> None:
     name = unique_kernel_name(f"{func.sym_name}_{op.name.split('.', 1)[1]}", taken)
     space = op.results[0].type.shape
     anchor = op.next
-    cls = _AttentionMaterializer if kind == "attention" else Materializer
-    cls(func, Group(kind, space, 0, [op]), name).build(anchor)
+    # Materializer clones the views an attention operand is read through (its `takes_whole`).
+    Materializer(func, Group(kind, space, 0, [op]), name).build(anchor)
 
 
 def _to_cublas_call(op: Operation) -> None:
