@@ -34,9 +34,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpu_suite import device_slug  # noqa: E402  (bench/ is on the path only now)
-
-SHAPES = [(8, 16, 2048, 64), (4, 32, 4096, 128)]  # B, H, S, D
+# bench/ is on the path only now; the shapes and texts are gpu_suite's attention rows'.
+from gpu_suite import ATTENTION_SHAPES as SHAPES  # noqa: E402
+from gpu_suite import attention_flops, attention_text, device_slug  # noqa: E402
 
 
 @dataclass
@@ -55,17 +55,10 @@ class Case:
 
     @property
     def flops(self) -> float:
-        full = 4.0 * self.b * self.h * self.s * self.s * self.d
-        return full / 2 if self.causal else full
+        return attention_flops(self.b, self.h, self.s, self.d, self.causal)
 
     def text(self) -> str:
-        t = f"tensor<{self.b}x{self.h}x{self.s}x{self.d}x{self.dtype}>"
-        attrs = " {causal = true}" if self.causal else ""
-        return (
-            f"func.func @attention(%q: {t}, %k: {t}, %v: {t}) -> {t} {{\n"
-            f"  %y = hl.attention %q, %k, %v{attrs} : ({t}, {t}, {t}) -> {t}\n"
-            f"  func.return %y : {t}\n}}"
-        )
+        return attention_text(self.b, self.h, self.s, self.d, self.causal, self.dtype)
 
 
 def cases(only: set[str]) -> list[Case]:

@@ -1,8 +1,9 @@
-"""The GPU benchmark of issue 4: tgc against PyTorch eager, torch.compile and the memory floor.
+"""The GPU benchmark of issues 4 and 8: tgc against PyTorch eager, torch.compile and the floor.
 
 Run on a GPU machine (PyTorch, PyCUDA and nvcc there), from the repository root:
 
-    python3 bench/gpu_suite.py [--quick] [--only NAME,...] [--commit HASH] [--out bench/results]
+    python3 bench/gpu_suite.py [--quick] [--only NAME,...] [--dtypes f32,bf16,f16] [--commit HASH]
+        [--out bench/results] [--no-sweep] [--no-compile]
 
 For each workload: inputs drawn once on the GPU; tgc (fused kernels through the PyCUDA
 executor, plain matmuls through cuBLAS), PyTorch eager and torch.compile run on one stream;
@@ -12,6 +13,14 @@ checked against PyTorch's before its time is kept. The floor is the bytes that m
 input read once, each output written once) over the device-to-device copy bandwidth measured in
 the same run. Writes bench/results/<device>-<date>.md with the device, date and commit, and
 each target of the issue marked met or missed.
+
+The fp32 rows (issue 4) are memory-bound kernels, two matmuls and the GPT-2 block. The bf16 and
+f16 rows (issue 8; `--dtypes bf16,f16` runs only these) are compute-bound and report TFLOP/s:
+the GPT-2 block, attention (`hl.attention` against `F.scaled_dot_product_attention`) at
+B8 H16 S2048 D64 and B4 H32 S4096 D128, causal and not, the Q/K/V projection with parameter
+weights under `-p optimize`, and a GEMM with bias and GELU. `--only` names: gelu64M, gelu16M,
+softmax4096, softmax16384, layernorm, matmuls, gpt2 (fp32); gpt2_T, attn_T, qkv_T, gemm_gelu_T
+for T in bf16, f16. test/test_bench_gpu_suite.py checks the workloads on the CPU.
 """
 
 from __future__ import annotations
@@ -48,6 +57,8 @@ class Result:
     tuned_ms: float | None = None  # ... after tgc-profile --tune
     auto_plan: str = ""
     tuned_plan: str = ""
+    flops: float | None = None  # compute-bound rows: the flops of one call, for TFLOP/s
+    dtype: str = "f32"
 
 
 def time_ms(fn, stream, reps: int = 30, warmup: int = 3) -> float:
@@ -81,11 +92,17 @@ def copy_bandwidth(stream) -> float:
 
 
 def tgc_runner(text: str, pipeline: str = "", params: dict | None = None):
+    from tgc.runtime.cuda_executor import CudaPlanRunner
+
+    return CudaPlanRunner(tgc_plan(text, pipeline, params))
+
+
+def tgc_plan(text: str, pipeline: str = "", params: dict | None = None):
+    """The plan the fixed `cuda` route makes of `text` (no GPU needed: a CPU test runs it)."""
     import tgc
     from tgc.codegen.plan import build_plan
     from tgc.parser import parse_module
     from tgc.pass_manager import PassManager
-    from tgc.runtime.cuda_executor import CudaPlanRunner
 
     tgc.load_all()
     module = parse_module(text)
@@ -99,7 +116,7 @@ def tgc_runner(text: str, pipeline: str = "", params: dict | None = None):
     }
     route = "cuda{" + " ".join(f"{k}={v}" for k, v in options.items()) + "}"
     PassManager.from_text(f"{pipeline},{route}" if pipeline else route).run(module)
-    return CudaPlanRunner(build_plan(module.funcs[0], {"*": params} if params else None))
+    return build_plan(module.funcs[0], {"*": params} if params else None)
 
 
 # -- --backend auto: tgc-profile, then select-kernels on the measurements (issue 7, item 6) ---------
@@ -193,17 +210,41 @@ def bench_auto(res: Result, text, pipeline, inputs, want, stream, db: Path, tol,
 def run_tgc(runner, inputs_torch, stream):
     import torch
 
-    runner.upload([x.detach().cpu().numpy() for x in inputs_torch])
+    runner.upload([host_array(x) for x in inputs_torch])
     runner.poison()
     runner.launch(check_each=True)
-    outs = [torch.from_numpy(o).cuda() for o in runner.download()]
+    outs = [torch.from_numpy(torch_storable(o)).cuda() for o in runner.download()]
     ms = time_ms(lambda: runner.launch(), stream)
     return outs, ms
+
+
+def host_array(x):
+    """A torch tensor as a host array for the runner's upload: bf16, which numpy lacks, as f32
+    (exact; the runner converts to the argument's type)."""
+    import torch
+
+    x = x.detach()
+    return (x.float() if x.dtype == torch.bfloat16 else x).cpu().numpy()
+
+
+def torch_storable(a):
+    """A downloaded result as an array torch.from_numpy takes: bf16 (ml_dtypes) as f32."""
+    import numpy as np
+
+    return a.astype(np.float32) if a.dtype.name == "bfloat16" else a
 
 
 def rel_error(got, want) -> float:
     got, want = got.double(), want.double()
     return float((got - want).abs().max() / max(want.abs().max().item(), 1e-30))
+
+
+def results_error(outs, want) -> float:
+    """rel_error of each result against PyTorch's (a tensor, or a tuple of them); the largest."""
+    wants = list(want) if isinstance(want, (tuple, list)) else [want]
+    if len(outs) != len(wants):
+        return float("inf")
+    return max(rel_error(o, w) for o, w in zip(outs, wants))
 
 
 def bench_one(
@@ -231,7 +272,7 @@ def bench_one(
             want = torch_fn(*inputs)
             torch.cuda.synchronize()
             outs, ms = run_tgc(runner, inputs, torch_stream)
-            err = rel_error(outs[0], want)
+            err = results_error(outs, want)
         label = ", ".join(f"{k}={v}" for k, v in (params or {}).items()) or "defaults"
         if not err <= tol:
             res.note += f" [{label}: differs from PyTorch by {err:.2e}, tolerance {tol:g}]"
@@ -308,23 +349,25 @@ def two_matmuls_text(n: int) -> str:
 }}"""
 
 
-def gpt2_text(b: int, s: int, d: int = 768, h: int = 12) -> str:
-    hd, t = d // h, b * s
+def gpt2_text(b: int, s: int, d: int = 768, h: int = 12, dtype: str = "f32") -> str:
+    """GPT-2's transformer block on `b` x `s` tokens, every value of element type `dtype`."""
+    hd, t, e = d // h, b * s, dtype
     x, v, w3, v3 = (
-        f"tensor<{t}x{d}xf32>",
-        f"tensor<{d}xf32>",
-        f"tensor<{d}x{3 * d}xf32>",
-        f"tensor<{3 * d}xf32>",
+        f"tensor<{t}x{d}x{e}>",
+        f"tensor<{d}x{e}>",
+        f"tensor<{d}x{3 * d}x{e}>",
+        f"tensor<{3 * d}x{e}>",
     )
     wo, w4, v4, w4t = (
-        f"tensor<{d}x{d}xf32>",
-        f"tensor<{d}x{4 * d}xf32>",
-        f"tensor<{4 * d}xf32>",
-        f"tensor<{4 * d}x{d}xf32>",
+        f"tensor<{d}x{d}x{e}>",
+        f"tensor<{d}x{4 * d}x{e}>",
+        f"tensor<{4 * d}x{e}>",
+        f"tensor<{4 * d}x{d}x{e}>",
     )
-    heads = f"tensor<{b}x{h}x{s}x{hd}xf32>"
-    split = f"tensor<{b}x{s}x{h}x{hd}xf32>"
-    qkv = f"tensor<{t}x{3 * d}xf32>"
+    heads = f"tensor<{b}x{h}x{s}x{hd}x{e}>"
+    split = f"tensor<{b}x{s}x{h}x{hd}x{e}>"
+    qkv = f"tensor<{t}x{3 * d}x{e}>"
+    fc = f"tensor<{t}x{4 * d}x{e}>"
     lines = [
         f"func.func @gpt2_block(%x: {x}, %ln1_g: {v}, %ln1_b: {v}, %w_qkv: {w3}, %b_qkv: {v3}, %w_o: {wo}, %b_o: {v}, %ln2_g: {v}, %ln2_b: {v}, %w_fc: {w4}, %b_fc: {v4}, %w_proj: {w4t}, %b_proj: {v}) -> {x} {{",
         f"  %h = hl.layernorm %x, %ln1_g, %ln1_b {{eps = 1.0e-05}} : ({x}, {v}, {v}) -> {x}",
@@ -343,9 +386,9 @@ def gpt2_text(b: int, s: int, d: int = 768, h: int = 12) -> str:
         f"  %o = hl.linear %att_m, %w_o, %b_o : ({x}, {wo}, {v}) -> {x}",
         f"  %x1 = atomic.add %x, %o : ({x}, {x}) -> {x}",
         f"  %h2 = hl.layernorm %x1, %ln2_g, %ln2_b {{eps = 1.0e-05}} : ({x}, {v}, {v}) -> {x}",
-        f"  %fc = hl.linear %h2, %w_fc, %b_fc : ({x}, {w4}, {v4}) -> tensor<{t}x{4 * d}xf32>",
-        f'  %act = hl.gelu %fc {{approximate = "tanh"}} : (tensor<{t}x{4 * d}xf32>) -> tensor<{t}x{4 * d}xf32>',
-        f"  %mlp = hl.linear %act, %w_proj, %b_proj : (tensor<{t}x{4 * d}xf32>, {w4t}, {v}) -> {x}",
+        f"  %fc = hl.linear %h2, %w_fc, %b_fc : ({x}, {w4}, {v4}) -> {fc}",
+        f'  %act = hl.gelu %fc {{approximate = "tanh"}} : ({fc}) -> {fc}',
+        f"  %mlp = hl.linear %act, %w_proj, %b_proj : ({fc}, {w4t}, {v}) -> {x}",
         f"  %y = atomic.add %x1, %mlp : ({x}, {x}) -> {x}",
         f"  func.return %y : {x}",
         "}",
@@ -353,7 +396,13 @@ def gpt2_text(b: int, s: int, d: int = 768, h: int = 12) -> str:
     return "\n".join(lines)
 
 
-def gpt2_torch(b: int, s: int, d: int = 768, h: int = 12):
+def gpt2_flops(b: int, s: int, d: int = 768, h: int = 12) -> float:
+    """The block's multiply-adds x 2: its four GEMMs (2 T d (3d + d + 4d + 4d)) and causal
+    attention (half of 4 b h s^2 (d / h))."""
+    return 2.0 * b * s * 12 * d * d + attention_flops(b, h, s, d // h, causal=True)
+
+
+def gpt2_torch(b: int, s: int, d: int = 768, h: int = 12, dtype: str = "f32", device="cuda"):
     import torch
     import torch.nn.functional as F
 
@@ -369,10 +418,10 @@ def gpt2_torch(b: int, s: int, d: int = 768, h: int = 12):
         return x1 + (F.gelu(h2 @ w_fc + b_fc, approximate="tanh") @ w_proj + b_proj)
 
     t = b * s
-    g = torch.Generator(device="cuda").manual_seed(0)
+    g = seeded_generator(device)
 
     def rnd(*shape, scale=1.0):
-        return torch.randn(*shape, device="cuda", generator=g) * scale
+        return torch.randn(*shape, device=device, generator=g) * scale
 
     inputs = [
         rnd(t, d),
@@ -389,7 +438,85 @@ def gpt2_torch(b: int, s: int, d: int = 768, h: int = 12):
         rnd(4 * d, d, scale=(4 * d) ** -0.5),
         0.1 * rnd(d),
     ]
-    return block, inputs
+    # The same values for every type, drawn in f32 and rounded (f32's are kept as they were).
+    return block, [z.to(torch_dtype(dtype)) for z in inputs]
+
+
+# -- bf16 and f16 workloads (issue 8, item 4) -------------------------------------------------------
+
+DTYPES = ("f32", "bf16", "f16")
+LOW_DTYPES = ("bf16", "f16")
+
+# Max error relative to the largest |PyTorch result| accepted for the bf16 and f16 rows. bf16
+# keeps 8 significant bits (unit roundoff u = 2^-8 = 3.9e-3), f16 11 (u = 2^-11 = 4.9e-4).
+# Both sides round every stored value to the type, but not at the same points: eager rounds
+# each op's result (the GEMM's before the bias, the sum before GELU), tgc's fused kernels keep
+# f32 in registers and round once, and cuBLAS/SDPA sum in their own order; a block compounds
+# that over a dozen ops (the bf16 GPT-2 block was 4.1e-3 off PyTorch's in relative Frobenius
+# norm on an H100, bench/results/attention_tc-NVIDIA-H100-80GB-HBM3-2026-11-23.md). 2e-2 is 5u
+# of bf16 and 5e-3 10u of f16 (f16 errs less, but SDPA and cuBLAS still round P and partial
+# sums to it): room for that, while a wrong kernel (a missed mask, a lost tile) errs by O(1).
+LOW_PRECISION_TOL = {"bf16": 2e-2, "f16": 5e-3}
+
+# (B, H, S, D) of the attention rows: the shapes of issue 8 (bench/attention_tc.py's too).
+ATTENTION_SHAPES = [(8, 16, 2048, 64), (4, 32, 4096, 128)]
+
+
+def seeded_generator(device: str):
+    """A generator seeded 0 on `device`; None on "meta" (shapes only: nothing is drawn)."""
+    import torch
+
+    return None if device == "meta" else torch.Generator(device=device).manual_seed(0)
+
+
+def torch_dtype(dtype: str):
+    import torch
+
+    return {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+
+
+def attention_text(b: int, h: int, s: int, d: int, causal: bool, dtype: str) -> str:
+    """`hl.attention` on (B, H, S, D) q, k, v (SDPA's layout), causal or not."""
+    t = f"tensor<{b}x{h}x{s}x{d}x{dtype}>"
+    attrs = " {causal = true}" if causal else ""
+    return (
+        f"func.func @attention(%q: {t}, %k: {t}, %v: {t}) -> {t} {{\n"
+        f"  %y = hl.attention %q, %k, %v{attrs} : ({t}, {t}, {t}) -> {t}\n"
+        f"  func.return %y : {t}\n}}"
+    )
+
+
+def attention_flops(b: int, h: int, s: int, d: int, causal: bool) -> float:
+    """4 B H S^2 D (Q K^T and P V, a multiply-add 2 flops), half of it under a causal mask."""
+    full = 4.0 * b * h * s * s * d
+    return full / 2 if causal else full
+
+
+def qkv_text(t: int, d: int, dtype: str) -> str:
+    """Q, K and V of `t` tokens: three matmuls sharing x, their weights parameters (`-p
+    optimize` merges them into one GEMM, the weights packed once by the plan's prologue)."""
+    x, w = f"tensor<{t}x{d}x{dtype}>", f"tensor<{d}x{d}x{dtype}>"
+    lines = [
+        f"func.func @qkv(%x: {x}, %wq: {w} {{tgc.param}}, %wk: {w} {{tgc.param}}, %wv: {w} {{tgc.param}}) -> ({x}, {x}, {x}) {{"
+    ]
+    lines += [f"  %{n} = atomic.matmul %x, %w{n} : ({x}, {w}) -> {x}" for n in "qkv"]
+    lines += [f"  func.return %q, %k, %v : {x}, {x}, {x}", "}"]
+    return "\n".join(lines)
+
+
+def gemm_gelu_text(m: int, k: int, n: int, dtype: str) -> str:
+    """GELU(tanh) of x w + b: the GEMM with a bias and GELU epilogue (GPT-2's MLP up)."""
+    x, w, b, y = (
+        f"tensor<{m}x{k}x{dtype}>",
+        f"tensor<{k}x{n}x{dtype}>",
+        f"tensor<{n}x{dtype}>",
+        f"tensor<{m}x{n}x{dtype}>",
+    )
+    return f"""func.func @gemm_gelu(%x: {x}, %w: {w}, %b: {b}) -> {y} {{
+  %y = hl.linear %x, %w, %b : ({x}, {w}, {b}) -> {y}
+  %g = hl.gelu %y {{approximate = "tanh"}} : ({y}) -> {y}
+  func.return %g : {y}
+}}"""
 
 
 # Template parameter sets tried for the memory-bound kernels (what a profiler would search);
@@ -413,13 +540,44 @@ ROW_VARIANTS = [
 ]
 
 
-def main(argv=None) -> int:
-    import torch
-    import torch.nn.functional as F
+GPT2_VARIANTS = [None, {"attention_kernel": False}, {"matmul_epilogue": True}]
 
-    ap = argparse.ArgumentParser()
+# --only's names: the fp32 rows, then each bf16/f16 workload as `<workload>_<dtype>`.
+F32_WORKLOADS = (
+    "gelu64M",
+    "gelu16M",
+    "softmax4096",
+    "softmax16384",
+    "layernorm",
+    "matmuls",
+    "gpt2",
+)
+LOW_WORKLOADS = ("gpt2", "attn", "qkv", "gemm_gelu")
+
+
+def workload_names(dtypes) -> list[str]:
+    """The names --only takes for the rows of `dtypes`, in the order the suite runs them."""
+    names = list(F32_WORKLOADS) if "f32" in dtypes else []
+    return names + [f"{w}_{dt}" for dt in LOW_DTYPES if dt in dtypes for w in LOW_WORKLOADS]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options, checked (before torch is imported: --help and errors need no GPU); sets
+    `args.selected`, the names of the workloads to run."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes, no torch.compile")
-    ap.add_argument("--only", default="", help="comma-separated workload names")
+    ap.add_argument(
+        "--only",
+        default="",
+        help="comma-separated workload names: "
+        + ", ".join(F32_WORKLOADS)
+        + " (fp32); gpt2_T, attn_T, qkv_T, gemm_gelu_T for T bf16 or f16",
+    )
+    ap.add_argument(
+        "--dtypes",
+        default=",".join(DTYPES),
+        help="comma-separated element types of the rows to run (default %(default)s)",
+    )
     ap.add_argument("--commit", default=os.environ.get("TGC_COMMIT", "unknown"))
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--no-compile", action="store_true")
@@ -432,8 +590,205 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--auto-budget", type=float, default=60.0, help="tgc-profile's --budget")
     args = ap.parse_args(argv)
+    dtypes = [dt for dt in args.dtypes.split(",") if dt]
+    for dt in dtypes:
+        if dt not in DTYPES:
+            ap.error(f"--dtypes: unknown element type '{dt}' (known: {', '.join(DTYPES)})")
+    only = [name for name in args.only.split(",") if name]
+    known = workload_names(DTYPES)
+    for name in only:
+        if name not in known:
+            ap.error(f"--only: unknown workload '{name}' (known: {', '.join(known)})")
+    args.selected = [n for n in workload_names(dtypes) if not only or n in only]
+    if not args.selected:
+        ap.error(f"--only {args.only} names no workload of --dtypes {args.dtypes}")
+    return args
+
+
+@dataclass
+class Workload:
+    """One bf16/f16 row's tgc side, made without torch (a CPU test plans each at full size)."""
+
+    kind: str  # its --only name less the type: gpt2, attn, qkv, gemm_gelu
+    name: str
+    target: str
+    text: str
+    flops: float
+    shape: tuple  # what its PyTorch side (TORCH_SIDES[kind]) takes
+    pipeline: str = ""
+    variants: list | None = None
+    auto: bool = True  # bench_auto checks one result: not for a function of several
+    note: str = ""
+
+
+def low_precision_workloads(kind: str, dtype: str, quick: bool, sweep: bool) -> list[Workload]:
+    """The rows of workload `kind` in `dtype` (issue 8's sizes; smaller for --quick)."""
+    return WORKLOADS_OF[kind](dtype, quick, sweep)
+
+
+def gpt2_workloads(dtype: str, quick: bool, sweep: bool) -> list[Workload]:
+    b, s = (8, 1024) if not quick else (2, 256)
+    name = f"GPT-2 block {dtype}, batch {b} x {s} tokens"
+    text, flops = gpt2_text(b, s, dtype=dtype), gpt2_flops(b, s)
+    variants = GPT2_VARIANTS if sweep else None
+    return [Workload("gpt2", name, "beat_eager_le_compile", text, flops, (b, s), variants=variants)]
+
+
+def qkv_workloads(dtype: str, quick: bool, sweep: bool) -> list[Workload]:
+    t, d = (8192, 768) if not quick else (1024, 768)
+    name = f"QKV projection {dtype}, {t}x{d} @ 3 x {d}x{d} parameters"
+    note = "pipeline 'optimize'; weights {tgc.param}, packed once by the plan's prologue (untimed)"
+    text, flops = qkv_text(t, d, dtype), 3 * 2.0 * t * d * d
+    row = Workload(
+        "qkv", name, "beat_eager", text, flops, (t, d), "optimize", auto=False, note=note
+    )
+    return [row]
+
+
+def gemm_gelu_workloads(dtype: str, quick: bool, sweep: bool) -> list[Workload]:
+    m, k, n = (8192, 768, 3072) if not quick else (1024, 768, 3072)
+    name = f"GEMM + bias + GELU(tanh) {dtype}, {m}x{k} @ {k}x{n}"
+    text, flops = gemm_gelu_text(m, k, n, dtype), 2.0 * m * n * k
+    variants = [None, {"matmul_epilogue": True}] if sweep else None
+    return [Workload("gemm_gelu", name, "le_eager", text, flops, (m, k, n), variants=variants)]
+
+
+def attention_workloads(dtype: str, quick: bool, sweep: bool) -> list[Workload]:
+    """Both shapes, causal and not (no template sweep: each variant is one more nvcc build)."""
+    rows = []
+    for i, (b, h, s, d) in enumerate(ATTENTION_SHAPES):
+        if quick:
+            b, s = max(1, b // 4), s // 4
+        for causal in (True, False):
+            # The issue's goal is causal bf16 at the first shape; the other rows are reported.
+            target = "sdpa80" if causal and dtype == "bf16" and i == 0 else "none"
+            name = f"attention B{b} H{h} S{s} D{d} {'causal' if causal else 'full'} {dtype}"
+            text, flops = (
+                attention_text(b, h, s, d, causal, dtype),
+                attention_flops(b, h, s, d, causal),
+            )
+            rows.append(Workload("attn", name, target, text, flops, (b, h, s, d, causal)))
+    return rows
+
+
+WORKLOADS_OF = {
+    "gpt2": gpt2_workloads,
+    "attn": attention_workloads,
+    "qkv": qkv_workloads,
+    "gemm_gelu": gemm_gelu_workloads,
+}
+
+
+@dataclass
+class LowPrecisionRun:
+    """What every bf16/f16 row of one run shares: its element type, the options, the seeded
+    generator of its inputs."""
+
+    dtype: str
+    stream: object
+    do_compile: bool
+    auto: dict
+    device: str = "cuda"  # a CPU test makes the inputs on "meta"
+    gen: object = None
+
+    def rnd(self, *shape, scale: float = 1.0):
+        """N(0, scale^2) in the row's type (drawn in f32 on the device, then rounded)."""
+        import torch
+
+        if self.gen is None:
+            self.gen = seeded_generator(self.device)
+        x = torch.randn(*shape, device=self.device, generator=self.gen) * scale
+        return x.to(torch_dtype(self.dtype))
+
+    def bench(self, w: Workload) -> Result:
+        """bench_one on `w` and its PyTorch side, within the type's tolerance."""
+        res = Result(w.name, w.target, flops=w.flops, dtype=self.dtype)
+        fn, inputs = TORCH_SIDES[w.kind](self, *w.shape)
+        auto = self.auto if w.auto else {}
+        tol = LOW_PRECISION_TOL[self.dtype]
+        bench_one(
+            res,
+            w.text,
+            fn,
+            inputs,
+            self.stream,
+            pipeline=w.pipeline,
+            do_compile=self.do_compile,
+            tol=tol,
+            variants=w.variants,
+            **auto,
+        )
+        res.note += f" {w.note}" if w.note else ""
+        print(res, flush=True)
+        return res
+
+
+def bench_low_precision(dtype: str, args, stream, want, do_compile: bool, auto: dict) -> list:
+    """The `dtype` (bf16 or f16) rows of issue 8 that `want` selects, each beside PyTorch eager
+    and torch.compile in the same type, its results checked within LOW_PRECISION_TOL."""
+    run = LowPrecisionRun(dtype, stream, do_compile, auto)
+    return [
+        run.bench(w)
+        for kind in LOW_WORKLOADS
+        if want(f"{kind}_{dtype}")
+        for w in low_precision_workloads(kind, dtype, args.quick, not args.no_sweep)
+    ]
+
+
+# The PyTorch side of each kind of workload: (its function, its inputs on the GPU).
+
+
+def gpt2_side(run: LowPrecisionRun, b: int, s: int):
+    return gpt2_torch(b, s, dtype=run.dtype, device=run.device)
+
+
+def attention_side(run: LowPrecisionRun, b: int, h: int, s: int, d: int, causal: bool):
+    return sdpa(causal), [run.rnd(b, h, s, d) for _ in range(3)]
+
+
+def qkv_side(run: LowPrecisionRun, t: int, d: int):
+    return three_gemms, [run.rnd(t, d)] + [run.rnd(d, d, scale=d**-0.5) for _ in range(3)]
+
+
+def gemm_gelu_side(run: LowPrecisionRun, m: int, k: int, n: int):
+    return gemm_bias_gelu, [run.rnd(m, k), run.rnd(k, n, scale=k**-0.5), run.rnd(n, scale=0.1)]
+
+
+TORCH_SIDES = {
+    "gpt2": gpt2_side,
+    "attn": attention_side,
+    "qkv": qkv_side,
+    "gemm_gelu": gemm_gelu_side,
+}
+
+
+def sdpa(causal: bool):
+    """PyTorch's side of the attention rows (a named function: torch.compile compiles it)."""
+    import torch.nn.functional as F
+
+    def attention(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return attention
+
+
+def three_gemms(x, wq, wk, wv):
+    return x @ wq, x @ wk, x @ wv
+
+
+def gemm_bias_gelu(x, w, b):
+    import torch.nn.functional as F
+
+    return F.gelu(x @ w + b, approximate="tanh")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+
+    import torch
+    import torch.nn.functional as F
+
     auto = {"auto_db": Path(args.auto), "auto_budget": args.auto_budget} if args.auto else {}
-    only = set(filter(None, args.only.split(",")))
     do_compile = not (args.quick or args.no_compile)
     torch.manual_seed(0)
     stream = torch.cuda.current_stream()
@@ -443,7 +798,7 @@ def main(argv=None) -> int:
     results: list[Result] = []
 
     def want(name):
-        return not only or name in only
+        return name in args.selected
 
     scale = 1.702
     for n, label, target in ((64 << 20, "gelu64M", "bw90"), (16 << 20, "gelu16M", "beat_compile")):
@@ -544,13 +899,13 @@ def main(argv=None) -> int:
             stream,
             do_compile=do_compile,
             tol=2e-3,
-            variants=None
-            if args.no_sweep
-            else [None, {"attention_kernel": False}, {"matmul_epilogue": True}],
+            variants=None if args.no_sweep else GPT2_VARIANTS,
             **auto,
         )
         results.append(res)
         print(res, flush=True)
+    for dtype in LOW_DTYPES:
+        results += bench_low_precision(dtype, args, stream, want, do_compile, auto)
 
     for res in results:
         res.met = judge(res, bw)
@@ -559,6 +914,8 @@ def main(argv=None) -> int:
 
 
 def judge(res: Result, bw: float) -> bool | None:
+    if res.target == "none":
+        return None
     if res.tgc_ms is None:
         return False
     frac = res.floor_ms / res.tgc_ms if res.floor_ms else None
@@ -571,6 +928,15 @@ def judge(res: Result, bw: float) -> bool | None:
         return res.compile_ms is not None and res.tgc_ms < res.compile_ms
     if res.target == "le2.9ms":
         return res.tgc_ms <= 2.9
+    if res.target == "beat_eager_le_compile":
+        faster = res.tgc_ms < res.eager_ms
+        return faster and res.compile_ms is not None and res.tgc_ms <= res.compile_ms
+    if res.target == "sdpa80":
+        return res.eager_ms >= 0.8 * res.tgc_ms
+    if res.target == "beat_eager":
+        return res.tgc_ms < res.eager_ms
+    if res.target == "le_eager":
+        return res.tgc_ms <= res.eager_ms
     return None
 
 
@@ -579,6 +945,11 @@ TARGET_TEXT = {
     "bw80_beat_both": ">= 80% of bandwidth, faster than eager and torch.compile",
     "beat_compile": "faster than torch.compile",
     "le2.9ms": "<= 2.9 ms",
+    "beat_eager_le_compile": "faster than eager, at least as fast as torch.compile",
+    "sdpa80": ">= 80% of SDPA's speed (eager)",
+    "beat_eager": "faster than eager",
+    "le_eager": "at least as fast as eager",
+    "none": "none (reported)",
 }
 
 
@@ -596,6 +967,46 @@ def device_slug(device: str) -> str:
     return device.replace(" ", "-").replace("/", "-")
 
 
+def element_types(results) -> str:
+    """The method line's element types: fp32, unless a row names bf16 or f16."""
+    low = sorted({r.dtype for r in results} - {"f32"}, key=DTYPES.index)
+    if not low:
+        return "fp32"
+    return f"fp32, except the rows named {' or '.join(low)} (both sides in that type throughout)"
+
+
+def low_precision_method(results) -> list[str]:
+    """The report's lines on the bf16/f16 rows' checks and on TFLOP/s, where there are such rows."""
+    lines = []
+    low = [dt for dt in LOW_DTYPES if any(r.dtype == dt for r in results)]
+    if low:
+        tols = ", ".join(f"{LOW_PRECISION_TOL[dt]:g} for {dt}" for dt in low)
+        lines.append(
+            f"- {' and '.join(low)} rows: inputs drawn in f32 and rounded to the type; tgc's results "
+            f"checked against PyTorch's in the same type, max error relative to the largest "
+            f"|PyTorch result| within {tols} (rounding at different points)"
+        )
+    if any(r.flops for r in results):
+        lines.append(
+            "- TFLOP/s: one call's flops over its median time; a GEMM 2 M N K, attention "
+            "4 B H S^2 D (half under a causal mask), the GPT-2 block its four GEMMs plus causal "
+            "attention; eager attention is `F.scaled_dot_product_attention`"
+        )
+    return lines
+
+
+def tflops_order(auto: bool) -> list[str]:
+    return ["tgc", *(["auto", "auto tuned"] if auto else []), "eager", "compile"]
+
+
+def tflops_cell(r: Result, auto: bool) -> str:
+    """`tgc / [auto / tuned /] eager / compile` TFLOP/s of a compute-bound row, "-" for others."""
+    if not r.flops:
+        return "-"
+    times = [r.tgc_ms, *([r.auto_ms, r.tuned_ms] if auto else []), r.eager_ms, r.compile_ms]
+    return " / ".join("-" if ms is None else f"{r.flops / (ms * 1e-3) / 1e12:.0f}" for ms in times)
+
+
 def write_report(results, device, bw, commit, out: Path, quick: bool) -> None:
     today = datetime.date.today().isoformat()
     out.mkdir(parents=True, exist_ok=True)
@@ -607,9 +1018,11 @@ def write_report(results, device, bw, commit, out: Path, quick: bool) -> None:
         f"- date: {today}; commit: {commit}",
         (
             "- method: medians of 30 repetitions timed with CUDA events after 3 warm-ups, a sleep kernel "
-            "queued first so the host runs ahead; fp32; every tgc result checked against PyTorch"
+            f"queued first so the host runs ahead; {element_types(results)}; every tgc result checked "
+            "against PyTorch"
         ),
         "- percentages: the floor (bytes that must move / copy bandwidth) over the measured time",
+        *low_precision_method(results),
         "",
     ]
     auto = any(r.auto_plan or r.tuned_plan for r in results)
@@ -622,18 +1035,25 @@ def write_report(results, device, bw, commit, out: Path, quick: bool) -> None:
                 "tgc: the fixed `cuda` route, its best template parameters of the sweep"
             )
         ]
+    compute = any(r.flops for r in results)
     head = "| workload | tgc | " + ("tgc auto | auto tuned | " if auto else "")
+    head += "PyTorch eager | torch.compile | floor | "
+    if compute:
+        head += f"TFLOP/s: {' / '.join(tflops_order(auto))} | "
     lines += [
-        head + "PyTorch eager | torch.compile | floor | target | met | max rel. error vs PyTorch |",
-        "|---|---|---|---|---|---|---|---|" + ("---|---|" if auto else ""),
+        head + "target | met | max rel. error vs PyTorch |",
+        "|---|---|---|---|---|---|---|---|"
+        + ("---|---|" if auto else "")
+        + ("---|" if compute else ""),
     ]
     for r in results:
-        met = "met" if r.met else "missed"
+        met = {True: "met", False: "missed", None: "-"}[r.met]
         err = f"{r.error:.1e}" if r.error is not None else "-"
         autos = f"{fmt(r.auto_ms, r.floor_ms)} | {fmt(r.tuned_ms, r.floor_ms)} | " if auto else ""
+        rate = f"{tflops_cell(r, auto)} | " if compute else ""
         lines.append(
             f"| {r.name} | {fmt(r.tgc_ms, r.floor_ms)} | {autos}{fmt(r.eager_ms, r.floor_ms)} | "
-            f"{fmt(r.compile_ms, r.floor_ms)} | {fmt(r.floor_ms)} | {TARGET_TEXT[r.target]} | "
+            f"{fmt(r.compile_ms, r.floor_ms)} | {fmt(r.floor_ms)} | {rate}{TARGET_TEXT[r.target]} | "
             f"{met} | {err} |"
         )
     lines.append("")
