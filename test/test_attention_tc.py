@@ -379,3 +379,236 @@ def test_unaligned_base_pointers_take_the_plain_load_path(dtype):
     cuda.memcpy_dtoh(got, out_ptr)
     assert not np.isnan(got.astype(np.float64)).any()
     assert rel_frobenius(got, want) < REL_ERROR[dtype]
+
+
+# -- the head merge folded: the kernel writes its output as its consumer reads it ----------------
+
+
+def merged_text(b, h, s, d, dtype, causal=False, mask=False, form="merged") -> str:
+    """GPT-2's attention: q, k, v split from one (b, s, 3 h d) buffer into heads (b, h, s, d);
+    after attention the heads are merged again. form `merged`: transpose to (b, s, h, d) and
+    reshape to (b s, h d), the function's result; `transposed`: the (b, s, h, d) transpose is
+    the result; `consumer`: the merged value plus a residual argument (an elementwise kernel
+    reads the attention kernel's output); `heads_first`: no batch dim (examples/gpt2_block.tg):
+    (h, s, d) arguments, transposed to (s, h, d) and reshaped to (s, h d)."""
+    w = h * d
+    mask_arg = f", %m: {t((s, s), dtype)}" if mask else ""
+    mask_operand = ", %m" if mask else ""
+    mask_type = f", {t((s, s), dtype)}" if mask else ""
+    attr = " {causal = true}" if causal else ""
+    if form == "heads_first":
+        hs = t((h, s, d), dtype)
+        out = t((s, w), dtype)
+        return "\n".join(
+            [
+                f"func.func @att(%q: {hs}, %k: {hs}, %v: {hs}{mask_arg}) -> {out} {{",
+                f"  %y = hl.attention %q, %k, %v{mask_operand}{attr} : ({hs}, {hs}, {hs}{mask_type}) -> {hs}",
+                f"  %yt = atomic.transpose %y {{perm = [1, 0, 2]}} : ({hs}) -> {t((s, h, d), dtype)}",
+                f"  %ym = atomic.reshape %yt : ({t((s, h, d), dtype)}) -> {out}",
+                f"  func.return %ym : {out}",
+                "}",
+            ]
+        )
+    x, part = t((b, s, 3 * w), dtype), t((b, s, w), dtype)
+    split, heads = t((b, s, h, d), dtype), t((b, h, s, d), dtype)
+    merged = t((b * s, w), dtype)
+    out = {"merged": merged, "consumer": merged, "transposed": split}[form]
+    residual = f", %r: {merged}" if form == "consumer" else ""
+    lines = [
+        f"func.func @att(%qkv: {x}{mask_arg}{residual}) -> {out} {{",
+        f"  %q, %k, %v = atomic.split %qkv {{axis = 2, sizes = [{w}, {w}, {w}]}} : ({x}) -> ({part}, {part}, {part})",
+    ]
+    for n in "qkv":
+        lines += [
+            f"  %{n}4 = atomic.reshape %{n} : ({part}) -> {split}",
+            f"  %{n}h = atomic.transpose %{n}4 {{perm = [0, 2, 1, 3]}} : ({split}) -> {heads}",
+        ]
+    lines += [
+        f"  %y = hl.attention %qh, %kh, %vh{mask_operand}{attr} : ({heads}, {heads}, {heads}{mask_type}) -> {heads}",
+        f"  %yt = atomic.transpose %y {{perm = [0, 2, 1, 3]}} : ({heads}) -> {split}",
+    ]
+    if form == "transposed":
+        lines.append(f"  func.return %yt : {split}")
+    else:
+        lines.append(f"  %ym = atomic.reshape %yt : ({split}) -> {merged}")
+        if form == "consumer":
+            lines.append(f"  %z = atomic.add %ym, %r : ({merged}, {merged}) -> {merged}")
+            lines.append(f"  func.return %z : {merged}")
+        else:
+            lines.append(f"  func.return %ym : {merged}")
+    return "\n".join([*lines, "}"])
+
+
+MERGED_REL_ERROR = {**REL_ERROR, "f32": 1e-5}
+
+# b, h, s, d, dtype, causal, mask, form: every element type with and without the causal mask at
+# head dims 64 and 128, odd sequence lengths (not multiples of a tile) and batch 1; then the
+# other forms of the merge.
+MERGED = [
+    (1, 2, 1, 64, "bf16", True, False, "merged"),  # one token
+    (2, 3, 63, 64, "bf16", False, True, "merged"),
+    (1, 2, 130, 128, "bf16", True, False, "merged"),
+    (2, 2, 97, 128, "bf16", False, False, "merged"),
+    (2, 3, 65, 64, "f16", True, True, "merged"),
+    (1, 2, 201, 64, "f16", False, False, "merged"),
+    (1, 2, 130, 128, "f16", True, False, "merged"),
+    (2, 1, 33, 128, "f16", False, True, "merged"),
+    (2, 3, 63, 64, "f32", True, False, "merged"),
+    (1, 2, 130, 64, "f32", False, True, "merged"),
+    (1, 2, 97, 128, "f32", True, True, "merged"),
+    (2, 2, 65, 128, "f32", False, False, "merged"),
+    (2, 2, 77, 64, "bf16", True, False, "transposed"),
+    (2, 2, 70, 80, "bf16", True, False, "consumer"),  # head dim 80: tensor cores, other strides
+    (1, 3, 65, 128, "f16", True, False, "heads_first"),
+    (1, 3, 65, 64, "f32", True, True, "heads_first"),
+]
+
+
+def merged_ids(case) -> str:
+    b, h, s, d, dtype, causal, mask, form = case
+    return (
+        f"{form}-{dtype}-b{b}h{h}s{s}d{d}"
+        + ("-causal" if causal else "")
+        + ("-mask" if mask else "")
+    )
+
+
+def placed_kernels(text: str) -> list[FusedOp]:
+    module = parse_module(text)
+    PassManager.from_text("cuda").run(module)
+    return [o for o in module.funcs[0].body.ops if isinstance(o, FusedOp)]
+
+
+@pytest.mark.parametrize("case", MERGED, ids=merged_ids)
+def test_head_merge_is_no_kernel_of_its_own(case):
+    """The `cuda` route's kernels: the attention kernel (on tensor cores for bf16/f16), which
+    takes the transpose and the reshape after it, and, for `consumer`, the add: no transpose."""
+    b, h, s, d, dtype, causal, mask, form = case
+    kernels = placed_kernels(merged_text(b, h, s, d, dtype, causal, mask, form))
+    want = ["attention", "elementwise"] if form == "consumer" else ["attention"]
+    assert [k.attr("template") for k in kernels] == want
+    inner = [op.name for op in kernels[0].body.ops]
+    assert inner[inner.index("hl.attention") :] == (
+        ["hl.attention", "atomic.transpose", "kernel.yield"]
+        if form == "transposed"
+        else ["hl.attention", "atomic.transpose", "atomic.reshape", "kernel.yield"]
+    )
+    source = generate_kernel(kernels[0])
+    assert bool(source.params.get("tensor_cores")) == (dtype != "f32")
+
+
+def _out_addresses(source: str, nb: int, rows: int, cols: int) -> np.ndarray:
+    """Where the generated kernel stores o[bz, i, c], read from its source: the C expression of
+    the batch's start (`T* op = out0 + (...)`) evaluated for each bz, then `qi * row stride`,
+    columns contiguous."""
+    import re
+
+    base = re.search(r"T\* op = out0 \+ \((.*)\);", source).group(1)
+    row = int(re.search(r"T\* row = op \+ \(idx_t\) qi \* (\d+);", source).group(1))
+    python = base.replace("(long long) ", "").replace("/", "//")
+    starts = np.array([eval(python, {"bz": bz}) for bz in range(nb)])  # noqa: S307 (our own C)
+    return (
+        starts[:, None, None]
+        + np.arange(rows)[None, :, None] * row
+        + np.arange(cols)[None, None, :]
+    )
+
+
+@pytest.mark.parametrize("case", MERGED, ids=merged_ids)
+def test_output_addresses_are_the_merged_layout(case):
+    """Every element the kernel stores lands where numpy's transpose and reshape put it: the
+    addresses taken from the generated source, checked against the region's own ops run on an
+    attention result of distinct values (its flat index)."""
+    b, h, s, d, dtype, causal, mask, form = case
+    (fused, *_) = placed_kernels(merged_text(b, h, s, d, dtype, causal, mask, form))
+    att = next(op for op in fused.body.ops if op.name == "hl.attention")
+    shape = att.results[0].type.shape
+    index = np.arange(int(np.prod(shape))).reshape(shape)
+    value = index
+    ops = list(fused.body.ops)
+    for op in ops[ops.index(att) + 1 : -1]:
+        value = (
+            np.transpose(value, op.attr("perm"))
+            if op.name == "atomic.transpose"
+            else value.reshape(op.results[0].type.shape)
+        )
+    written = np.ascontiguousarray(value).ravel()
+    nb = int(np.prod(shape[:-2]))
+    addresses = _out_addresses(generate_kernel(fused).source, nb, shape[-2], shape[-1])
+    assert sorted(addresses.ravel().tolist()) == list(range(written.size))  # each once
+    np.testing.assert_array_equal(written[addresses], index.reshape(nb, shape[-2], shape[-1]))
+
+
+def test_output_the_kernel_cannot_write_is_a_located_error():
+    """An attention region yielding a transpose that moves the head dim (fuse never forms one)
+    is refused by the generator with the region's location, not generated wrong."""
+    from tgc.diagnostics import TgcError
+
+    a, o = t((2, 5, 16), "f32"), t((2, 16, 5), "f32")
+    text = "\n".join(
+        [
+            f"func.func @f(%q: {a}, %k: {a}, %v: {a}) -> {o} {{",
+            f'  %y = kernel.fused %q, %k, %v {{name = "k", template = "attention"}} : ({a}, {a}, {a}) -> {o} {{',
+            f"  ^bb0(%a: {a}, %b: {a}, %c: {a}):",
+            f"    %r = hl.attention %a, %b, %c : ({a}, {a}, {a}) -> {a}",
+            f"    %s = atomic.transpose %r {{perm = [0, 2, 1]}} : ({a}) -> {o}",
+            f"    kernel.yield %s : {o}",
+            "  }",
+            f"  func.return %y : {o}",
+            "}",
+        ]
+    )
+    module = parse_module(text)
+    verify(module)
+    fused = next(op for op in module.walk() if isinstance(op, FusedOp))
+    with pytest.raises(TgcError, match="writes the attention result, or a transpose") as info:
+        generate_kernel(fused)
+    assert info.value.loc is not None and info.value.loc.line == 6
+
+
+FOLDED_COMPILED = [
+    (dtype, d, causal)
+    for dtype in ("f32", "bf16", "f16")
+    for d in (64, 128)
+    for causal in (False, True)
+]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("dtype,d,causal", FOLDED_COMPILED)
+def test_folded_kernel_compiles(tmp_path, dtype, d, causal):
+    (fused,) = placed_kernels(merged_text(2, 3, 97, d, dtype, causal, not causal))
+    k = generate_kernel(fused)
+    assert "Written as its consumer reads it" in k.source
+    nvcc(tmp_path, prelude() + "\n" + k.source, "-cubin", "-arch=sm_90")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_standalone_file_with_folded_kernels_compiles(tmp_path):
+    """The standalone emitter takes the folded kernels as they are: a bf16 and an f32 merged
+    attention in one file with its main, no transpose kernel in it."""
+    first = merged_text(2, 2, 70, 64, "bf16", True, False, "consumer")
+    second = merged_text(1, 2, 33, 64, "f32", True, True, "heads_first").replace("@att", "@att2")
+    module = parse_module(first + "\n" + second)
+    PassManager.from_text("cuda-standalone").run(module)
+    source = emit_standalone_cuda(module, "att")
+    assert source.count("Written as its consumer reads it") == 2
+    assert "_transpose" not in source
+    nvcc(tmp_path, source, "-arch=sm_90", "-DTGC_STANDALONE_MAIN")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", MERGED, ids=merged_ids)
+def test_folded_head_merge_matches_float64(case):
+    """The attention kernel writing the merged layout against the float64 interpreter of the
+    unfused function, outputs poisoned with NaN first (an element left unwritten fails)."""
+    b, h, s, d, dtype, causal, mask, form = case
+    text = merged_text(b, h, s, d, dtype, causal, mask, form)
+    seed = 101 * b + s + d + 7 * mask + 13 * causal
+    got, want, runner = run_gpu(text, seed, q_gain=2.0 if seed % 2 else 1.0)
+    templates = [k.template for k in runner.plan.kernels]
+    assert templates == (["attention", "elementwise"] if form == "consumer" else ["attention"])
+    assert got.shape == want.shape
+    assert not np.isnan(got.astype(np.float64)).any(), "NaN in the result (left unwritten?)"
+    err = rel_frobenius(got, want)
+    assert err < MERGED_REL_ERROR[dtype], f"relative error {err:.2e}"
