@@ -605,7 +605,7 @@ def test_folded_head_merge_matches_float64(case):
     b, h, s, d, dtype, causal, mask, form = case
     text = merged_text(b, h, s, d, dtype, causal, mask, form)
     seed = 101 * b + s + d + 7 * mask + 13 * causal
-    got, want, runner = run_gpu(text, seed, q_gain=2.0 if seed % 2 else 1.0)
+    got, want, runner = run_gpu(text, seed, q_gain=1.5 if seed % 2 else 1.0)
     templates = [k.template for k in runner.plan.kernels]
     assert templates == (["attention", "elementwise"] if form == "consumer" else ["attention"])
     assert got.shape == want.shape
