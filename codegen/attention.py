@@ -21,6 +21,11 @@ On the CUDA route (the `cuda` pipeline) `lower-unsupported-attention` and
 views into an offset and one stride per dim, so the transposes that split heads are index
 arithmetic on the tile loads instead of copy kernels. Both predicates live in
 passes/cuda_support.py, where placement decides with them. See docs/fusion.md.
+
+The output is written through strides too: the region yields the attention result, or (when
+`fuse` folded GPT-2's head merge into it) a transpose of it that keeps the head dim last,
+perhaps reshaped; `_output_layout` turns that into a start per batch and a row stride, so the
+consumer reads the kernel's buffer as it is and no transpose kernel follows.
 """
 
 from __future__ import annotations
