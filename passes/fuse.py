@@ -626,7 +626,8 @@ def existing_kernel_names(module: Operation) -> set[str]:
 @dataclass(frozen=True)
 class Fuse(Pass):
     """Group producer-consumer chains into `kernel.fused` regions (elementwise chains, row
-    reductions with prologue and epilogue, matmul with epilogue). See the module docstring for
+    reductions with prologue and epilogue, matmul with epilogue, attention with the transpose
+    that merges its heads). See the module docstring for
     the legality rules and the policy for values with several consumers.
 
     Contract: results are unchanged; each fused op is an isolated region whose block arguments
