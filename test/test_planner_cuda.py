@@ -905,3 +905,33 @@ def test_tuning_finds_the_fastest_template_parameters_and_the_plan_runs_with_the
         assert rel_error(got, np.exp(x.astype(np.float64))) <= 2e-6
     finally:
         dbm.device_info.cache_clear()
+
+
+def test_an_hl_op_is_offered_the_one_kernel_its_whole_lowering_fuses_into(stand_in):
+    """An hl op's decomposition is planned fully lowered (no hl op nested inside), so the
+    fused kernels `fuse` forms after `lower-hl` (the fixed cuda route's) are among its options:
+    a layernorm is one row-reduction kernel, not a mean kernel, a variance kernel and the rest."""
+    from tgc.planner.options import PlanContext
+    from tgc.planner.profile import instances
+    from tgc.planner.select import prepare
+
+    x, p = 'tensor<64x4096xf32, "cuda">', 'tensor<4096xf32, "cuda">'
+    _, func = parse(
+        f"""func.func @f(%x: {x}, %g: {p}, %b: {p}) -> {x} {{
+  %y = hl.layernorm %x, %g, %b {{eps = 1.0e-05}} : ({x}, {p}, {p}) -> {x}
+  func.return %y : {x}
+}}"""
+    )
+    prepare(func)
+    cuda_kernels = [k for k in KERNELS.values() if k.backend == "cuda"]
+    regions = [i for i in instances(func, PlanContext(cuda_kernels, 1e-5)) if i.kernel.reference]
+    ops = [[op.name for op in ck_ops(i.kernel)] for i in regions]
+    assert not any(name.startswith("hl.") for names in ops for name in names)
+    whole = [names for names in ops if names.count("atomic.reduce_sum") == 2]
+    assert whole and whole[0][-1] == "atomic.add" and len(whole[0]) >= 10, ops
+
+
+def ck_ops(kernel) -> list:
+    from tgc.planner.kernel import canonical_references
+
+    return [op for op in canonical_references(kernel)[0].body.ops][:-1]
