@@ -495,6 +495,21 @@ def _summary(group: Group) -> str:
     return "_".join(names[:3])
 
 
+def reads_whole(op: Operation, v: Value) -> bool:
+    """True when `op`'s kernel reads `v` as a whole buffer (a kernel input, never a cloned
+    view): a matmul operand; an attention operand unless it is a chain of views of a computed
+    value that strides express (a view of a free value, such as an iota mask, is computed by its
+    own kernel: the attention kernel only loads). The planner's regions follow the same rule
+    (planner/backends/cuda_kernels.py)."""
+    if op.name == "hl.attention":
+        found = strided_layout(v)
+        if found is None:
+            return True
+        root = found[0].defining_op
+        return root is not None and is_free(root)
+    return op.name == "atomic.matmul"
+
+
 class Materializer:
     """Turns one group into a `kernel.fused` op placed in the function body."""
 
@@ -524,17 +539,7 @@ class Materializer:
             v = op.operands[0]
 
     def takes_whole(self, op: Operation, v: Value) -> bool:
-        """True when `op` reads `v` as a whole buffer (a kernel input, never a cloned view): a
-        matmul operand; an attention operand unless it is a chain of views of a computed value
-        that strides express (a view of a free value, such as an iota mask, is computed by its
-        own kernel: the attention kernel only loads)."""
-        if op.name == "hl.attention":
-            found = strided_layout(v)
-            if found is None:
-                return True
-            root = found[0].defining_op
-            return root is not None and is_free(root)
-        return op.name == "atomic.matmul"
+        return reads_whole(op, v)
 
     def resolve(self, v: Value, block: Block) -> Value:
         """The value inside the region that stands for the outside value `v`."""

@@ -935,3 +935,53 @@ def ck_ops(kernel) -> list:
     from tgc.planner.kernel import canonical_references
 
     return [op for op in canonical_references(kernel)[0].body.ops][:-1]
+
+
+def _heads_text(b: int = 2, s: int = 16, h: int = 2, d: int = 8) -> str:
+    """q, k, v split from one buffer into heads, attention, heads merged back (GPT-2's)."""
+    t, e = b * s, h * d
+    x, qkv = f"tensor<{t}x{e}xf32>", f"tensor<{t}x{3 * e}xf32>"
+    split, heads = f"tensor<{b}x{s}x{h}x{d}xf32>", f"tensor<{b}x{h}x{s}x{d}xf32>"
+    lines = [f"func.func @f(%qkv: {qkv}) -> {x} {{"]
+    lines.append(
+        f"  %q, %k, %v = atomic.split %qkv {{axis = 1, sizes = [{e}, {e}, {e}]}} : ({qkv}) -> ({x}, {x}, {x})"
+    )
+    for n in "qkv":
+        lines.append(f"  %{n}4 = atomic.reshape %{n} : ({x}) -> {split}")
+        lines.append(
+            f"  %{n}h = atomic.transpose %{n}4 {{perm = [0, 2, 1, 3]}} : ({split}) -> {heads}"
+        )
+    lines += [
+        f"  %a = hl.attention %qh, %kh, %vh {{causal = true}} : ({heads}, {heads}, {heads}) -> {heads}",
+        f"  %at = atomic.transpose %a {{perm = [0, 2, 1, 3]}} : ({heads}) -> {split}",
+        f"  %y = atomic.reshape %at : ({split}) -> {x}",
+        f"  func.return %y : {x}",
+        "}",
+    ]
+    return "\n".join(lines)
+
+
+def test_attention_reads_its_heads_as_strided_views_of_one_buffer(stand_in):
+    """As on the fixed cuda route: the attention region reads q, k and v through strides from
+    the one qkv buffer (split, reshapes and transposes recomputed by value, not run), and may
+    write its output merged back; the plan then has one kernel and no transpose kernels."""
+    text = _heads_text()
+    _, func = parse(text)
+    attention = [op for op in ops_of(func) if op.name == "hl.attention"][0]
+    qkv = func.body.args[0]
+    offered = [m for ms in options_by_root(func).values() for m in ms]
+    regions = [m for m in offered if m.kernel.name == "cuda.attention"]
+    assert {tuple(m.inputs) for m in regions} == {(qkv,)}
+    assert {tuple(op.name for op in m.ops) for m in regions} == {
+        ("hl.attention",),
+        ("hl.attention", "atomic.transpose", "atomic.reshape"),
+    }
+    assert all(attention in m.ops for m in regions)
+    device = text.replace("xf32>", 'xf32, "cuda">')
+    planned, _ = _selected(device, "", backends=("cuda",))
+    assert _callees(planned) == ["cuda.attention"]
+    reference = tgc.parse(text).funcs[0]
+    inputs = random_inputs(reference, 11)
+    (want,) = run_function(reference, inputs, "f64")
+    (got,) = run_plan(planned, inputs)
+    assert rel_error(got, want) <= 1e-5

@@ -53,7 +53,7 @@ from tgc.ir import Block, Operation, Region, Value
 from tgc.opdef import VIEW
 from tgc.passes.cuda_support import GEMM_TYPES, attention_supported, cublas_can_run
 from tgc.passes import fuse
-from tgc.passes.fuse import is_free, reduced_suffix
+from tgc.passes.fuse import is_free, reads_whole, reduced_suffix
 from tgc.planner import options as planner_options
 from tgc.planner.backends import (
     BACKENDS,
@@ -84,8 +84,6 @@ TEMPLATE_OF_KIND: dict[str, Template] = {
 }
 CUBLAS_GEMM = "cuda.cublas.gemm"
 
-# Ops whose operands a kernel reads as whole buffers (never recomputed views).
-WHOLE_OPERANDS = ("atomic.matmul", "hl.attention")
 # Ops the elementwise template computes besides those with C code and the views.
 ELEMENTWISE_EXTRA = ("atomic.iota", "atomic.concat", "atomic.gather")
 
@@ -167,7 +165,7 @@ def region_of(kind: str, ops: list[Operation]) -> KernelRegion | None:
 
     for op in ops:
         for v in op.operands:
-            need(v, op.name in WHOLE_OPERANDS)
+            need(v, reads_whole(op, v))  # matmul operands; attention's unless strided views
     return KernelRegion(kind, list(ops), inputs, by_value)
 
 
