@@ -176,8 +176,11 @@ def plan_summary(func) -> str:
     return f"{listed} (costs: {', '.join(f'{n} {c}' for n, c in sources.items())})"
 
 
-def bench_auto(res: Result, text, pipeline, inputs, want, stream, db: Path, tol, budget) -> None:
-    """Profile, plan and time the auto route, first on the defaults, then after --tune."""
+def bench_auto(
+    res: Result, text, pipeline, inputs, want, stream, db: Path, tol, budget, tune_budget
+) -> None:
+    """Profile, plan and time the auto route, first on the defaults, then after --tune (with
+    `tune_budget` seconds; none: no tuning)."""
     import tempfile
 
     import torch
@@ -188,8 +191,8 @@ def bench_auto(res: Result, text, pipeline, inputs, want, stream, db: Path, tol,
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "workload.tg"
         path.write_text(device_text)
-        for tune in (False, True):
-            summary = profile_workload(path, db, pipeline, budget, tune)
+        for tune in (False, True) if tune_budget > 0 else (False,):
+            summary = profile_workload(path, db, pipeline, tune_budget if tune else budget, tune)
             print(f"  {res.name} [tgc-profile{' --tune' if tune else ''}]: {summary}", flush=True)
             func = PlannedFunction(auto_plan(device_text, pipeline, db))
             outs = func(list(inputs))
@@ -261,6 +264,7 @@ def bench_one(
     variants=None,
     auto_db: Path | None = None,
     auto_budget: float = 60.0,
+    auto_tune_budget: float = 60.0,
 ):
     import torch
 
@@ -297,7 +301,18 @@ def bench_one(
     if auto_db is not None:
         with torch.cuda.stream(torch_stream):
             want = torch_fn(*inputs)
-            bench_auto(res, text, pipeline, inputs, want, torch_stream, auto_db, tol, auto_budget)
+            bench_auto(
+                res,
+                text,
+                pipeline,
+                inputs,
+                want,
+                torch_stream,
+                auto_db,
+                tol,
+                auto_budget,
+                auto_tune_budget,
+            )
     with torch.cuda.stream(torch_stream):
         res.eager_ms = time_ms(lambda: torch_fn(*inputs), torch_stream)
         if do_compile:
@@ -589,6 +604,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="also time --backend auto (tgc-profile into DB, then --tune, select-kernels)",
     )
     ap.add_argument("--auto-budget", type=float, default=60.0, help="tgc-profile's --budget")
+    ap.add_argument(
+        "--auto-tune-budget",
+        type=float,
+        default=None,
+        help="tgc-profile --tune's --budget (default: --auto-budget; 0: no tuning)",
+    )
     args = ap.parse_args(argv)
     dtypes = [dt for dt in args.dtypes.split(",") if dt]
     for dt in dtypes:
@@ -788,7 +809,16 @@ def main(argv=None) -> int:
     import torch
     import torch.nn.functional as F
 
-    auto = {"auto_db": Path(args.auto), "auto_budget": args.auto_budget} if args.auto else {}
+    tune_budget = args.auto_budget if args.auto_tune_budget is None else args.auto_tune_budget
+    auto = (
+        {
+            "auto_db": Path(args.auto),
+            "auto_budget": args.auto_budget,
+            "auto_tune_budget": tune_budget,
+        }
+        if args.auto
+        else {}
+    )
     do_compile = not (args.quick or args.no_compile)
     torch.manual_seed(0)
     stream = torch.cuda.current_stream()
