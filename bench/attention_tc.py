@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 # bench/ is on the path only now; the shapes and texts are gpu_suite's attention rows'.
 from gpu_suite import ATTENTION_SHAPES as SHAPES  # noqa: E402
-from gpu_suite import attention_flops, attention_text, device_slug  # noqa: E402
+from gpu_suite import attention_flops, attention_text, device_slug, tflops  # noqa: E402
 
 
 @dataclass
@@ -161,10 +161,6 @@ def measure(case: Case, params: dict) -> Row:
     )
 
 
-def tflops(case: Case, ms: float) -> float:
-    return case.flops / (ms * 1e-3) / 1e12
-
-
 def report(rows: list[Row], device: str, commit: str, out: Path, params: dict) -> Path:
     today = datetime.date.today().isoformat()
     out.mkdir(parents=True, exist_ok=True)
@@ -186,8 +182,8 @@ def report(rows: list[Row], device: str, commit: str, out: Path, params: dict) -
     for r in rows:
         kernel = "tensor cores" if r.tensor_cores else "f32"
         lines.append(
-            f"| {r.case.name} | {r.tgc_ms:.4f} ms | {tflops(r.case, r.tgc_ms):.0f} | "
-            f"{r.sdpa_ms:.4f} ms | {tflops(r.case, r.sdpa_ms):.0f} | "
+            f"| {r.case.name} | {r.tgc_ms:.4f} ms | {tflops(r.case.flops, r.tgc_ms):.0f} | "
+            f"{r.sdpa_ms:.4f} ms | {tflops(r.case.flops, r.sdpa_ms):.0f} | "
             f"{100 * r.sdpa_ms / r.tgc_ms:.0f}% | {r.error:.1e} | {kernel}, "
             f"{r.shared_bytes} B shared |"
         )
@@ -231,8 +227,8 @@ def main(argv=None) -> int:
         row = measure(case, params)
         rows.append(row)
         print(
-            f"{case.name}: tgc {row.tgc_ms:.4f} ms ({tflops(case, row.tgc_ms):.0f} TFLOP/s), "
-            f"SDPA {row.sdpa_ms:.4f} ms ({tflops(case, row.sdpa_ms):.0f} TFLOP/s), "
+            f"{case.name}: tgc {row.tgc_ms:.4f} ms ({tflops(case.flops, row.tgc_ms):.0f} TFLOP/s), "
+            f"SDPA {row.sdpa_ms:.4f} ms ({tflops(case.flops, row.sdpa_ms):.0f} TFLOP/s), "
             f"rel. error {row.error:.1e}",
             flush=True,
         )

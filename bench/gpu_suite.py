@@ -1029,12 +1029,17 @@ def tflops_order(auto: bool) -> list[str]:
     return ["tgc", *(["auto", "auto tuned"] if auto else []), "eager", "compile"]
 
 
+def tflops(flops: float, ms: float) -> float:
+    """The rate of `flops` done in `ms` milliseconds, in TFLOP/s."""
+    return flops / (ms * 1e-3) / 1e12
+
+
 def tflops_cell(r: Result, auto: bool) -> str:
     """`tgc / [auto / tuned /] eager / compile` TFLOP/s of a compute-bound row, "-" for others."""
     if not r.flops:
         return "-"
     times = [r.tgc_ms, *([r.auto_ms, r.tuned_ms] if auto else []), r.eager_ms, r.compile_ms]
-    return " / ".join("-" if ms is None else f"{r.flops / (ms * 1e-3) / 1e12:.0f}" for ms in times)
+    return " / ".join("-" if ms is None else f"{tflops(r.flops, ms):.0f}" for ms in times)
 
 
 def write_report(results, device, bw, commit, out: Path, quick: bool) -> None:
