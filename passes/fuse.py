@@ -538,9 +538,6 @@ class Materializer:
             chain.append(op)
             v = op.operands[0]
 
-    def takes_whole(self, op: Operation, v: Value) -> bool:
-        return reads_whole(op, v)
-
     def resolve(self, v: Value, block: Block) -> Value:
         """The value inside the region that stands for the outside value `v`."""
         if v in self.clones:
@@ -578,9 +575,7 @@ class Materializer:
                 d = v.defining_op
                 if d is None or d not in self.members:
                     # A matmul reads whole matrices: its operands are inputs, never views.
-                    inner = (
-                        self.input(v, block) if self.takes_whole(op, v) else self.resolve(v, block)
-                    )
+                    inner = self.input(v, block) if reads_whole(op, v) else self.resolve(v, block)
                     op.set_operand(i, inner)
             op.detach()
             block.append(op)

@@ -174,7 +174,7 @@ def _wrap(func: FuncOp, op: Operation, kind: str, taken: set[str]) -> None:
     name = unique_kernel_name(f"{func.sym_name}_{op.name.split('.', 1)[1]}", taken)
     space = op.results[0].type.shape
     anchor = op.next
-    # Materializer clones the views an attention operand is read through (its `takes_whole`).
+    # Materializer clones the views an attention operand is read through (fuse's `reads_whole`).
     Materializer(func, Group(kind, space, 0, [op]), name).build(anchor)
 
 
