@@ -574,7 +574,7 @@ class Materializer:
             for i, v in enumerate(op.operands):
                 d = v.defining_op
                 if d is None or d not in self.members:
-                    # A matmul reads whole matrices: its operands are inputs, never views.
+                    # Whole buffers are kernel inputs (reads_whole); other views are cloned.
                     inner = self.input(v, block) if reads_whole(op, v) else self.resolve(v, block)
                     op.set_operand(i, inner)
             op.detach()
