@@ -1,5 +1,6 @@
-"""Named pipelines: `optimize` (tgc's default graph optimisation) and the CUDA route, `cuda` and
-`cuda-standalone`, each one name for the passes it expands into (written once, here)."""
+"""Named pipelines: `optimize` (tgc's default graph optimisation), the CUDA route, `cuda` and
+`cuda-standalone`, and `lower-for-planning` (what the planner plans), each one name for the
+passes it expands into (written once, here)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,28 @@ class Optimize(Pass):
     name = "optimize"
     summary = f"lower-hl,{CLEANUP}"
     pipeline = f"lower-hl,{CLEANUP}"
+
+
+@register_pass
+@dataclass(frozen=True)
+class LowerForPlanning(Pass):
+    """What `--backend auto` plans, and so what tgc-plan and tgc-profile look at by default: the
+    `cuda` route up to its fusion (raise-attention, every hl op but attention lowered, the
+    cleanup and algebraic rewrites), so that every kernel the fixed CUDA route would make is
+    among the planner's options. A fused kernel cannot span the edge of an hl op the planner
+    keeps (measured on an H100, 2026-11-23: a GPT-2 block planned at the hl level ran 12
+    calls, 3.250 ms, against the fixed route's 10 kernels, 3.133 ms, which fuse each residual
+    add with the bias and layernorm around it). Attention stays one op: its own kernels (the
+    generated flash kernel, PyTorch's SDPA) are options, and so is its decomposition.
+    docs/planner.md, "Where the planner plans".
+
+    Contract: expands, when the pipeline runs, into exactly the passes of `pipeline` with their
+    default options; results are unchanged up to rounding; no kernel op is made.
+    """
+
+    name = "lower-for-planning"
+    summary = f"raise-attention,lower-hl{{keep=attention}},{CLEANUP}"
+    pipeline = f"raise-attention,lower-hl{{keep=attention}},{CLEANUP}"
 
 
 @register_pass

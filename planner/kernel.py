@@ -68,10 +68,12 @@ BACKEND_SPACE: dict[str, str | None] = {
     "torch-cuda": "cuda",
 }
 
-# The pipelines that put a reference graph (and the program it is matched against) in canonical
-# form; `Lowered` texts are lowered to atomic ops first.
-CANONICAL_PIPELINE = "canonicalize,cse"
-LOWERED_PIPELINE = "lower-hl,canonicalize,cse"
+# The canonical forms a reference graph is matched in, one per form a program is planned in:
+# as written (select-kernels runs canonicalize, cse) and after `lower-for-planning` (the default
+# of --backend auto, tgc-plan and tgc-profile), whose algebraic rewrites reshape some formulas
+# (GELU's x*x*x*c becomes (x*x)*(x*c)). `Lowered` texts are lowered to atomic ops first.
+CANONICAL_PIPELINES = ("canonicalize,cse", "canonicalize,cse,algebraic,canonicalize,cse,dce")
+LOWERED_PIPELINES = ("lower-hl,canonicalize,cse", "lower-for-planning,canonicalize,cse")
 
 
 def no_constraint(types) -> str | None:
@@ -240,17 +242,21 @@ def canonical_references(kernel: Kernel) -> tuple[FuncOp, ...]:
 
 
 def _parse_canonical(kernel: Kernel, text: str | Lowered) -> list[FuncOp]:
+    """The text's functions in each canonical form (equal forms are dropped by the caller)."""
     lowered = isinstance(text, Lowered)
     source = text.text if lowered else text
-    try:
-        module: ModuleOp = parse_module(source, _buffer_name(kernel, source))
-        verify(module)
-        PassManager.from_text(LOWERED_PIPELINE if lowered else CANONICAL_PIPELINE).run(module)
-    except TgcError as e:
-        raise TypeError(f"kernel {kernel.name}: bad reference graph: {e}") from None
-    if not module.funcs:
-        raise TypeError(f"kernel {kernel.name}: the reference text holds no function")
-    return module.funcs
+    funcs: list[FuncOp] = []
+    for pipeline in LOWERED_PIPELINES if lowered else CANONICAL_PIPELINES:
+        try:
+            module: ModuleOp = parse_module(source, _buffer_name(kernel, source))
+            verify(module)
+            PassManager.from_text(pipeline).run(module)
+        except TgcError as e:
+            raise TypeError(f"kernel {kernel.name}: bad reference graph: {e}") from None
+        if not module.funcs:
+            raise TypeError(f"kernel {kernel.name}: the reference text holds no function")
+        funcs += module.funcs
+    return funcs
 
 
 def _buffer_name(kernel: Kernel, source: str) -> str:

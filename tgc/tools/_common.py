@@ -15,6 +15,10 @@ from tgc.pass_manager import PipelineError
 
 EXIT_OK, EXIT_INPUT, EXIT_USAGE = 0, 1, 2
 
+# What tgc-plan and tgc-profile run before planning when -p does not say, and tgc-run --backend
+# auto before its select-kernels: the three look at the same program (passes/optimize.py).
+PLANNING_PIPELINE = "lower-for-planning"
+
 
 def read_input(path: str) -> tuple[str, str]:
     """(text, name) of a file, or of stdin for '-'."""

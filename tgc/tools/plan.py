@@ -23,6 +23,7 @@ import tgc
 from tgc.tools._common import (
     EXIT_OK,
     EXIT_USAGE,
+    PLANNING_PIPELINE,
     add_planner_backends,
     add_planning_db,
     guarded,
@@ -66,7 +67,13 @@ def build_arg_parser() -> argparse.ArgumentParser:
     )
     add_planning_db(ap, "select-kernels")
     add_planner_backends(ap, "plan")
-    ap.add_argument("-p", "--passes", default="", help="pipeline to run before planning")
+    ap.add_argument(
+        "-p",
+        "--passes",
+        default=PLANNING_PIPELINE,
+        help=f"pipeline to run before planning (default: '{PLANNING_PIPELINE}', what --backend "
+        "auto plans; '' for none)",
+    )
     ap.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
     return ap
 

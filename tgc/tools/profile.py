@@ -22,7 +22,14 @@ import argparse
 import sys
 
 import tgc
-from tgc.tools._common import EXIT_OK, EXIT_USAGE, add_planner_backends, guarded, read_input
+from tgc.tools._common import (
+    EXIT_OK,
+    EXIT_USAGE,
+    PLANNING_PIPELINE,
+    add_planner_backends,
+    guarded,
+    read_input,
+)
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -33,7 +40,13 @@ def build_arg_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("input", help="input .tg file ('-' for stdin)")
     ap.add_argument("--func", default=None, help="function to profile (default: the only one)")
-    ap.add_argument("-p", "--passes", default="", help="pipeline to run before planning")
+    ap.add_argument(
+        "-p",
+        "--passes",
+        default=PLANNING_PIPELINE,
+        help=f"pipeline to run before planning (default: '{PLANNING_PIPELINE}', what --backend "
+        "auto plans; '' for none)",
+    )
     add_planner_backends(ap, "profile the options select-kernels has")
     ap.add_argument(
         "--backend",

@@ -14,6 +14,7 @@ import tgc
 from tgc.diagnostics import TgcError
 from tgc.tools._common import (
     EXIT_OK,
+    PLANNING_PIPELINE,
     add_planner_backends,
     add_planning_db,
     guarded,
@@ -24,7 +25,7 @@ from tgc.tools._common import (
 # The route of --backend cuda when -p does not give one: it ends in placed IR.
 CUDA_PIPELINE = "cuda"
 # The route of --backend auto when -p does not give one: it ends in planned IR.
-AUTO_PIPELINE = "select-kernels"
+AUTO_PIPELINE = f"{PLANNING_PIPELINE},select-kernels"
 
 # Tolerances of --check, by element type: relative to the largest finite magnitude of the
 # reference (at least 1). Integers and i1 compare exactly.
