@@ -148,16 +148,18 @@ def profile_workload(path: Path, db: Path, pipeline: str, budget: float, tune: b
 
 def auto_plan(text: str, pipeline: str, db: Path):
     """The function select-kernels plans from the database (the route of tgc-run --backend
-    auto --db DB --planner-backends cuda,torch, after `pipeline`)."""
+    auto --db DB --planner-backends cuda,torch, after `pipeline`; without one, tgc-run's
+    default, lower-for-planning, which tgc-profile profiles too)."""
     import tgc
     from tgc.parser import parse_module
     from tgc.pass_manager import PassManager, parse_pipeline
     from tgc.planner import load_backends
     from tgc.planner.select import with_backends, with_database
+    from tgc.tools.run import AUTO_PIPELINE
 
     tgc.load_all()
     load_backends(AUTO_BACKENDS, required=True)
-    passes = parse_pipeline(f"{pipeline},select-kernels" if pipeline else "select-kernels")
+    passes = parse_pipeline(f"{pipeline},select-kernels" if pipeline else AUTO_PIPELINE)
     module = parse_module(text)
     PassManager(with_backends(with_database(passes, str(db)), AUTO_BACKENDS)).run(module)
     return module.funcs[0]
