@@ -139,7 +139,7 @@ def test_the_regions_fuse_forms_are_options_rooted_at_their_last_op():
             )
 
 
-def test_a_region_whose_inner_value_is_read_outside_is_not_offered():
+def test_a_region_whose_inner_value_is_read_outside_is_offered_in_pieces_cut_there():
     text = f"""
 func.func @f(%x: {X}) -> ({X}, {X}) {{
   %e = atomic.exp %x : ({X}) -> {X}
@@ -150,9 +150,46 @@ func.func @f(%x: {X}) -> ({X}, {X}) {{
 """
     _, func = parse(text)
     groups = ck.fusion_groups(func.body)
-    assert any(len(ops) == 3 for gs in groups.values() for _, ops in gs)  # fuse forms it
-    root = ops_of(func)[-1]
-    assert [m.ops for m in ck.cuda_options(root)] == [(root,)]  # ... the planner does not
+    whole = [ops for gs in groups.values() for _, ops in gs if len(ops) == 3]
+    assert whole  # fuse forms it, and the planner sees the group ...
+    exp, neg, add = ops_of(func)
+    # ... but offers no region reading %e from inside: %e alone, then neg + add reading it
+    assert [m.ops for m in ck.cuda_options(add)] == [(add,), (neg, add)]
+    (piece,) = [m for m in ck.cuda_options(add) if len(m.ops) == 2]
+    assert piece.inputs == (exp.results[0], func.body.args[0])
+    assert [m.ops for m in ck.cuda_options(exp)] == [(exp,)]
+
+
+def test_a_layernorm_after_a_residual_add_read_again_is_cut_into_the_adds_and_the_layernorm():
+    """The GPT-2 block's bias + residual + layernorm group (fuse's kernel writes the residual
+    sum too, which a later add reads): the adds become one elementwise region, and the
+    layernorm one row reduction reading their sum."""
+    text = f"""
+func.func @f(%m: {X}, %b: tensor<256xf32>, %x: {X}, %g: tensor<256xf32>, %w: tensor<256x256xf32>) -> {X} {{
+  %mb = atomic.add %m, %b : ({X}, tensor<256xf32>) -> {X}
+  %x1 = atomic.add %x, %mb : ({X}, {X}) -> {X}
+  %h = hl.layernorm %x1, %g, %b {{axis = -1, eps = 1e-5}} : ({X}, tensor<256xf32>, tensor<256xf32>) -> {X}
+  %p = atomic.matmul %h, %w : ({X}, tensor<256x256xf32>) -> {X}
+  %y = atomic.add %x1, %p : ({X}, {X}) -> {X}
+  func.return %y : {X}
+}}
+"""
+    _, func = lowered(text)
+    found = options_by_root(func)
+    x1 = next(op for op in ops_of(func) if op.results[0].name_hint == "x1")
+    adds = [m for m in found[x1] if len(m.ops) == 2]
+    assert [m.kernel.name for m in adds] == ["cuda.elementwise"]
+    matmul = next(op for op in ops_of(func) if op.name == "atomic.matmul")
+    norm_root = matmul.operands[0].defining_op
+    norms = [m for m in found[norm_root] if m.kernel.name == "cuda.row_reduction"]
+    assert norms and all(x1 not in m.ops and x1.results[0] in m.inputs for m in norms)
+    assert all(x1 not in m.ops for ms in found.values() for m in ms if m.root is not x1)
+
+
+def test_a_self_contained_group_is_not_cut():
+    _, func = lowered(MLP)
+    for kind, group in (g for gs in ck.fusion_groups(func.body).values() for g in gs):
+        assert ck._pieces(kind, group) == []
 
 
 def test_the_same_region_is_one_kernel_and_other_regions_are_others():

@@ -380,16 +380,48 @@ def fusion_groups(block: Block) -> dict[Operation, list[tuple[str, list[Operatio
     groups: dict[Operation, list[tuple[str, list[Operation]]]] = {}
     if isinstance(func, FuncOp):
         for epilogue in (False, True):
-            for kind, ops in fuse.fusion_groups(func, matmul_epilogue=epilogue):
-                if len(ops) < 2:
-                    continue
-                listed = groups.setdefault(ops[-1], [])
-                if all(set(other) != set(ops) for _, other in listed):
-                    listed.append((kind, ops))
+            for kind, group in fuse.fusion_groups(func, matmul_epilogue=epilogue):
+                for piece_kind, ops in [(kind, group), *_pieces(kind, group)]:
+                    if len(ops) < 2:
+                        continue
+                    listed = groups.setdefault(ops[-1], [])
+                    if all(set(other) != set(ops) for _, other in listed):
+                        listed.append((piece_kind, ops))
     _GROUPS[block] = (len(block), groups)
     while len(_GROUPS) > _GROUP_CACHE_SIZE:
         _GROUPS.popitem(last=False)
     return groups
+
+
+def _pieces(kind: str, group: list[Operation]) -> list[tuple[str, list[Operation]]]:
+    """A group whose inner values are read outside it, cut at those values: a region has one
+    result, so such a group is not offered whole (fuse makes one kernel of it with several
+    outputs), but each piece ending at a value read outside is, and the rest, which reads those
+    values. In a GPT-2 block the bias add, residual add and layernorm fuse forms into one
+    kernel become the adds (one elementwise kernel, writing the residual sum the block's last
+    add reads again) and the layernorm: one pass over the activations more than fuse's kernel,
+    where otherwise each add was a kernel of its own. A piece without a reduction or matmul is
+    offered as an elementwise kernel."""
+    members = set(group)
+    cuts = [op for op in group[:-1] if any(u not in members for r in op.results for u in r.users())]
+    if not cuts:
+        return []
+    pieces: list[tuple[str, list[Operation]]] = []
+    taken: set[Operation] = set()
+    for end in [*cuts, group[-1]]:
+        piece: set[Operation] = set()
+        stack = [end]
+        while stack:
+            op = stack.pop()
+            if op in piece or op in taken or op not in members:
+                continue
+            piece.add(op)
+            stack += [v.defining_op for v in op.operands if v.defining_op is not None]
+        taken |= piece
+        ops = [op for op in group if op in piece]
+        simple = all(single_op_kind(op) == "elementwise" for op in ops)
+        pieces.append(("elementwise" if simple else kind, ops))
+    return pieces
 
 
 def cuda_options(op: Operation) -> list[Match]:
