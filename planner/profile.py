@@ -408,11 +408,14 @@ def unknown(insts: list[Instance], db: Database | None) -> list[Instance]:
     """The instances with no record (success or failure) on this device."""
     if db is None:
         return list(insts)
-    known: dict[tuple[str, str], set] = {}
+    known: dict[tuple[str, str, str], set] = {}
     out = []
     for inst in insts:
         kernel, device = kernel_info(inst.kernel), device_of(inst.kernel)
-        ids = (kernel.name, device.fingerprint)
+        # Kernels of one name are told apart by their source hash: every generated region of a
+        # template is a "cuda.elementwise" (keyed by name alone, all but the first region
+        # looked unknown, and each run measured them again).
+        ids = (kernel.name, kernel.source_hash, device.fingerprint)
         if ids not in known:
             device_id = db.device_id(device)
             kernel_id = db.kernel_id(kernel) if device_id is not None else None

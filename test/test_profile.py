@@ -244,6 +244,24 @@ def test_tuning_resumes_without_measuring_a_point_twice(tmp_path, rows_kernel):
     assert (first.tuned, again.tuned, again.known, again.measured) == (5, 0, 1, 0)
 
 
+def test_kernels_of_one_name_are_known_apart_after_a_run(tmp_path):
+    """Generated regions share their template's name and differ in source hash: a second run
+    finds each one's record (it once looked up every region under the first one's)."""
+    same_name = [
+        Kernel("numpy.region_like", "numpy", op="atomic.exp", run=_exp_times(1.0), max_rel_error=e)
+        for e in (0.0, 1e-7, 2e-7)
+    ]
+    x, y = TensorType.get((16, 64), "f32"), TensorType.get((8, 32), "f32")
+    # two regions on their own types, and a third on the first one's types
+    insts = [Instance(k, (t,), (t,)) for k, t in zip(same_name, (x, y, x))]
+    path = str(tmp_path / "m.sqlite")
+    with Database.open(path) as db:
+        first = Profiler(db, min_time=0.002, progress=False).run(insts[:2])
+        again = Profiler(db, min_time=0.002, progress=False).run(insts)
+        assert len(db.rows()) == 3
+    assert (first.measured, again.known, again.measured) == (2, 2, 1)
+
+
 # -- a run: progress, kill, concurrency -----------------------------------------------------------
 
 
