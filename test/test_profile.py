@@ -372,7 +372,8 @@ def test_two_profilers_at_once_lose_nothing(tmp_path):
         keys |= {k.key() for k in instances(func_of(text), PlanContext(NUMPY, 1e-5))}
         procs.append(
             subprocess.Popen(
-                profile_cmd(str(module), path, "--min-time", "0.02", "--quiet"),
+                # -p '': the program as written, whose instances `keys` lists
+                profile_cmd(str(module), path, "--min-time", "0.02", "--quiet", "-p", ""),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
