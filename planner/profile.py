@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
+import ml_dtypes
 import numpy as np
 
 from tgc.builtin import FuncOp, ReturnOp
@@ -194,7 +195,7 @@ def _allowed_error(kernel: Kernel, native: float, types) -> float:
     floor = 0.0
     for t in types:
         if t.is_float:
-            floor = max(floor, ULPS * float(np.finfo(t.dtype).eps))
+            floor = max(floor, ULPS * float(ml_dtypes.finfo(t.dtype).eps))  # bf16 too
     return kernel.max_rel_error + max(NATIVE_FACTOR * native, floor)
 
 
