@@ -29,7 +29,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", required=True, help="the measurement database to plan from")
     ap.add_argument("--dtype", default="bf16", choices=["f32", "bf16", "f16"])
-    ap.add_argument("--calls", type=int, default=200, help="calls timed on the host")
+    ap.add_argument(
+        "--calls",
+        type=int,
+        default=20,
+        help="calls timed on the host (few: a full launch queue would block the host)",
+    )
     args = ap.parse_args(argv)
 
     import torch
