@@ -220,6 +220,9 @@ def _prepare_call(op: CallOp, backends: dict[str, Backend]) -> Callable[[list], 
             f"values are in {where} memory (insert kernel.copy)",
             op.loc,
         )
+    prepared = None if backend.prepare is None else backend.prepare(kernel, op)
+    if prepared is not None:
+        return lambda values: _checked(op, kernel, prepared(values))
     adopt, release = backend.adopt, backend.release
     if isinstance(kernel, Template):
         run_region = backend.run_region

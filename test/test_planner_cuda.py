@@ -19,7 +19,7 @@ import ctypes
 import importlib.util
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,10 +30,10 @@ import tgc
 from tgc.codegen.kernels import generate_kernel, prelude
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import CallOp, FusedOp
-from tgc.planner.backends import BACKENDS, TEMPLATES, Backend, Space
+from tgc.planner.backends import BACKENDS, TEMPLATES, Backend, Space, Template
 from tgc.planner.backends import cuda_kernels as ck
 from tgc.planner.cost import DictCostSource, RooflineCostSource
-from tgc.planner.executor import run_plan
+from tgc.planner.executor import PlannedFunction, run_plan
 from tgc.planner.kernel import KERNELS, rel_error
 from tgc.planner.select import select_kernels
 from tgc.runtime.interpreter import random_inputs, run_function
@@ -568,6 +568,58 @@ def test_a_wrong_generated_kernel_makes_the_plan_wrong(stand_in):
     (want,) = run_function(reference, inputs, "f64")
     (got,) = run_plan(func, inputs, wrong)
     assert rel_error(got, want) > 1e-4
+
+
+def test_a_backend_that_prepares_its_calls_prepares_each_once_and_runs_them(stand_in):
+    """Backend.prepare: a PlannedFunction makes each generated call ready once (the CUDA
+    backend compiles it and works out its launch then) and runs the prepared call every time;
+    a kernel the backend prepares nothing for (None) takes the general path."""
+    func, _ = _selected(MLP, "lower-hl")
+    template_calls = [
+        op for op in func.body.ops if isinstance(op, CallOp) and op.attr("callee") in TEMPLATES
+    ]
+    prepared, runs = [], []
+
+    def prepare(kernel, op):
+        prepared.append(op)
+        if not isinstance(kernel, Template):
+            return None
+
+        def run(values):
+            runs.append(op)
+            return _stand_in_region(op, values)
+
+        return run
+
+    base = BACKENDS["cuda"]
+    backends = {**BACKENDS, "cuda": replace(base, prepare=prepare)}
+    planned = PlannedFunction(func, backends)
+    assert {id(op) for op in template_calls} <= {id(op) for op in prepared}
+    reference = tgc.parse(MLP).funcs[0]
+    for seed in range(3):
+        inputs = kernel_inputs(reference, np.random.default_rng(seed))
+        (want,) = run_function(reference, inputs, "f64")
+        (got,) = planned(inputs)
+        assert rel_error(got, want) <= 1e-5
+    assert len(prepared) == len({id(op) for op in prepared})  # once per call op
+    assert len(runs) == 3 * len(template_calls) and stand_in["regions"] == 0
+
+
+def test_a_prepared_call_that_returns_the_wrong_shape_is_a_located_internal_error(stand_in):
+    func, _ = _selected(MLP, "lower-hl")
+    call = next(
+        op for op in func.body.ops if isinstance(op, CallOp) and op.attr("callee") in TEMPLATES
+    )
+
+    def prepare(kernel, op):
+        if op is not call:
+            return None
+        return lambda values: [np.zeros((1,), np.float32)]  # a value with a shape
+
+    backends = {**BACKENDS, "cuda": replace(BACKENDS["cuda"], prepare=prepare)}
+    with pytest.raises(TgcError, match="returned shape \\(1,\\)") as e:
+        PlannedFunction(func, backends)(random_inputs(func, 0))
+    assert e.value.loc == call.loc
 
 
 def test_a_generated_call_without_its_code_is_a_located_error(stand_in):

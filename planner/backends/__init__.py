@@ -48,13 +48,18 @@ class Backend:
     backend's own representation (default: `kernel.run(inputs, attrs, result_types)`);
     `run_region(op, inputs) -> outputs` runs a generated kernel: `op` is the `kernel.call`
     naming a `Template` (or a `kernel.fused`) whose region it computes (None: the backend has
-    no generated kernels)."""
+    no generated kernels). `prepare(kernel, op) -> run(values) -> outputs`, where a backend has
+    it, does once what every call of `op` would (compile its region, work out a GEMM's shape),
+    so that a plan run many times (`PlannedFunction`) spends on the host only what the launch
+    needs; it takes and returns values in the space's representation, as a run does (None for
+    a kernel it has nothing to prepare for)."""
 
     name: str  # a key of planner.kernel.BACKEND_SPACE
     call: Callable[..., list] = _run_kernel
     adopt: Callable = _same  # the space's representation -> the backend's
     release: Callable = _same  # the backend's representation -> the space's
     run_region: Callable[..., list] | None = None
+    prepare: Callable[..., Callable[[list], list] | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ work with CUDA events (runtime/cuda_timing.py), which is how the profiler measur
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 try:
@@ -43,7 +45,7 @@ from tgc.codegen.names import display_name
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import CallOp, FusedOp
 from tgc.ir import Operation
-from tgc.planner.backends import Backend, Space
+from tgc.planner.backends import Backend, Space, Template
 from tgc.planner.backends import cuda_kernels as planner_side
 from tgc.runtime.cuda_executor import context, load_kernels
 from tgc.runtime.cuda_timing import time_queued
@@ -82,7 +84,7 @@ class DeviceArray:
     @classmethod
     def empty(cls, shape: tuple[int, ...], dtype) -> DeviceArray:
         context()
-        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        size = math.prod(shape) * np.dtype(dtype).itemsize
         allocation = _allocate(max(size, 1))
         return cls(int(allocation), shape, dtype, allocation)
 
@@ -200,6 +202,65 @@ def _gemm(inputs: list, attrs: dict, result_types: list[TensorType]) -> list[Dev
     return [out]
 
 
+# -- a call made ready once (Backend.prepare) ---------------------------------------------------
+
+
+def _pointer(value) -> int:
+    """The device address of an operand: a DeviceArray's, or a foreign array's (checked to be
+    contiguous, as DeviceArray.of does)."""
+    if type(value) is DeviceArray:
+        return value.ptr
+    return DeviceArray.of(value).ptr
+
+
+def prepare(kernel, op: CallOp):
+    """`run(values) -> outputs` for one call, with what does not change between its runs done
+    now: a region's code generated and compiled, its launch shape and result buffers' shapes
+    known; a GEMM's cuBLAS arguments worked out. None for a kernel it has nothing to prepare
+    for."""
+    if kernel.name == planner_side.CUBLAS_GEMM:
+        return _prepared_gemm(op)
+    if not isinstance(kernel, Template):
+        return None  # the executor's general path
+    source, function = _compiled(op)
+    results = [(r.type.shape, r.type.dtype) for r in op.results]
+    launch, grid, block = function.prepared_async_call, source.grid, source.block
+    shared = source.shared_bytes
+    label = f"kernel '{display_name(source.ir_name or source.name)}' ({source.name})"
+
+    def run(values: list) -> list:
+        outs = [DeviceArray.empty(shape, dtype) for shape, dtype in results]
+        pointers = [np.uintp(_pointer(v)) for v in values] + [np.uintp(o.ptr) for o in outs]
+        try:
+            launch(grid, block, None, *pointers, shared_size=shared)
+        except cuda.Error as e:
+            raise TgcError(f"{label} failed to run: {e}", op.loc) from None
+        return outs
+
+    return run
+
+
+def _prepared_gemm(op: CallOp):
+    from tgc.runtime.cublas import cublas
+
+    t = op.results[0].type
+    types = [v.type.with_encoding(None) for v in op.operands]
+    g = planner_side.gemm_of(types, t, op.op_attributes())
+    blas = cublas()
+    shape, dtype = t.shape, t.dtype
+
+    def run(values: list) -> list:
+        a, b = values
+        out = DeviceArray.empty(shape, dtype)
+        blas.set_stream(0)  # the legacy default stream, as every kernel here
+        status = blas.gemm(g, _pointer(a), _pointer(b), out.ptr)
+        if status != 0:
+            raise TgcError(f"cuBLAS gemm ({g.m}x{g.n}x{g.k}) failed with status {status}", op.loc)
+        return [out]
+
+    return run
+
+
 def _call(kernel, inputs: list, attrs: dict, result_types: list[TensorType]) -> list:
     if kernel.name == planner_side.CUBLAS_GEMM:
         return _gemm(inputs, attrs, result_types)
@@ -212,7 +273,7 @@ def _cublas_host_run(inputs: list, attrs: dict, result_types: list[TensorType]) 
     return [o.get() for o in _gemm(device, attrs, result_types)]
 
 
-BACKEND = Backend("cuda", call=_call, adopt=DeviceArray.of, run_region=run_region)
+BACKEND = Backend("cuda", call=_call, adopt=DeviceArray.of, run_region=run_region, prepare=prepare)
 SPACE = Space("cuda", to_host, from_host, time_queued)
 
 
