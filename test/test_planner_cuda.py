@@ -727,14 +727,18 @@ def test_a_plan_mixing_numpy_cuda_and_torch_cuda_runs_and_matches_float64(gpu_ba
     if not torch.cuda.is_available():
         pytest.skip("this PyTorch has no CUDA")
     text = (EXAMPLES[0].parent / "gpt2_block.tg").read_text()
+    # GELU on the host (cheaper there, copies included, than any generated kernel), the
+    # layernorms and attention in PyTorch, the GEMMs in cuBLAS. (The qkv split once went to the
+    # host too; attention now reads q, k and v as views of the qkv buffer.)
     costs = DictCostSource(
         {
             "torch-cuda.hl.attention": 1e-9,
             "torch-cuda.hl.layernorm": 1e-9,
             ck.CUBLAS_GEMM: 1e-9,
-            "cuda.elementwise": 1e-9,
-            "numpy.atomic.split": 1e-9,
-            "numpy.hl.gelu": 1e-9,
+            "cuda.elementwise": 1e-8,
+            "numpy.hl.gelu": 1e-12,
+            "copy.host_to_cuda": 1e-9,
+            "copy.cuda_to_host": 1e-9,
         },
         fallback=RooflineCostSource(),
     )
