@@ -3,7 +3,8 @@
     tgc-plan FILE [--func NAME] [--list-paths N] [--explain [-k K]] [--tolerance T] [-p PIPE]
              [--db [PATH]] [--planner-backends LIST]
 
-The function (after `-p`, then the canonical form select-kernels plans: canonicalize, cse) is
+The function (after `-p`, by default `lower-for-planning`, the program `tgc-run --backend auto`
+plans; then the canonical form select-kernels plans: canonicalize, cse) is
 planned on every backend that loads here (numpy always), or with `--planner-backends LIST` on
 the kernels of those backends alone (as `select-kernels{backends=LIST}` plans). Without --list-paths or --explain, the
 chosen plan is printed on one line with its estimated time. `--list-paths N` prints the first N

@@ -4,10 +4,11 @@
                 [--db PATH] [--budget SECONDS] [--tune] [--dry-run] [--tolerance T]
                 [--min-time SECONDS] [--quiet]
 
-Walks the options select-kernels would consider for the function (after `-p` and the canonical
-form; decompositions included; repeated blocks once) with the backends that load here (or with
-`--planner-backends LIST` those alone, as `select-kernels{backends=LIST}` would), lists the kernel instances with no record
-on this device in the measurement database, and measures each: fresh random inputs, the result
+Walks the options select-kernels would consider for the function (after `-p`, by default
+`lower-for-planning` as `tgc-run --backend auto` plans it, and the canonical form;
+decompositions included; repeated blocks once) with the backends that load here (or with
+`--planner-backends LIST` those alone, as `select-kernels{backends=LIST}` would), lists the
+kernel instances with no record on this device in the measurement database, and measures each: fresh random inputs, the result
 checked against float64 first (a wrong one is recorded as a failure), then the median of timed
 runs. Each measurement is committed on its own: kill it at any moment and run it again to go on.
 `--dry-run` prints what it would measure and measures nothing. `--tune` then searches the

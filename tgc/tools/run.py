@@ -79,7 +79,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
         default="numpy",
         help="cuda: run the 'cuda' pipeline (unless -p is given; it must end in placed IR, e.g. "
         "'cuda{attention-kernel=false}'), then the placed function on the GPU; auto: run "
-        "'select-kernels' (unless -p is given; it must end in planned IR, e.g. "
+        f"'{AUTO_PIPELINE}' (unless -p is given; it must end in planned IR, e.g. "
         "'lower-hl,select-kernels{tolerance=1e-4}'), then the planned function on the kernels "
         "it chose, on every backend that loads here (numpy, torch, cuda; see "
         "--planner-backends)",
