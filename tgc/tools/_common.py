@@ -100,6 +100,18 @@ def add_planning_db(ap, what: str) -> None:
     )
 
 
+def add_planning_passes(ap) -> None:
+    """`-p PIPE` (tgc-plan, tgc-profile): the passes run before planning, by default those
+    `tgc-run --backend auto` runs before its select-kernels."""
+    ap.add_argument(
+        "-p",
+        "--passes",
+        default=PLANNING_PIPELINE,
+        help=f"pipeline to run before planning (default: '{PLANNING_PIPELINE}', what --backend "
+        "auto plans; '' for none)",
+    )
+
+
 def add_planner_backends(ap, what: str) -> None:
     """`--planner-backends LIST` (tgc-run, tgc-plan, tgc-profile): the backend families that
     load, and whose kernels `select-kernels{backends=LIST}` considers."""

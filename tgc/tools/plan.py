@@ -24,8 +24,8 @@ import tgc
 from tgc.tools._common import (
     EXIT_OK,
     EXIT_USAGE,
-    PLANNING_PIPELINE,
     add_planner_backends,
+    add_planning_passes,
     add_planning_db,
     guarded,
     read_input,
@@ -68,13 +68,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     )
     add_planning_db(ap, "select-kernels")
     add_planner_backends(ap, "plan")
-    ap.add_argument(
-        "-p",
-        "--passes",
-        default=PLANNING_PIPELINE,
-        help=f"pipeline to run before planning (default: '{PLANNING_PIPELINE}', what --backend "
-        "auto plans; '' for none)",
-    )
+    add_planning_passes(ap)
     ap.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
     return ap
 

@@ -26,8 +26,8 @@ import tgc
 from tgc.tools._common import (
     EXIT_OK,
     EXIT_USAGE,
-    PLANNING_PIPELINE,
     add_planner_backends,
+    add_planning_passes,
     guarded,
     read_input,
 )
@@ -41,13 +41,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("input", help="input .tg file ('-' for stdin)")
     ap.add_argument("--func", default=None, help="function to profile (default: the only one)")
-    ap.add_argument(
-        "-p",
-        "--passes",
-        default=PLANNING_PIPELINE,
-        help=f"pipeline to run before planning (default: '{PLANNING_PIPELINE}', what --backend "
-        "auto plans; '' for none)",
-    )
+    add_planning_passes(ap)
     add_planner_backends(ap, "profile the options select-kernels has")
     ap.add_argument(
         "--backend",
