@@ -55,6 +55,7 @@ from tgc.diagnostics import TgcError
 from tgc.ir import BlockArgument
 from tgc.opdef import create
 from tgc.parser import parse_module
+from tgc.passes.optimize import CLEANUP
 from tgc.pass_manager import PassManager
 from tgc.printer import print_op
 from tgc.verifier import verify
@@ -72,7 +73,7 @@ BACKEND_SPACE: dict[str, str | None] = {
 # as written (select-kernels runs canonicalize, cse) and after `lower-for-planning` (the default
 # of --backend auto, tgc-plan and tgc-profile), whose algebraic rewrites reshape some formulas
 # (GELU's x*x*x*c becomes (x*x)*(x*c)). `Lowered` texts are lowered to atomic ops first.
-CANONICAL_PIPELINES = ("canonicalize,cse", "canonicalize,cse,algebraic,canonicalize,cse,dce")
+CANONICAL_PIPELINES = ("canonicalize,cse", CLEANUP)
 LOWERED_PIPELINES = ("lower-hl,canonicalize,cse", "lower-for-planning,canonicalize,cse")
 
 

@@ -167,6 +167,11 @@ def _compiled(op: CallOp | FusedOp):
     return source, function
 
 
+def _label(source) -> str:
+    """How a diagnostic names a generated kernel: its IR name and its symbol."""
+    return f"kernel '{display_name(source.ir_name or source.name)}' ({source.name})"
+
+
 def run_region(op: CallOp | FusedOp, inputs: list) -> list[DeviceArray]:
     """Generate, compile (cached) and launch the kernel of `op`'s region on device inputs."""
     source, function = _compiled(op)
@@ -178,8 +183,7 @@ def run_region(op: CallOp | FusedOp, inputs: list) -> list[DeviceArray]:
             source.grid, source.block, None, *pointers, shared_size=source.shared_bytes
         )
     except cuda.Error as e:
-        label = f"kernel '{display_name(source.ir_name or source.name)}' ({source.name})"
-        raise TgcError(f"{label} failed to run: {e}", op.loc) from None
+        raise TgcError(f"{_label(source)} failed to run: {e}", op.loc) from None
     return outs
 
 
@@ -226,7 +230,7 @@ def prepare(kernel, op: CallOp):
     results = [(r.type.shape, r.type.dtype) for r in op.results]
     launch, grid, block = function.prepared_async_call, source.grid, source.block
     shared = source.shared_bytes
-    label = f"kernel '{display_name(source.ir_name or source.name)}' ({source.name})"
+    label = _label(source)
 
     def run(values: list) -> list:
         outs = [DeviceArray.empty(shape, dtype) for shape, dtype in results]
