@@ -27,9 +27,11 @@ from tgc.builtin import PARAM_ATTR, FuncOp
 from tgc.parser import parse_module
 from tgc.pass_manager import PassManager, PipelineError, parse_pipeline
 from tgc.passes.algebraic.cost import (
+    IN_PLACE_ATTR,
     Cost,
     CostWeights,
     is_fixed,
+    is_result,
     op_cost,
     ops_cost,
     ops_seconds,
@@ -147,8 +149,10 @@ class RandomGraph:
             else:
                 w = self.operand((k, n) if tw else (n, k))
                 outs.append(self.matmul((w, tw), (x, tx)))
+        # Most products are read in place (by an exp), the rest returned: a returned piece of a
+        # merge's split is copied out (cost.py), so those merge less often.
         for v in outs:
-            self.keep(v)
+            self.keep(self.fb.atomic.exp(v) if self.rng.random() < 0.75 else v)
         return outs[0]
 
     def transposes(self):
@@ -381,7 +385,7 @@ def test_cost_of_elementwise_reduce_views_and_concat():
         Cost(32, (32 + 4) * 4, 1),  # reduce: one flop per input element
         Cost(),  # reshape: a view
         Cost(0, (16 + 16 + 32) * 4, 1),  # concat: moves bytes
-        Cost(),  # split: views
+        Cost(0, 2 * 16 * 4, 1),  # split: %4 read in place, %5 returned: copied out, read+write
         Cost(),  # constant
         Cost(),  # concat of constants: folded
         Cost(0, (16 + 16) * 4, 1),  # transpose
@@ -424,36 +428,81 @@ def test_fixed_walk_is_iterative():
     assert is_fixed(fixed) and not is_fixed(plain)
 
 
+def _qkv(param: str, returned: bool) -> str:
+    """GPT-2's QKV projections (x 8192x1024, bf16), returned or read in place (multiplied)."""
+    x, w = "tensor<8192x1024xbf16>", "tensor<1024x1024xbf16>"
+    if returned:
+        results, tail = f"({x}, {x}, {x})", f"func.return %q, %k, %v : {x}, {x}, {x}"
+    else:
+        results = x
+        tail = f"""%qk = atomic.mul %q, %k : ({x}, {x}) -> {x}
+          %y = atomic.mul %qk, %v : ({x}, {x}) -> {x}
+          func.return %y : {x}"""
+    return f"""
+    func.func @qkv(%x: {x}, %wq: {w}{param}, %wk: {w}{param}, %wv: {w}{param}) -> {results} {{
+      %q = atomic.matmul %x, %wq : ({x}, {w}) -> {x}
+      %k = atomic.matmul %x, %wk : ({x}, {w}) -> {x}
+      %v = atomic.matmul %x, %wv : ({x}, {w}) -> {x}
+      {tail}
+    }}"""
+
+
+def _merges(text: str) -> tuple[int, float, float, FuncOp]:
+    """(merges applied, modelled seconds before, after, the function) of `algebraic` on text."""
+    module = parse_module(text)
+    func = module.funcs[0]
+    before = ops_seconds(func.body.ops, WEIGHTS)
+    pm = PassManager.from_text("algebraic")
+    pm.run(module)
+    merged = pm.statistics[0][1].counters.get("merge-shared-matmuls", 0)
+    return merged, before, ops_seconds(func.body.ops, WEIGHTS), func
+
+
 def test_concat_of_params_makes_the_merge_pay():
-    """GPT-2's QKV projections (x 8192x1024, bf16): merged on parameter weights, left alone on
-    plain ones, whose concat would cost more than the two launches the merge saves."""
-
-    def qkv(param: str) -> str:
-        x, w = "tensor<8192x1024xbf16>", "tensor<1024x1024xbf16>"
-        return f"""
-        func.func @qkv(%x: {x}, %wq: {w}{param}, %wk: {w}{param}, %wv: {w}{param}) -> ({x}, {x}, {x}) {{
-          %q = atomic.matmul %x, %wq : ({x}, {w}) -> {x}
-          %k = atomic.matmul %x, %wk : ({x}, {w}) -> {x}
-          %v = atomic.matmul %x, %wv : ({x}, {w}) -> {x}
-          func.return %q, %k, %v : {x}, {x}, {x}
-        }}"""
-
-    for param, merged in ((" {tgc.param}", True), ("", False)):
-        module = parse_module(qkv(param))
-        func = module.funcs[0]
-        before = ops_seconds(func.body.ops, WEIGHTS)
-        pm = PassManager.from_text("algebraic")
-        pm.run(module)
-        counters = pm.statistics[0][1].counters
-        assert counters.get("merge-shared-matmuls", 0) == int(merged)
-        after = ops_cost(func.body.ops)
-        if merged:  # the concat is free: one launch left, two saved
-            assert after.launches == 1
-            assert ops_seconds(func.body.ops, WEIGHTS) == pytest.approx(before - 2 * 3e-6)
+    """GPT-2's QKV projections read in place: merged on parameter weights, left alone on plain
+    ones, whose concat would cost more than the two launches the merge saves."""
+    for param, merged in ((" {tgc.param}", 1), ("", 0)):
+        count, before, after, func = _merges(_qkv(param, returned=False))
+        assert count == merged
+        launches = ops_cost(func.body.ops).launches
+        if merged:  # the concat is free: one matmul and the two muls left, two launches saved
+            assert launches == 3
+            assert after == pytest.approx(before - 2 * 3e-6)
         else:
-            assert after.launches == 3
+            assert launches == 5
             concat = 2 * 3 * 1024 * 1024 * 2  # read and write the three bf16 weights
             assert concat * 3.3e-13 + 3e-6 > 2 * 3e-6  # what merging would cost and save
+
+
+def test_returned_products_do_not_merge():
+    """Returned, the products stay three matmuls even on parameters: each piece of the split
+    would be copied out (read and write, a launch each), more than the two launches saved."""
+    for param in (" {tgc.param}", ""):
+        count, before, after, func = _merges(_qkv(param, returned=True))
+        assert count == 0 and after == before
+        assert [op.name for op in func.body.ops].count("atomic.matmul") == 3
+    piece = 8192 * 1024 * 2
+    assert 3 * (2 * piece * 3.3e-13 + 3e-6) > 2 * 3e-6
+
+
+def test_split_prices_the_pieces_it_returns():
+    """A split is free where its pieces are read in place, and costs a copy (read and write, a
+    launch) per piece the function returns, directly or through views; a window's return does
+    not count the values it lists in IN_PLACE_ATTR (the ops after the window read them)."""
+    func = _func("""
+    func.func @f(%x: tensor<4x8xf32>) -> (tensor<4x2xf32>, tensor<2x2x2xf32>, tensor<4x2xf32>) {
+      %a, %b, %c, %d = atomic.split %x {axis = 1, sizes = [2, 2, 2, 2]} : (tensor<4x8xf32>) -> (tensor<4x2xf32>, tensor<4x2xf32>, tensor<4x2xf32>, tensor<4x2xf32>)
+      %r = atomic.reshape %b : (tensor<4x2xf32>) -> tensor<2x2x2xf32>
+      %e = atomic.exp %c : (tensor<4x2xf32>) -> tensor<4x2xf32>
+      func.return %a, %r, %e : tensor<4x2xf32>, tensor<2x2x2xf32>, tensor<4x2xf32>
+    }""")
+    split = func.body.first
+    a, b, c, d = split.results
+    assert [is_result(v) for v in split.results] == [True, True, False, False]
+    assert op_cost(split) == Cost(0, 2 * 2 * 8 * 4, 2)  # %a and %b (through the reshape)
+    func.body.last.attributes[IN_PLACE_ATTR] = (0,)
+    assert not is_result(a) and is_result(b)
+    assert op_cost(split) == Cost(0, 2 * 8 * 4, 1)
 
 
 def test_distributivity_saves_half_the_flops():

@@ -6,14 +6,14 @@ Every op is priced from its types alone (no measurements yet): the flops it perf
 it reads and writes (each operand as stored, before broadcasting, plus each result) and one
 kernel launch. A kernel overlaps its arithmetic with its memory traffic, so it takes the longer
 of the two, not their sum: a compute-bound matmul reads its operands for free. A function costs
-the sum over its ops. What kind of op it is comes from its traits (tgc/opdef.py), never from a
-list of names.
+the sum over its ops. What kind of op it is comes from its traits (tgc/opdef.py); names only
+single out the matmul's flops and the split's copies.
 
 Some ops cost nothing per call:
 
 - ops with the FREE trait: views read in place (`atomic.split`, `atomic.reshape`,
   `atomic.broadcast`: a consumer reads the pieces, the new shape or the broadcast operand with
-  strides) and data (`atomic.constant`);
+  strides) and data (`atomic.constant`), with one exception below;
 - the terminator (`func.return`);
 - an op whose operands are all *fixed* and that has no side effects (the PURE trait). A value is
   fixed when it is a function argument marked `{tgc.param}` (a weight that does not change
@@ -23,6 +23,18 @@ Some ops cost nothing per call:
   (codegen/plan.py `prologue_steps`, runtime/cuda_executor.py): a concat of weights that are
   parameters or constants is packed once, which is what makes merging matmuls that share an
   input pay. A concat of plain arguments keeps costing its bytes and its launch on every call.
+
+The exception: a piece of an `atomic.split` that the function returns, directly or through other
+views (`is_result`), is its own buffer, so the plan copies it out of the split operand, one copy
+kernel per piece (on the cuda route, `slice` kernels): the split costs the bytes each such piece
+reads and writes, and a launch per piece. Every other reader counts as reading the piece in
+place: an attention kernel or a fused kernel does, through strides (passes/fuse.py clones the
+view into the kernel). A matmul is priced so too, although on today's cuda route a cuBLAS GEMM
+reads whole buffers only (fuse.py `reads_whole`) and gets the piece through a slice kernel as
+well: a function result is the one reader that needs a buffer of its own whatever a GEMM can
+take. (A reshape or broadcast of a whole value may alias it, so only splits are charged.)
+Inside a window of the search (graph.py), the window's `func.return` also stands for the ops
+after the window: the operands it lists in `IN_PLACE_ATTR` are read by those ops, not returned.
 
 Ops with the MOVE trait (transpose, slice, concat, gather, iota, kernel.copy) move bytes but do
 no arithmetic; a REDUCTION does one operation per input element rather than per output element.
@@ -35,8 +47,12 @@ host-bound plan of tiny kernels pays more a launch, but there any rewrite saving
 With them, merging the three GPT-2 QKV projections of x 8192x1024 (weights 1024x1024) saves two
 launches, 6 µs (each matmul is compute-bound, so reading x twice less saves nothing), and with
 plain-argument weights costs a concat moving 25.2 MB in f32 (8.3 µs + 3 µs) or 12.6 MB in bf16
-(4.2 µs + 3 µs): both stay unmerged. With `{tgc.param}` weights the concat is free and both
-merge.
+(4.2 µs + 3 µs): both stay unmerged. With `{tgc.param}` weights the concat is free and they
+merge where the pieces are read in place (by the attention). Where the function returns q, k and
+v, the split copies each piece out: in bf16 at x 8192x768, 3 x (25.2 MB read and written, 8.3 µs,
++ 3 µs) = 34 µs against the 6 µs saved, so the three matmuls stay apart. (Issue 8 measured that
+case on an H100: 0.072 ms for the merged GEMM + 0.037 ms for the three slice kernels, against
+0.062 ms for three GEMMs.)
 """
 
 from __future__ import annotations
@@ -45,9 +61,14 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tgc.builtin import FuncOp
+from tgc.builtin import FuncOp, ReturnOp
 from tgc.ir import BlockArgument, Operation, Value
-from tgc.opdef import FREE, MOVE, PURE, REDUCTION, TERMINATOR
+from tgc.opdef import FREE, MOVE, PURE, REDUCTION, TERMINATOR, VIEW
+
+SPLIT = "atomic.split"
+# On a search window's func.return (graph.py extract_window): the operand indices that stand for
+# values the ops after the window read, rather than results of the function.
+IN_PLACE_ATTR = "tgc.read_in_place"
 
 
 @dataclass(frozen=True)
@@ -135,10 +156,38 @@ def computed_once(op: Operation, memo: FixedMemo | None = None) -> bool:
     return op.has_trait(PURE) and all(is_fixed(v, memo) for v in op.operands)
 
 
+def is_result(value: Value) -> bool:
+    """Whether the function returns `value`, directly or through views (ops with the FREE and
+    VIEW traits: split, reshape, broadcast), so that it must be written out as its own buffer.
+    An operand of a window's func.return listed in its IN_PLACE_ATTR does not count."""
+    stack, seen = [value], set()
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        for user, index in v.uses:
+            if isinstance(user, ReturnOp):
+                if index not in (user.attr(IN_PLACE_ATTR) or ()):
+                    return True
+            elif user.has_trait(FREE) and user.has_trait(VIEW):
+                stack.extend(user.results)
+    return False
+
+
+def _copied_pieces(split: Operation) -> Cost:
+    """The copies that write the returned pieces of a split out (the module docstring): each
+    reads and writes its piece, one launch each. Nothing when every piece is read in place."""
+    pieces = [r for r in split.results if is_result(r)]
+    return Cost(0, 2 * sum(r.type.nbytes for r in pieces), len(pieces))
+
+
 def op_cost(op: Operation, memo: FixedMemo | None = None) -> Cost:
     """The per-call cost of one op (its nested ops, if any, are priced as one kernel)."""
-    if op.has_trait(FREE) or op.has_trait(TERMINATOR) or computed_once(op, memo):
+    if op.has_trait(TERMINATOR) or computed_once(op, memo):
         return ZERO
+    if op.has_trait(FREE):
+        return _copied_pieces(op) if op.name == SPLIT else ZERO
     moved = sum(v.type.nbytes for v in op.operands) + sum(r.type.nbytes for r in op.results)
     if op.name == "atomic.matmul":
         a, b = op.operands

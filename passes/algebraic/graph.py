@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from tgc.builtin import PARAM_ATTR, FuncOp, ReturnOp
 from tgc.ir import Block, Operation, Region, Value
-from tgc.passes.algebraic.cost import FixedMemo, is_fixed
+from tgc.passes.algebraic.cost import IN_PLACE_ATTR, FixedMemo, is_fixed, is_result
 from tgc.rewriter import Rewriter
 
 
@@ -67,7 +67,9 @@ def span_ops(block: Block, before: Operation | None, after: Operation) -> list[O
 def extract_window(ops: list[Operation], fixed: FixedMemo | None = None) -> FuncOp:
     """Clone a contiguous run of ops into a standalone function (see the module docstring).
     An argument standing for a fixed value (cost.is_fixed: a parameter, a constant, or computed
-    from such values only) is marked `{tgc.param}`, so the window is priced as the function is."""
+    from such values only) is marked `{tgc.param}`, and the return lists in IN_PLACE_ATTR the
+    values it returns that are not function results (cost.is_result), so the window is priced as
+    the function is."""
     inside = set(ops)
     inputs: dict[Value, None] = {}
     outputs: dict[Value, None] = {}
@@ -92,7 +94,11 @@ def extract_window(ops: list[Operation], fixed: FixedMemo | None = None) -> Func
     value_map: dict[Value, Value] = dict(zip(arg_values, func.body.args))
     for op in ops:
         func.body.append(clone_op(op, value_map))
-    func.body.append(ReturnOp([value_map[r] for r in outputs], []))
+    # The return stands for every use after the window; mark the values that the function does
+    # not return (later ops read them in place), so that a split is priced as in the function.
+    in_place = tuple(i for i, r in enumerate(outputs) if not is_result(r))
+    attrs = {IN_PLACE_ATTR: in_place} if in_place else {}
+    func.body.append(ReturnOp([value_map[r] for r in outputs], [], attrs))
     return func
 
 

@@ -10,6 +10,8 @@ function what the search found on a clone. A rule checks in `find` that the rewr
     A@B + A@C -> A@(B+C)          B@A + C@A -> (B+C)@A          x*a + x*b -> x*(a+b)
     (A@B)@C <-> A@(B@C)           A@B@C@... -> its cheapest parenthesisation
     X@W1, .., X@Wn -> split(X@concat(W1, .., Wn))     (A@B)^T -> B^T@A^T     A^T@B -> A@B {ta}
+    (the merge is offered for the whole group, and for its members whose products the function
+    does not return, when two or more of them are)
 
 `@` is atomic.matmul with its `transpose_a`/`transpose_b` flags; `-` works wherever `+` does.
 """
@@ -24,7 +26,7 @@ from tgc.builder import Builder
 from tgc.diagnostics import VerifyError
 from tgc.dialects._shapes import broadcast_shapes, matmul_shape
 from tgc.ir import Operation, Value
-from tgc.passes.algebraic.cost import CostWeights, FixedMemo, is_fixed
+from tgc.passes.algebraic.cost import CostWeights, FixedMemo, is_fixed, is_result
 from tgc.rewriter import Rewriter
 from tgc.types import ELEMENT_BYTES
 
@@ -393,6 +395,11 @@ def _find_merge(op: Operation, ctx: Context) -> Found:
         if len(members) < 2:
             continue
         found.append(((anchor(members), *members), side))
+        # Also the members read in place alone: a returned piece would be copied out of the
+        # split (cost.py), which can cost more than its matmul's launch saves.
+        in_place = [m for m in members if not is_result(m.results[0])]
+        if 2 <= len(in_place) < len(members):
+            found.append(((anchor(in_place), *in_place), side))
     return found
 
 
