@@ -25,11 +25,14 @@ NUMPY = {"f32": np.float32, "bf16": ml_dtypes.bfloat16}
 
 
 def qkv_text(dtype: str, m: int, k: int, n: int) -> str:
+    """QKV already merged (algebraic leaves returned products apart: each piece of the split
+    would be copied out), so that the plan packs the weights in its prologue."""
     x, w, y = (f"tensor<{a}x{b}x{dtype}>" for a, b in ((m, k), (k, n), (m, n)))
+    w3, y3 = f"tensor<{k}x{3 * n}x{dtype}>", f"tensor<{m}x{3 * n}x{dtype}>"
     return f"""func.func @qkv(%x: {x}, %wq: {w} {{tgc.param}}, %wk: {w} {{tgc.param}}, %wv: {w} {{tgc.param}}) -> ({y}, {y}, {y}) {{
-  %q = atomic.matmul %x, %wq : ({x}, {w}) -> {y}
-  %k = atomic.matmul %x, %wk : ({x}, {w}) -> {y}
-  %v = atomic.matmul %x, %wv : ({x}, {w}) -> {y}
+  %w = atomic.concat %wq, %wk, %wv {{axis = 1}} : ({w}, {w}, {w}) -> {w3}
+  %m = atomic.matmul %x, %w : ({x}, {w3}) -> {y3}
+  %q, %k, %v = atomic.split %m {{axis = 1, sizes = [{n}, {n}, {n}]}} : ({y3}) -> ({y}, {y}, {y})
   func.return %q, %k, %v : {y}, {y}, {y}
 }}"""
 

@@ -137,12 +137,15 @@ def install(monkeypatch):
 def qkv_runner(executor, params: bool):
     module, rec = executor
     x, w = "tensor<48x32xbf16>", "tensor<32x16xbf16>"
+    w3, y, y3 = "tensor<32x48xbf16>", "tensor<48x16xbf16>", "tensor<48x48xbf16>"
     p = " {tgc.param}" if params else ""
-    text = f"""func.func @qkv(%x: {x}, %wq: {w}{p}, %wk: {w}{p}, %wv: {w}{p}) -> (tensor<48x16xbf16>, tensor<48x16xbf16>, tensor<48x16xbf16>) {{
-  %q = atomic.matmul %x, %wq : ({x}, {w}) -> tensor<48x16xbf16>
-  %k = atomic.matmul %x, %wk : ({x}, {w}) -> tensor<48x16xbf16>
-  %v = atomic.matmul %x, %wv : ({x}, {w}) -> tensor<48x16xbf16>
-  func.return %q, %k, %v : tensor<48x16xbf16>, tensor<48x16xbf16>, tensor<48x16xbf16>
+    # QKV already merged (algebraic leaves returned products apart: each piece of the split
+    # would be copied out), so that the plan has a concat for the prologue to run.
+    text = f"""func.func @qkv(%x: {x}, %wq: {w}{p}, %wk: {w}{p}, %wv: {w}{p}) -> ({y}, {y}, {y}) {{
+  %w = atomic.concat %wq, %wk, %wv {{axis = 1}} : ({w}, {w}, {w}) -> {w3}
+  %m = atomic.matmul %x, %w : ({x}, {w3}) -> {y3}
+  %q, %k, %v = atomic.split %m {{axis = 1, sizes = [16, 16, 16]}} : ({y3}) -> ({y}, {y}, {y})
+  func.return %q, %k, %v : {y}, {y}, {y}
 }}"""
     m = parse_module(text)
     PassManager.from_text("cuda").run(m)
