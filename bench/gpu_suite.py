@@ -517,8 +517,10 @@ def attention_flops(b: int, h: int, s: int, d: int, causal: bool) -> float:
 
 
 def qkv_text(t: int, d: int, dtype: str) -> str:
-    """Q, K and V of `t` tokens: three matmuls sharing x, their weights parameters (`-p
-    optimize` merges them into one GEMM, the weights packed once by the plan's prologue)."""
+    """Q, K and V of `t` tokens: three matmuls sharing x, their weights parameters, the three
+    products returned. `-p optimize` leaves them three GEMMs: merged, each returned piece of the
+    split would be copied out (a slice kernel each), more than the launches saved. The merged
+    GEMM whose pieces attention reads in place is the GPT-2 block's."""
     x, w = f"tensor<{t}x{d}x{dtype}>", f"tensor<{d}x{d}x{dtype}>"
     lines = [
         f"func.func @qkv(%x: {x}, %wq: {w} {{tgc.param}}, %wk: {w} {{tgc.param}}, %wv: {w} {{tgc.param}}) -> ({x}, {x}, {x}) {{"
@@ -667,7 +669,7 @@ def gpt2_workloads(dtype: str, quick: bool, sweep: bool) -> list[Workload]:
 def qkv_workloads(dtype: str, quick: bool, sweep: bool) -> list[Workload]:
     t, d = (8192, 768) if not quick else (1024, 768)
     name = f"QKV projection {dtype}, {t}x{d} @ 3 x {d}x{d} parameters"
-    note = "pipeline 'optimize'; weights {tgc.param}, packed once by the plan's prologue (untimed)"
+    note = "pipeline 'optimize'; weights {tgc.param}; products returned, so not merged"
     text, flops = qkv_text(t, d, dtype), 3 * 2.0 * t * d * d
     row = Workload(
         "qkv", name, "beat_eager", text, flops, (t, d), "optimize", auto=False, note=note
