@@ -121,6 +121,12 @@ class Option:
         return None if self.match is None else self.match.kernel
 
     @property
+    def extra_outputs(self) -> tuple[Value, ...]:
+        """Values of covered ops other than the root that the option also writes, for readers
+        outside it (a generated region with several results); () for most options."""
+        return tuple(v for v in self.outputs if v.defining_op is not self.root)
+
+    @property
     def space(self) -> str | None:
         """The memory space of a kernel option's operands and results."""
         return self.match.kernel.space

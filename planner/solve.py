@@ -28,6 +28,14 @@ would evaluate more than `EXACT_BUDGET` ops falls back to the plain recurrence (
 pays for its value: an over-estimate, the plan computes the value once) and is reported
 inexact.
 
+Options with several results. A generated region may also write a value of an op it covers
+for readers outside it (`Option.extra_outputs`: fuse's kernel that writes a residual sum and
+the layernorm of it). Such a value v is a unit (read inside and outside), and one of its states
+is "made by region o, available in A" (`_By`, A holding o's space): v's own op does not run,
+nothing reads v until o's root, o is then the root's only option (and no other option may
+cover an op of o), and v is available in A after it; the copies to A are paid with the state.
+Without that state such an option is never taken. The plain recurrence (no units) takes none.
+
 Problems are small: the segments of a function (cut at single values, see `planner.blocks`),
 chained through the placement of their cut values, and the decompositions, one table per op
 signature. So planning is linear in the number of segments and ops.
@@ -46,6 +54,15 @@ from tgc.planner.paths import Plan, Step, copy_seconds
 
 INF = math.inf
 EXACT_BUDGET = 50_000  # op evaluations of one problem's search (see `_Run._work`)
+
+
+@dataclass(frozen=True, eq=False)
+class _By:
+    """A unit state: the value is written by region option `option` (rooted later), and is
+    available in `mask` from its root on."""
+
+    option: Option
+    mask: int
 
 
 class Spaces:
@@ -207,12 +224,17 @@ class _Run:
         self.evals: dict[Operation, list] = {}
         self.best = [INF] * self.sp.count
         self.best_states: list[dict | None] = [None] * self.sp.count
-        self.readers = self._readers()
+        self.reader_ops = self._readers()
+        self.readers = {v: len(r) for v, r in self.reader_ops.items()}
         self.unit_ops: dict[Operation, list[tuple]] = {}
         self.unit_inputs: dict[Value, list[int]] = {}
         self.fixed: dict | None = None
+        # this branch's deferred values (unit state _By): the value -> its state, and each op
+        # of a deferring option -> that option
+        self.deferred: dict[Value, _By] = {}
+        self.claimed: dict[Operation, Option] = {}
 
-    def _readers(self) -> dict[Value, int]:
+    def _readers(self) -> dict[Value, set]:
         readers: dict[Value, set] = {}
         for op in self.p.ops:
             for v in set(op.operands):
@@ -221,7 +243,7 @@ class _Run:
             readers.setdefault(v, set()).add("return")
         if self.p.table_value is not None:
             readers.setdefault(self.p.table_value, set()).add("table")
-        return {v: len(r) for v, r in readers.items()}
+        return readers
 
     def plan_units(self, budget: int, fixed: dict | None = None) -> bool:
         """Choose the units to enumerate: all of them when their states times the ops stay
@@ -233,9 +255,11 @@ class _Run:
             used = [r for r in op.results if self.readers.get(r)]
             if sum(self.readers.get(r, 0) for r in op.results) < 2:
                 continue
-            states = list(itertools.product(self.sp.masks, repeat=len(used)))
+            states: list = list(itertools.product(self.sp.masks, repeat=len(used)))
             if op in optional:
                 states.append((0,) * len(used))
+            if len(used) == 1:
+                states += self._by_states(used[0])
             units_ops[op] = states
         for v, vector in self.p.inputs.items():
             if self.readers.get(v, 0) >= 2:
@@ -247,6 +271,18 @@ class _Run:
             self.unit_ops = {op: [fixed[op]] for op in self.unit_ops if op in fixed}
             self.unit_inputs = {v: [fixed[v]] for v in self.unit_inputs if v in fixed}
         return exact
+
+    def _by_states(self, v: Value) -> list[_By]:
+        """The states of `v` written by a region option of this problem rooted after it: one
+        per option and mask holding the option's space."""
+        out = []
+        ops = set(self.p.ops)
+        for root in self.p.ops:
+            for o in self.p.bo.options[root]:
+                if v in o.extra_outputs and all(x in ops for x in o.ops):
+                    bit = self.sp.bit(o.space)
+                    out += [_By(o, m) for m in self.sp.masks if m & bit]
+        return out
 
     def _work(self, units_ops: dict, units_in: dict) -> int:
         """Ops evaluated by the search without pruning: each op once per combination of the
@@ -291,25 +327,78 @@ class _Run:
         ops = self.p.ops
         while i < len(ops):
             op = ops[i]
-            evals = self.evaluate(op)
+            forced = {id(b.option): b.option for b in self.deferred.values() if b.option.root is op}
+            if len(forced) > 1 or not all(map(self._all_deferred, forced.values())):
+                return  # no such plan: two regions at one root, or a value written twice
+            evals = self.evaluate(op, next(iter(forced.values()), None))
+            if forced and not any(self._finite(ev) for ev in evals):
+                return  # the region that was to write a deferred value cannot run here
             self.evals[op] = evals
             states = self.unit_ops.get(op)
             if states is not None:
                 used = [r for r in op.results if self.readers.get(r)]
                 for state in states:
-                    c = self.unit_cost(op, evals, used, state)
+                    self._leave(used)  # the claim of the state tried before
+                    c = self.unit_cost(op, evals, used, state, bool(forced))
                     if c == INF or fixed + c >= self._bound():
                         continue
-                    for r, m in zip(used, state):
-                        self.avail[r] = m
+                    self._enter(op, used, state)
+                    self._written(op)
                     self.state[op] = state
                     self._ops(i + 1, fixed + c)
+                self._leave(used)
                 return
             for r in op.results:
                 if self.readers.get(r):
                     self.vec[r] = self.result_vector(op, evals, r)
+            self._written(op)
             i += 1
         self._finish(fixed)
+
+    def _enter(self, op: Operation, used: list[Value], state) -> None:
+        """Make `state` the unit's: its values' availability, and for a _By state the claim of
+        the region that writes the value."""
+        self._leave(used)
+        if isinstance(state, _By):
+            (v,) = used
+            self.avail[v] = 0  # nothing reads it before the region's root
+            self.deferred[v] = state
+            for x in state.option.ops:
+                self.claimed[x] = state.option
+            return
+        for r, m in zip(used, state):
+            self.avail[r] = m
+
+    def _leave(self, used: list[Value]) -> None:
+        """Undo a _By state of these values (the branch is left)."""
+        for v in used:
+            b = self.deferred.pop(v, None)
+            if b is not None:
+                for x in b.option.ops:
+                    if self.claimed.get(x) is b.option:
+                        del self.claimed[x]
+                self.avail.pop(v, None)
+
+    @staticmethod
+    def _finite(ev: tuple) -> bool:
+        return ev[3] < INF if ev[0] == "k" else any(c < INF for c in ev[2])
+
+    def _read_extras(self, o: Option) -> list[Value]:
+        """The values `o` writes that this problem reads outside it."""
+        inside = set(o.ops)
+        return [v for v in o.extra_outputs if self.reader_ops.get(v, set()) - inside]
+
+    def _all_deferred(self, o: Option) -> bool:
+        """Whether every value `o` writes for outside readers is deferred to it."""
+        return all(
+            (b := self.deferred.get(v)) is not None and b.option is o for v in self._read_extras(o)
+        )
+
+    def _written(self, op: Operation) -> None:
+        """After a region's root: the values it writes for later readers are available."""
+        for v, b in self.deferred.items():
+            if b.option.root is op:
+                self.avail[v] = b.mask
 
     def _finish(self, fixed: float) -> None:
         total = fixed
@@ -328,11 +417,20 @@ class _Run:
 
     # -- options ----------------------------------------------------------------------------------
 
-    def evaluate(self, op: Operation) -> list:
+    def evaluate(self, op: Operation, forced: Option | None = None) -> list:
         """Per option: ("k", option, space, base cost) or ("d", option, cost per A_out, A_in
-        achieving it per A_out)."""
+        achieving it per A_out). A region that writes values of other ops is an option only
+        where such a value's state made it `forced` (module doc); no other option may cover an
+        op of a region so claimed."""
         out = []
+        claim = self.claimed.get(op)
+        if claim is not None and claim.root is not op:
+            return out  # inside a claimed region: it runs the op
         for o in self.p.bo.options[op]:
+            if forced is not None and o is not forced:
+                continue
+            if forced is None and (self._read_extras(o) or any(x in self.claimed for x in o.ops)):
+                continue
             if o.kind == DECOMPOSE:
                 out.append(self._decomposition(o))
                 continue
@@ -375,9 +473,17 @@ class _Run:
                 total += self.s.spread(p, r.type)[m]
         return total
 
-    def unit_cost(self, op: Operation, evals: list, used: list[Value], state: tuple) -> float:
+    def unit_cost(
+        self, op: Operation, evals: list, used: list[Value], state, forced: bool = False
+    ) -> float:
+        if isinstance(state, _By):
+            if forced or op in self.claimed:
+                return INF  # the op runs in a region already: no other may write its value
+            (v,) = used
+            return self.s.spread(state.option.space, v.type)[state.mask]  # its copies
         if not any(state):
-            return 0.0  # not computed: some graph kernel covers it
+            # not computed (some graph kernel covers it); a region's root must run
+            return INF if forced else 0.0
         masks = list(zip(used, state))
         return min((self.option_cost(ev, op, masks) for ev in evals), default=INF)
 

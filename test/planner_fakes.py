@@ -3,7 +3,8 @@
 Kernels here are never registered: a test passes them to `PlanContext(kernels=...)`, so the
 real numpy backend does not take part. Two backends: "numpy" (host) and "cuda" (device), with
 the registered copy kernels between them. Graph kernels are faked by a matcher (`cone_matcher`)
-that covers an op with the producers of its operands whose results it alone reads.
+that covers an op with the producers of its operands whose results it alone reads, and a region
+with two results (`MULTI`) by one that also covers a producer whose result later ops read.
 """
 
 from __future__ import annotations
@@ -168,6 +169,23 @@ def _tile_match(kernel: Kernel, root: Operation, tile: list[Operation]) -> Match
     return Match(kernel, root, ops, tuple(inputs), tuple(root.results))
 
 
+MULTI = Kernel("cuda.t.multi", "cuda", reference="(faked by cone_matcher)")
+
+
+def _multi_tile(root: Operation) -> list[Operation] | None:
+    """`root` and a producer of one of its operands whose result is read outside the pair too,
+    by ops after `root` only: a region that also writes that result (Option.extra_outputs)."""
+    order = {op: i for i, op in enumerate(root.block.ops)}
+    for v in root.operands:
+        p = v.defining_op
+        if p is None or p.block is not root.block or not p.operands or len(p.results) != 1:
+            continue
+        outside = [u for u, _ in p.results[0].uses if u is not root]
+        if outside and all(order[u] > order[root] for u in outside):
+            return [p, root]
+    return None
+
+
 def cone_matcher(op: Operation, kernels):
     """matches_at for the op kernels, plus a 2-op "pair" (numpy) and a 3-op "cone" (cuda)
     graph kernel, when in `kernels`, wherever such a tile exists (interior results read only
@@ -181,8 +199,19 @@ def cone_matcher(op: Operation, kernels):
     cone = _cone(op, 3)
     if len(cone) == 3 and CONE in kernels:
         out.append(_tile_match(CONE, op, cone))
+    multi = _multi_tile(op) if MULTI in kernels else None
+    if multi is not None:
+        p, root = multi
+        inputs = tuple(
+            dict.fromkeys([*p.operands, *(v for v in root.operands if v is not p.results[0])])
+        )
+        out.append(Match(MULTI, root, (p, root), inputs, (p.results[0], root.results[0])))
     return out
 
 
 def with_graph_kernels(kernels: list[Kernel]) -> list[Kernel]:
     return [*kernels, PAIR, CONE]
+
+
+def with_multi_output_regions(kernels: list[Kernel]) -> list[Kernel]:
+    return [*kernels, MULTI]

@@ -253,9 +253,9 @@ def _count_evaluations(monkeypatch) -> list[int]:
     calls = [0]
     original = solve._Run.evaluate
 
-    def counting(self, op):
+    def counting(self, op, forced=None):
         calls[0] += 1
-        return original(self, op)
+        return original(self, op, forced)
 
     monkeypatch.setattr(solve._Run, "evaluate", counting)
     return calls

@@ -14,6 +14,7 @@ from planner_fakes import (
     random_dag,
     random_tree,
     with_graph_kernels,
+    with_multi_output_regions,
 )
 
 import tgc
@@ -78,6 +79,50 @@ def test_dp_on_small_dags_is_exact_by_enumerating_shared_values(seed):
     selection = plan_function(func, ctx, costs)
     assert selection.exact
     assert selection.seconds == pytest.approx(_brute_force(func, ctx, costs), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_dp_with_regions_writing_two_results_equals_brute_force(seed):
+    """A region that also writes a value it covers for later readers (a fused kernel with two
+    outputs) is planned exactly: the DP's plan costs the minimum over every path, those that
+    take such a region included."""
+    rng = random.Random(30_000 + seed)
+    kernels = with_multi_output_regions(fake_kernels(rng))
+    func = random_dag(rng, rng.randint(3, 8), hl=0.1)
+    ctx = PlanContext(kernels, match=cone_matcher)
+    costs = CachedCosts(random_costs(rng, kernels))
+    if count_paths(func, ctx) > MAX_PLANS:
+        pytest.skip("too many plans to enumerate")
+    selection = plan_function(func, ctx, costs)
+    best = _brute_force(func, ctx, costs)
+    assert selection.exact
+    assert selection.seconds == pytest.approx(best, rel=1e-12)
+    assert selection.dp_seconds == pytest.approx(best, rel=1e-12)
+
+
+def test_regions_writing_two_results_are_taken_where_they_pay():
+    """Over the cases above, some optimal plans take a two-result region (so the comparison
+    exercises them), and a plan that takes one runs the covered op nowhere else."""
+    taken = 0
+    for seed in range(200):
+        rng = random.Random(30_000 + seed)
+        kernels = with_multi_output_regions(fake_kernels(rng))
+        func = random_dag(rng, rng.randint(3, 8), hl=0.1)
+        ctx = PlanContext(kernels, match=cone_matcher)
+        costs = CachedCosts(random_costs(rng, kernels))
+        selection = plan_function(func, ctx, costs)
+        steps = _flat_steps(selection.plan)
+        covered = [op for s in steps for op in s.option.ops]
+        assert len(covered) == len(set(covered))
+        taken += any(s.option.kernel is not None and s.option.extra_outputs for s in steps)
+    assert taken >= 10
+
+
+def _flat_steps(plan) -> list:
+    out = []
+    for s in plan.steps:
+        out += _flat_steps(s.nested) if s.nested is not None else [s]
+    return out
 
 
 def test_plain_recurrence_on_dags_is_a_valid_plan_within_the_measured_gap():
