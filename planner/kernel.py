@@ -195,7 +195,14 @@ def register_kernel(kernel: Kernel) -> Kernel:
     if kernel.name in KERNELS:
         raise TypeError(f"kernel '{kernel.name}' is registered twice")
     if kernel.is_graph_kernel:
-        canonical_references(kernel)
+        for func in canonical_references(kernel):
+            # matching walks back from the one value a reference returns (a generated region
+            # with several results is never registered: it is offered, not matched)
+            if len(func.body.last.operands) != 1:
+                raise TypeError(
+                    f"kernel {kernel.name}, @{func.sym_name}: a registered graph kernel's "
+                    "reference returns one op result"
+                )
     KERNELS[kernel.name] = kernel
     return kernel
 
@@ -223,7 +230,7 @@ def canonical_references(kernel: Kernel) -> tuple[FuncOp, ...]:
     """The kernel's reference graphs, parsed, verified and in canonical form (cached).
 
     Raises TypeError (a broken kernel definition is a programming error) when a text does not
-    parse or verify, when an alternative does not return exactly one op result, leaves an
+    parse or verify, when an alternative returns no op result (or an argument), leaves an
     argument unused, or takes other argument types than the first alternative."""
     cached = _CANONICAL.get(kernel)
     if cached is not None:
@@ -278,8 +285,8 @@ def _printed(func: FuncOp) -> str:
 def _check_alternative(kernel: Kernel, func: FuncOp, first: FuncOp) -> None:
     where = f"kernel {kernel.name}, @{func.sym_name}"
     returned = func.body.last.operands
-    if len(returned) != 1 or isinstance(returned[0], BlockArgument):
-        raise TypeError(f"{where}: a reference graph returns exactly one op result")
+    if not returned or any(isinstance(v, BlockArgument) for v in returned):
+        raise TypeError(f"{where}: a reference graph returns op results")
     unused = [i for i, a in enumerate(func.body.args) if not a.uses]
     if unused:
         raise TypeError(f"{where}: argument #{unused[0]} is unused after canonicalisation")

@@ -16,6 +16,7 @@ and cuBLAS within their stated errors; a plan mixing numpy, CUDA and torch-cuda 
 from __future__ import annotations
 
 import ctypes
+import re
 import importlib.util
 import shutil
 import subprocess
@@ -153,11 +154,41 @@ func.func @f(%x: {X}) -> ({X}, {X}) {{
     whole = [ops for gs in groups.values() for _, ops in gs if len(ops) == 3]
     assert whole  # fuse forms it, and the planner sees the group ...
     exp, neg, add = ops_of(func)
-    # ... but offers no region reading %e from inside: %e alone, then neg + add reading it
-    assert [m.ops for m in ck.cuda_options(add)] == [(add,), (neg, add)]
-    (piece,) = [m for m in ck.cuda_options(add) if len(m.ops) == 2]
-    assert piece.inputs == (exp.results[0], func.body.args[0])
+    # ... whole, writing %e as a second result (its one outside reader, the return, comes
+    # after the root), and cut at %e: %e alone, then neg + add reading it
+    found = ck.cuda_options(add)
+    assert [m.ops for m in found] == [(add,), (exp, neg, add), (neg, add)]
+    assert found[1].outputs == (exp.results[0], add.results[0])
+    assert found[2].inputs == (exp.results[0], func.body.args[0])
+    assert found[2].outputs == (add.results[0],)
     assert [m.ops for m in ck.cuda_options(exp)] == [(exp,)]
+
+
+def test_a_group_whose_inner_value_is_read_before_its_root_is_not_offered_whole():
+    """A second result must not be needed before the kernel that writes it has run: the same
+    group, its inner value %e read by an abs after the group's root, then before it."""
+
+    def func_with(abs_first: bool):
+        lines = [
+            f"  %e = atomic.exp %x : ({X}) -> {X}",
+            f"  %n = atomic.neg %e : ({X}) -> {X}",
+            f"  %s = atomic.add %n, %x : ({X}, {X}) -> {X}",
+        ]
+        lines.insert(1 if abs_first else 3, f"  %a = atomic.abs %e : ({X}) -> {X}")
+        body = "\n".join(lines)
+        return parse(
+            f"func.func @f(%x: {X}) -> {X} {{\n{body}\n"
+            f"  %t = atomic.add %s, %a : ({X}, {X}) -> {X}\n  func.return %t : {X}\n}}\n"
+        )[1]
+
+    after = func_with(abs_first=False)
+    exp, neg, add = ops_of(after)[:3]
+    region = ck.region_of("elementwise", [exp, neg, add], several=True)
+    assert region is not None and region.outputs == [exp.results[0], add.results[0]]
+    assert ck.region_of("elementwise", [exp, neg, add]) is None  # one result only
+    before = func_with(abs_first=True)
+    exp, _, neg, add = ops_of(before)[:4]
+    assert ck.region_of("elementwise", [exp, neg, add], several=True) is None
 
 
 def test_a_layernorm_after_a_residual_add_read_again_is_cut_into_the_adds_and_the_layernorm():
@@ -182,8 +213,11 @@ func.func @f(%m: {X}, %b: tensor<256xf32>, %x: {X}, %g: tensor<256xf32>, %w: ten
     matmul = next(op for op in ops_of(func) if op.name == "atomic.matmul")
     norm_root = matmul.operands[0].defining_op
     norms = [m for m in found[norm_root] if m.kernel.name == "cuda.row_reduction"]
-    assert norms and all(x1 not in m.ops and x1.results[0] in m.inputs for m in norms)
-    assert all(x1 not in m.ops for ms in found.values() for m in ms if m.root is not x1)
+    cut = [m for m in norms if len(m.outputs) == 1]
+    assert cut and all(x1 not in m.ops and x1.results[0] in m.inputs for m in cut)
+    # and whole, as fuse makes it: the adds and the layernorm, writing x1 as well
+    (whole,) = [m for m in norms if len(m.outputs) == 2]
+    assert x1 in whole.ops and whole.outputs == (x1.results[0], norm_root.results[0])
 
 
 def test_a_self_contained_group_is_not_cut():
@@ -206,8 +240,8 @@ def test_the_same_region_is_one_kernel_and_other_regions_are_others():
 
 def _fused_of(m):
     kind = m.kernel.name.split(".")[1]
-    region = ck.region_function(ck.region_of(kind, list(m.ops)))
-    return ck.fused_from_block(region.body, [m.outputs[0].type], kind, "k", None)
+    region = ck.region_function(ck.region_of(kind, list(m.ops), several=True))
+    return ck.fused_from_block(region.body, [v.type for v in m.outputs], kind, "k", None)
 
 
 def test_a_region_kernel_offers_its_template_parameters_its_generators_choice_first():
@@ -279,15 +313,16 @@ def test_every_offered_region_generates_its_kernel():
     templates = {m.kernel.name for m in matches}
     assert templates == {"cuda.elementwise", "cuda.row_reduction", "cuda.matmul"}
     for m in matches:
+        kind = m.kernel.name.split(".")[1]
         fused = ck.fused_from_block(
-            ck.region_function(ck.region_of(m.kernel.name.split(".")[1], list(m.ops))).body,
-            [m.outputs[0].type],
-            m.kernel.name.split(".")[1],
+            ck.region_function(ck.region_of(kind, list(m.ops), several=True)).body,
+            [v.type for v in m.outputs],
+            kind,
             "k",
             None,
         )
         source = generate_kernel(fused)
-        assert source.num_inputs == len(m.inputs) and source.num_outputs == 1
+        assert source.num_inputs == len(m.inputs) and source.num_outputs == len(m.outputs)
 
 
 @pytest.mark.skipif(
@@ -306,9 +341,9 @@ def test_generated_kernels_of_each_template_compile(tmp_path):
     assert set(picked) == {f"cuda.{k}" for k in ck.TEMPLATE_OF_KIND}
     for name, m in sorted(picked.items()):
         kind = name.split(".")[1]
-        region = ck.region_of(kind, list(m.ops))
+        region = ck.region_of(kind, list(m.ops), several=True)
         func = ck.region_function(region)
-        fused = ck.fused_from_block(func.body, [m.outputs[0].type], kind, kind, None)
+        fused = ck.fused_from_block(func.body, [v.type for v in m.outputs], kind, kind, None)
         source = generate_kernel(fused, None, ck.kernel_symbol(fused))
         path = tmp_path / f"{kind}.cu"
         path.write_text(prelude() + "\n" + source.source)
@@ -568,6 +603,32 @@ def test_a_wrong_generated_kernel_makes_the_plan_wrong(stand_in):
     (want,) = run_function(reference, inputs, "f64")
     (got,) = run_plan(func, inputs, wrong)
     assert rel_error(got, want) > 1e-4
+
+
+def test_a_gpt2_block_in_device_memory_plans_the_fixed_routes_kernels(stand_in):
+    """Lowered for planning, with cuBLAS and the templates cheap and the GPT-2 block's values
+    in device memory (as --backend auto runs it on the GPU), the plan is the fixed cuda
+    route's ten kernels: among them the row reduction that also writes the residual sum the
+    block's last add reads (a region with two results). It matches float64."""
+    text = (EXAMPLES[0].parent / "gpt2_block.tg").read_text()
+    device_text = re.sub(r"(?<!> : )tensor<([^>]*)>", r'tensor<\1, "cuda">', text)
+    costs = DictCostSource(
+        {**{t.name: 1e-9 for t in ck.TEMPLATE_OF_KIND.values()}, ck.CUBLAS_GEMM: 1e-9,
+         "cuda.matmul": 1e-3},
+        fallback=RooflineCostSource(),
+    )  # fmt: skip
+    func, selection = _selected(device_text, "lower-for-planning", costs, ("cuda",))
+    assert selection.exact
+    calls = [op for op in func.body.ops if isinstance(op, CallOp)]
+    assert len(calls) == 10
+    (two,) = [op for op in calls if len(op.results) == 2]
+    assert two.attr("callee") == "cuda.row_reduction"
+    assert [op.attr("callee") for op in calls].count(ck.CUBLAS_GEMM) == 4
+    reference = tgc.parse(text).funcs[0]
+    inputs = random_inputs(reference, 4)
+    (want,) = run_function(reference, inputs, "f64")
+    (got,) = run_plan(func, inputs)
+    assert rel_error(got, want) <= 1e-5
 
 
 def test_a_backend_that_prepares_its_calls_prepares_each_once_and_runs_them(stand_in):

@@ -285,7 +285,12 @@ def _func(args: str, body: str, result: str = "%y") -> str:
     [
         ("func.func @k(", "bad reference graph"),
         (_func(f"%x: {T}", f"  %y = atomic.exp %q : ({T}) -> {T}"), "bad reference graph"),
-        (_func(f"%x: {T}", f"  %y = atomic.exp %x : ({T}) -> {T}", "%x"), "returns exactly one op"),
+        (_func(f"%x: {T}", f"  %y = atomic.exp %x : ({T}) -> {T}", "%x"), "returns op results"),
+        (
+            f"func.func @k(%x: {T}) -> ({T}, {T}) {{\n  %y = atomic.exp %x : ({T}) -> {T}\n"
+            f"  %z = atomic.neg %y : ({T}) -> {T}\n  func.return %y, %z : {T}, {T}\n}}\n",
+            "a registered graph kernel's reference returns one op result",
+        ),
         (
             _func(f"%x: {T}, %z: {T}", f"  %y = atomic.exp %x : ({T}) -> {T}"),
             "argument #1 is unused after canonicalisation",

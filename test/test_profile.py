@@ -430,3 +430,36 @@ def test_a_generated_kernel_is_checked_and_timed_through_run_region(monkeypatch,
         assert m.median > 0 and m.max_error < 1e-6
     else:
         assert m.message.startswith("wrong result") and m.median is None
+
+
+TWO_RESULTS = """
+func.func @two(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
+  %s = atomic.add %a, %b : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %y = atomic.exp %s : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  func.return %s, %y : tensor<4x8xf32>, tensor<4x8xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("wrong", [None, 0, 1])
+def test_a_generated_kernel_with_two_results_is_checked_on_both(monkeypatch, wrong):
+    """A region that also writes a value it covers (two results) is checked on every result
+    against float64: a kernel wrong in either one is a failure, never a time."""
+    from tgc.evaluate import evaluate_block
+    from tgc.planner.backends import BACKENDS, Backend
+
+    def run_region(op, inputs):
+        outs = list(evaluate_block(op.body, inputs, "native"))
+        if wrong is not None:
+            outs[wrong] = outs[wrong] + np.float32(1.0)
+        return outs
+
+    monkeypatch.setitem(BACKENDS, "numpy", Backend("numpy", run_region=run_region))
+    kernel = Kernel("numpy.generated_two", "numpy", reference=TWO_RESULTS)  # no run
+    x = TensorType.get((64, 32), "f32")
+    m = measure(Instance(kernel, (x, x), (x, x)), min_time=0.001)
+    assert m.ok is (wrong is None)
+    if wrong is None:
+        assert m.median > 0 and m.max_error < 1e-6
+    else:
+        assert m.message.startswith("wrong result") and m.median is None

@@ -118,13 +118,16 @@ def single_op_kind(op: Operation) -> str | None:
 @dataclass(eq=False)
 class KernelRegion:
     """Ops one generated kernel computes: `ops` covered (block order, the root last), `inputs`
-    (its arguments, in order) and `by_value`: ops outside it that it recomputes from its inputs
-    (splat constants, iotas, small expressions of those, views of inputs), in block order."""
+    (its arguments, in order), `by_value`: ops outside it that it recomputes from its inputs
+    (splat constants, iotas, small expressions of those, views of inputs), in block order, and
+    `outputs`: the values it writes (the root's result last; before it, values of covered ops
+    that ops after the root read)."""
 
     kind: str
     ops: list[Operation]
     inputs: list[Value]
     by_value: list[Operation]
+    outputs: list[Value]
 
     @property
     def root(self) -> Operation:
@@ -135,16 +138,28 @@ def _recomputable(op: Operation) -> bool:
     return is_free(op) or (op.has_trait(VIEW) and not op.regions)
 
 
-def region_of(kind: str, ops: list[Operation]) -> KernelRegion | None:
-    """The region of `ops` (block order), or None when it is not self-contained (a value of an
-    op other than the last is read outside it, or the last op has several results)."""
+def region_of(kind: str, ops: list[Operation], several: bool = False) -> KernelRegion | None:
+    """The region of `ops` (block order), or None when it is not self-contained: the last op
+    has several results, or a value of another op is read outside it. With `several`, such a
+    value becomes one more output of the region where every op reading it outside comes after
+    the last (fuse's kernel that writes a residual sum and the layernorm of it)."""
     root = ops[-1]
     members = set(ops)
     if len(root.results) != 1:
         return None
+    extra: list[Value] = []
+    order: dict[Operation, int] | None = None
     for op in ops[:-1]:
-        if any(u not in members for r in op.results for u in r.users()):
-            return None
+        for r in op.results:
+            outside = [u for u in r.users() if u not in members]
+            if not outside:
+                continue
+            if not several:
+                return None
+            order = order or {x: i for i, x in enumerate(root.block.ops)}
+            if any(order.get(u, -1) <= order[root] for u in outside):
+                return None
+            extra.append(r)
     inputs: list[Value] = []
     by_value: list[Operation] = []
     taken: set[Operation] = set()
@@ -166,7 +181,7 @@ def region_of(kind: str, ops: list[Operation]) -> KernelRegion | None:
     for op in ops:
         for v in op.operands:
             need(v, reads_whole(op, v))  # matmul operands; attention's unless strided views
-    return KernelRegion(kind, list(ops), inputs, by_value)
+    return KernelRegion(kind, list(ops), inputs, by_value, [*extra, root.results[0]])
 
 
 def _attrs_key(op: Operation) -> tuple:
@@ -184,11 +199,12 @@ def region_key(region: KernelRegion) -> tuple:
         parts.append((op.name, _attrs_key(op), operands, results))
         for j, r in enumerate(op.results):
             index[r] = (n, j)
+    parts.append(("out", tuple(index[v] for v in region.outputs)))
     return tuple(parts)
 
 
 def region_function(region: KernelRegion) -> FuncOp:
-    """The region as a function of its inputs returning the root's result (host types)."""
+    """The region as a function of its inputs returning its outputs (host types)."""
     func = FuncOp.build("region", [v.type.with_encoding(None) for v in region.inputs], [])
     env: dict[Value, Value] = dict(zip(region.inputs, func.body.args))
     for op in [*region.by_value, *region.ops]:
@@ -200,9 +216,9 @@ def region_function(region: KernelRegion) -> FuncOp:
         )
         func.body.append(clone)
         env.update(zip(op.results, clone.results))
-    out = env[region.root.results[0]]
-    func.body.append(ReturnOp([out], [], loc=region.root.loc))
-    func.set_result_types([out.type])
+    outs = [env[v] for v in region.outputs]
+    func.body.append(ReturnOp(outs, [], loc=region.root.loc))
+    func.set_result_types([v.type for v in outs])
     return func
 
 
@@ -355,7 +371,7 @@ def _match(region: KernelRegion | None) -> Match | None:
         root,
         tuple(region.ops),
         tuple(region.inputs),
-        (root.results[0],),
+        tuple(region.outputs),
         tuple(region.by_value),
     )
 
@@ -439,7 +455,8 @@ def cuda_options(op: Operation) -> list[Match]:
     for group_kind, ops in groups.get(op, []):
         if not all(_has_elements(x) for x in ops):
             continue
-        m = _match(region_of(group_kind, ops))
+        region = region_of(group_kind, ops) or region_of(group_kind, ops, several=True)
+        m = _match(region)
         if m is not None:
             out.append(m)
     return out
