@@ -16,8 +16,9 @@ Kernels:
   batched like the result or not at all; f32, f64, f16, bf16), matched like any op kernel.
 
 A region is offered only where its code generates (the generator is run once per distinct
-region, at planning time) and where it is self-contained: its ops other than the last (the
-root) are read by no op outside it, and the root has one result. Each distinct region is one
+region, at planning time) and where it is self-contained: the root has one result, and the
+other ops' values are read by no op outside it, or only by ops after the root, in which case
+the region writes them too (a kernel with several results, as fuse makes them). Each distinct region is one
 `Kernel` (not registered: the hook makes it): the template's name, the region as its reference
 text (so the roofline counts its flops), a one-value parameter `region` (its structural
 digest, so a cost table tells regions of one template apart) and the template parameters
@@ -410,13 +411,13 @@ def fusion_groups(block: Block) -> dict[Operation, list[tuple[str, list[Operatio
 
 
 def _pieces(kind: str, group: list[Operation]) -> list[tuple[str, list[Operation]]]:
-    """A group whose inner values are read outside it, cut at those values: a region has one
-    result, so such a group is not offered whole (fuse makes one kernel of it with several
-    outputs), but each piece ending at a value read outside is, and the rest, which reads those
-    values. In a GPT-2 block the bias add, residual add and layernorm fuse forms into one
-    kernel become the adds (one elementwise kernel, writing the residual sum the block's last
-    add reads again) and the layernorm: one pass over the activations more than fuse's kernel,
-    where otherwise each add was a kernel of its own. A piece without a reduction or matmul is
+    """A group whose inner values are read outside it, cut at those values: each piece ending
+    at a value read outside, and the rest, which reads those values. The group is offered whole
+    too, writing those values as more results, where they are read only after its root
+    (`region_of(several=True)`); the pieces are the way to run it where they are read earlier,
+    or where the whole kernel does not generate. In a GPT-2 block the bias add, residual add
+    and layernorm become the adds (one elementwise kernel, writing the residual sum the
+    block's last add reads again) and the layernorm. A piece without a reduction or matmul is
     offered as an elementwise kernel."""
     members = set(group)
     cuts = [op for op in group[:-1] if any(u not in members for r in op.results for u in r.users())]
