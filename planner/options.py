@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -120,7 +121,7 @@ class Option:
     def kernel(self) -> Kernel | None:
         return None if self.match is None else self.match.kernel
 
-    @property
+    @cached_property  # asked in the solver's inner loop
     def extra_outputs(self) -> tuple[Value, ...]:
         """Values of covered ops other than the root that the option also writes, for readers
         outside it (a generated region with several results); () for most options."""

@@ -429,7 +429,10 @@ class _Run:
         for o in self.p.bo.options[op]:
             if forced is not None and o is not forced:
                 continue
-            if forced is None and (self._read_extras(o) or any(x in self.claimed for x in o.ops)):
+            if forced is None and (
+                (o.extra_outputs and self._read_extras(o))
+                or (self.claimed and any(x in self.claimed for x in o.ops))
+            ):
                 continue
             if o.kind == DECOMPOSE:
                 out.append(self._decomposition(o))
