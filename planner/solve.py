@@ -327,11 +327,16 @@ class _Run:
         ops = self.p.ops
         while i < len(ops):
             op = ops[i]
-            forced = {id(b.option): b.option for b in self.deferred.values() if b.option.root is op}
-            if len(forced) > 1 or not all(map(self._all_deferred, forced.values())):
-                return  # no such plan: two regions at one root, or a value written twice
-            evals = self.evaluate(op, next(iter(forced.values()), None))
-            if forced and not any(self._finite(ev) for ev in evals):
+            forced = None
+            if self.deferred:  # (rare: only while a value waits for the region writing it)
+                at_op = {
+                    id(b.option): b.option for b in self.deferred.values() if b.option.root is op
+                }
+                if len(at_op) > 1 or not all(map(self._all_deferred, at_op.values())):
+                    return  # no such plan: two regions at one root, or a value written twice
+                forced = next(iter(at_op.values()), None)
+            evals = self.evaluate(op, forced)
+            if forced is not None and not any(self._finite(ev) for ev in evals):
                 return  # the region that was to write a deferred value cannot run here
             self.evals[op] = evals
             states = self.unit_ops.get(op)
@@ -339,7 +344,7 @@ class _Run:
                 used = [r for r in op.results if self.readers.get(r)]
                 for state in states:
                     self._leave(used)  # the claim of the state tried before
-                    c = self.unit_cost(op, evals, used, state, bool(forced))
+                    c = self.unit_cost(op, evals, used, state, forced is not None)
                     if c == INF or fixed + c >= self._bound():
                         continue
                     self._enter(op, used, state)
@@ -371,6 +376,8 @@ class _Run:
 
     def _leave(self, used: list[Value]) -> None:
         """Undo a _By state of these values (the branch is left)."""
+        if not self.deferred:
+            return
         for v in used:
             b = self.deferred.pop(v, None)
             if b is not None:
@@ -396,6 +403,8 @@ class _Run:
 
     def _written(self, op: Operation) -> None:
         """After a region's root: the values it writes for later readers are available."""
+        if not self.deferred:
+            return
         for v, b in self.deferred.items():
             if b.option.root is op:
                 self.avail[v] = b.mask
@@ -423,15 +432,15 @@ class _Run:
         where such a value's state made it `forced` (module doc); no other option may cover an
         op of a region so claimed."""
         out = []
-        claim = self.claimed.get(op)
-        if claim is not None and claim.root is not op:
+        claimed = self.claimed
+        if claimed and op in claimed and claimed[op].root is not op:
             return out  # inside a claimed region: it runs the op
         for o in self.p.bo.options[op]:
-            if forced is not None and o is not forced:
-                continue
-            if forced is None and (
-                (o.extra_outputs and self._read_extras(o))
-                or (self.claimed and any(x in self.claimed for x in o.ops))
+            if forced is not None:
+                if o is not forced:
+                    continue
+            elif (o.extra_outputs and self._read_extras(o)) or (
+                claimed and any(x in claimed for x in o.ops)
             ):
                 continue
             if o.kind == DECOMPOSE:
