@@ -200,7 +200,8 @@ def region_key(region: KernelRegion) -> tuple:
         parts.append((op.name, _attrs_key(op), operands, results))
         for j, r in enumerate(op.results):
             index[r] = (n, j)
-    parts.append(("out", tuple(index[v] for v in region.outputs)))
+    if len(region.outputs) > 1:  # (one output is the root's: the key it always had)
+        parts.append(("out", tuple(index[v] for v in region.outputs)))
     return tuple(parts)
 
 
