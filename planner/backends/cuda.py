@@ -174,39 +174,7 @@ def _label(source) -> str:
 
 def run_region(op: CallOp | FusedOp, inputs: list) -> list[DeviceArray]:
     """Generate, compile (cached) and launch the kernel of `op`'s region on device inputs."""
-    source, function = _compiled(op)
-    args = [DeviceArray.of(v) for v in inputs]
-    outs = [DeviceArray.empty(r.type.shape, r.type.dtype) for r in op.results]
-    pointers = [np.uintp(a.ptr) for a in [*args, *outs]]
-    try:
-        function.prepared_async_call(
-            source.grid, source.block, None, *pointers, shared_size=source.shared_bytes
-        )
-    except cuda.Error as e:
-        raise TgcError(f"{_label(source)} failed to run: {e}", op.loc) from None
-    return outs
-
-
-# -- cuBLAS ------------------------------------------------------------------------------------
-
-
-def _gemm(inputs: list, attrs: dict, result_types: list[TensorType]) -> list[DeviceArray]:
-    from tgc.runtime.cublas import cublas
-
-    a, b = (DeviceArray.of(v) for v in inputs)
-    t = result_types[0]
-    types = [TensorType.get(a.shape, t.element_type), TensorType.get(b.shape, t.element_type)]
-    g = planner_side.gemm_of(types, t, attrs)
-    out = DeviceArray.empty(t.shape, t.dtype)
-    blas = cublas()
-    blas.set_stream(0)  # the legacy default stream, as every kernel here
-    status = blas.gemm(g, a.ptr, b.ptr, out.ptr)
-    if status != 0:
-        raise TgcError(f"cuBLAS gemm ({g.m}x{g.n}x{g.k}) failed with status {status}")
-    return [out]
-
-
-# -- a call made ready once (Backend.prepare) ---------------------------------------------------
+    return _region_runner(op)(inputs)
 
 
 def _pointer(value) -> int:
@@ -217,20 +185,13 @@ def _pointer(value) -> int:
     return DeviceArray.of(value).ptr
 
 
-def prepare(kernel, op: CallOp):
-    """`run(values) -> outputs` for one call, with what does not change between its runs done
-    now: a region's code generated and compiled, its launch shape and result buffers' shapes
-    known; a GEMM's cuBLAS arguments worked out. None for a kernel it has nothing to prepare
-    for."""
-    if kernel.name == planner_side.CUBLAS_GEMM:
-        return _prepared_gemm(op)
-    if not isinstance(kernel, Template):
-        return None  # the executor's general path
+def _region_runner(op: CallOp | FusedOp):
+    """`run(device inputs) -> outputs` for `op`'s region: its code generated and compiled
+    (cached), its launch shape and result shapes known."""
     source, function = _compiled(op)
     results = [(r.type.shape, r.type.dtype) for r in op.results]
     launch, grid, block = function.prepared_async_call, source.grid, source.block
     shared = source.shared_bytes
-    label = _label(source)
 
     def run(values: list) -> list:
         outs = [DeviceArray.empty(shape, dtype) for shape, dtype in results]
@@ -238,18 +199,19 @@ def prepare(kernel, op: CallOp):
         try:
             launch(grid, block, None, *pointers, shared_size=shared)
         except cuda.Error as e:
-            raise TgcError(f"{label} failed to run: {e}", op.loc) from None
+            raise TgcError(f"{_label(source)} failed to run: {e}", op.loc) from None
         return outs
 
     return run
 
 
-def _prepared_gemm(op: CallOp):
+# -- cuBLAS ------------------------------------------------------------------------------------
+
+
+def _gemm_runner(g, t: TensorType, loc=None):
+    """`run([a, b]) -> [c]` for the cuBLAS call `g` writing a fresh result of type `t`."""
     from tgc.runtime.cublas import cublas
 
-    t = op.results[0].type
-    types = [v.type.with_encoding(None) for v in op.operands]
-    g = planner_side.gemm_of(types, t, op.op_attributes())
     blas = cublas()
     shape, dtype = t.shape, t.dtype
 
@@ -259,10 +221,34 @@ def _prepared_gemm(op: CallOp):
         blas.set_stream(0)  # the legacy default stream, as every kernel here
         status = blas.gemm(g, _pointer(a), _pointer(b), out.ptr)
         if status != 0:
-            raise TgcError(f"cuBLAS gemm ({g.m}x{g.n}x{g.k}) failed with status {status}", op.loc)
+            raise TgcError(f"cuBLAS gemm ({g.m}x{g.n}x{g.k}) failed with status {status}", loc)
         return [out]
 
     return run
+
+
+def _gemm(inputs: list, attrs: dict, result_types: list[TensorType]) -> list[DeviceArray]:
+    a, b = (DeviceArray.of(v) for v in inputs)
+    t = result_types[0]
+    types = [TensorType.get(a.shape, t.element_type), TensorType.get(b.shape, t.element_type)]
+    return _gemm_runner(planner_side.gemm_of(types, t, attrs), t)([a, b])
+
+
+# -- a call made ready once (Backend.prepare) ---------------------------------------------------
+
+
+def prepare(kernel, op: CallOp):
+    """`run(values) -> outputs` for one call, with what does not change between its runs done
+    now: a region's code generated and compiled, its launch shape and result buffers' shapes
+    known; a GEMM's cuBLAS arguments worked out. None for a kernel it has nothing to prepare
+    for."""
+    if kernel.name == planner_side.CUBLAS_GEMM:
+        t = op.results[0].type
+        types = [v.type.with_encoding(None) for v in op.operands]
+        return _gemm_runner(planner_side.gemm_of(types, t, op.op_attributes()), t, op.loc)
+    if not isinstance(kernel, Template):
+        return None  # the executor's general path
+    return _region_runner(op)
 
 
 def _call(kernel, inputs: list, attrs: dict, result_types: list[TensorType]) -> list:
