@@ -16,7 +16,6 @@ and cuBLAS within their stated errors; a plan mixing numpy, CUDA and torch-cuda 
 from __future__ import annotations
 
 import ctypes
-import re
 import importlib.util
 import shutil
 import subprocess
@@ -605,13 +604,24 @@ def test_a_wrong_generated_kernel_makes_the_plan_wrong(stand_in):
     assert rel_error(got, want) > 1e-4
 
 
+def _gpu_suite():
+    """bench/gpu_suite.py, whose `on_device` puts a text's values in device memory as its auto
+    rows do."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import gpu_suite
+
+    return gpu_suite
+
+
 def test_a_gpt2_block_in_device_memory_plans_the_fixed_routes_kernels(stand_in):
     """Lowered for planning, with cuBLAS and the templates cheap and the GPT-2 block's values
     in device memory (as --backend auto runs it on the GPU), the plan is the fixed cuda
     route's ten kernels: among them the row reduction that also writes the residual sum the
     block's last add reads (a region with two results). It matches float64."""
     text = (EXAMPLES[0].parent / "gpt2_block.tg").read_text()
-    device_text = re.sub(r"(?<!> : )tensor<([^>]*)>", r'tensor<\1, "cuda">', text)
+    device_text = _gpu_suite().on_device(text)
     costs = DictCostSource(
         {**{t.name: 1e-9 for t in ck.TEMPLATE_OF_KIND.values()}, ck.CUBLAS_GEMM: 1e-9,
          "cuda.matmul": 1e-3},
