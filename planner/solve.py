@@ -251,6 +251,7 @@ class _Run:
         units_ops: dict[Operation, list[tuple]] = {}
         units_in: dict[Value, list[int]] = {}
         optional = self.p.bo.optional
+        writers = self._writers()
         for op in self.p.ops:
             used = [r for r in op.results if self.readers.get(r)]
             if sum(self.readers.get(r, 0) for r in op.results) < 2:
@@ -259,7 +260,7 @@ class _Run:
             if op in optional:
                 states.append((0,) * len(used))
             if len(used) == 1:
-                states += self._by_states(used[0])
+                states += [_By(o, m) for o, m in writers.get(used[0], ())]
             units_ops[op] = states
         for v, vector in self.p.inputs.items():
             if self.readers.get(v, 0) >= 2:
@@ -272,16 +273,17 @@ class _Run:
             self.unit_inputs = {v: [fixed[v]] for v in self.unit_inputs if v in fixed}
         return exact
 
-    def _by_states(self, v: Value) -> list[_By]:
-        """The states of `v` written by a region option of this problem rooted after it: one
-        per option and mask holding the option's space."""
-        out = []
+    def _writers(self) -> dict[Value, list[tuple[Option, int]]]:
+        """For each value a region option of this problem also writes: (that option, a mask
+        holding its space) for each such mask, the value's _By states."""
+        out: dict[Value, list[tuple[Option, int]]] = {}
         ops = set(self.p.ops)
         for root in self.p.ops:
             for o in self.p.bo.options[root]:
-                if v in o.extra_outputs and all(x in ops for x in o.ops):
+                if o.extra_outputs and all(x in ops for x in o.ops):
                     bit = self.sp.bit(o.space)
-                    out += [_By(o, m) for m in self.sp.masks if m & bit]
+                    for v in o.extra_outputs:
+                        out.setdefault(v, []).extend((o, m) for m in self.sp.masks if m & bit)
         return out
 
     def _work(self, units_ops: dict, units_in: dict) -> int:
