@@ -457,8 +457,7 @@ def cuda_options(op: Operation) -> list[Match]:
     for group_kind, ops in groups.get(op, []):
         if not all(_has_elements(x) for x in ops):
             continue
-        region = region_of(group_kind, ops) or region_of(group_kind, ops, several=True)
-        m = _match(region)
+        m = _match(region_of(group_kind, ops, several=True))
         if m is not None:
             out.append(m)
     return out
