@@ -2,7 +2,9 @@
 run as a `PlannedFunction` on values in device memory, timed on the GPU (CUDA events, as
 gpu_suite) and on the host (each call's Python time while the GPU runs behind), with a
 cProfile of the host side. A plan whose host time per call exceeds its GPU time is host-bound:
-its kernels wait for their launches.
+its kernels wait for their launches. Then each step's GPU time (CUDA events between steps),
+beside each step of the fixed `cuda` route's runner on the same block: where auto and the fixed
+route differ, kernel by kernel.
 
     python3 bench/plan_host_overhead.py --db DB [--dtype bf16] [--calls 200]
 
@@ -22,7 +24,51 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_suite import auto_plan, gpt2_text, gpt2_torch, on_device, time_ms  # noqa: E402
+from gpu_suite import (  # noqa: E402
+    auto_plan,
+    gpt2_text,
+    gpt2_torch,
+    host_array,
+    on_device,
+    tgc_runner,
+    time_ms,
+)
+
+
+def step_times(func, inputs, reps: int = 10) -> list[tuple[str, float]]:
+    """Median milliseconds of each step of the planned function `func` (CUDA events recorded
+    between steps on the legacy default stream, where the plan's kernels run)."""
+    import statistics
+
+    import torch
+
+    from tgc.planner.executor import _run_located
+
+    stream = torch.cuda.default_stream()
+    times: list[list[float]] = [[] for _ in func.steps]
+    for _ in range(reps):
+        env = list(inputs) + [None] * (func.slot_count - len(inputs))
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(len(func.steps) + 1)]
+        marks[0].record(stream)
+        for j, step in enumerate(func.steps):
+            outs = _run_located(step, [env[i] for i in step.operands])
+            for i, value in zip(step.results, outs):
+                env[i] = value
+            marks[j + 1].record(stream)
+        torch.cuda.synchronize()
+        for j in range(len(func.steps)):
+            times[j].append(marks[j].elapsed_time(marks[j + 1]))
+    return [(_step_name(s.op), statistics.median(t)) for s, t in zip(func.steps, times)]
+
+
+def _step_name(op) -> str:
+    """The step's kernel, its template parameters and the time the planner expected."""
+    callee = str(op.attributes.get("callee") or op.name).strip('"')
+    params = " ".join(f"{k[6:]}={v}" for k, v in op.attributes.items() if k.startswith("param."))
+    seconds = op.attributes.get("plan.seconds")
+    expected = f" (planned {float(seconds) * 1e3:.4f} ms)" if seconds is not None else ""
+    types = ", ".join(str(r.type) for r in op.results)
+    return f"{callee} {params} -> {types}{expected}"
 
 
 def main(argv=None) -> int:
@@ -72,6 +118,18 @@ def main(argv=None) -> int:
     print(f"  per call, GPU (CUDA events): {gpu_ms:.4f} ms")
     print(f"  per call, host (Python):     {host_ms:.4f} ms ({1e3 * host_ms / steps:.1f} us/step)")
     print(out.getvalue())
+
+    auto_steps = step_times(func, list(inputs))
+    runner = tgc_runner(gpt2_text(b, s, dtype=args.dtype))
+    runner.upload([host_array(x) for x in inputs])
+    runner.launch()
+    fixed_steps = runner.profile(reps=10)
+    print(f"per step (ms): auto {sum(t for _, t in auto_steps):.4f} in {len(auto_steps)} steps")
+    for name, t in auto_steps:
+        print(f"  {t:.4f}  {name}")
+    print(f"per step (ms): fixed route {sum(t for _, t in fixed_steps):.4f}")
+    for name, t in fixed_steps:
+        print(f"  {t:.4f}  {name}")
     return 0
 
 
