@@ -327,8 +327,13 @@ def _same_constant(x: DenseAttr, y: DenseAttr) -> bool:
         return False
     if a.dtype == b.dtype:
         return x == y or bool(np.array_equal(a, b, equal_nan=a.dtype.kind == "f"))
-    if a.dtype.kind == "f" and b.dtype.kind == "f":
+    if _is_float(a.dtype) and _is_float(b.dtype):
         narrow = a.dtype if a.dtype.itemsize <= b.dtype.itemsize else b.dtype
         with np.errstate(over="ignore"):
             return bool(np.array_equal(a.astype(narrow), b.astype(narrow), equal_nan=True))
     return bool(np.array_equal(a.astype(np.float64), b.astype(np.float64)))
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    """numpy's floats and ml_dtypes' bfloat16 (whose numpy kind is "V", not "f")."""
+    return dtype.kind == "f" or dtype.name == "bfloat16"

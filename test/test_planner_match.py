@@ -11,6 +11,7 @@ import pytest
 import tgc.planner
 from tgc.parser import parse_module
 from tgc.pass_manager import PassManager
+from tgc.printer import print_op
 from tgc.planner import match as match_module
 from tgc.planner.backends.numpy import floats_only
 from tgc.planner.kernel import KERNELS, Kernel, register_kernel, unregister_kernel
@@ -109,6 +110,21 @@ def test_the_exp2x_formula_matches_in_f16_and_f64_programs():
         func = canonical(body, f"%x: {t}", rtype=t)
         (m,) = graph_matches(func, "numpy.tanh")
         assert m.reference.sym_name == "exp2x_formula", element
+
+
+def test_lowered_gelu_in_bf16_matches_with_its_constants_rounded_to_bf16():
+    """bf16 (ml_dtypes, numpy kind "V") compares as a float: 0.044715 written in the f32
+    reference is 0.0446777 in a bf16 program. A bf16 program with another constant does not
+    match."""
+    t = "tensor<4x8xbf16>"
+    func = canonical(f'  %y = hl.gelu %x {{approximate = "tanh"}} : ({t}) -> {t}', f"%x: {t}",
+                     rtype=t, pipeline=LOWER)  # fmt: skip
+    (m,) = graph_matches(func, "numpy.gelu_tanh")
+    assert m.reference.sym_name == "hl_gelu_tanh"
+    text = print_op(func).replace("dense<0.0446777>", "dense<0.0500488>")
+    assert "dense<0.0500488>" in text
+    other = parse_module(text).funcs[0]
+    assert graph_matches(other, "numpy.gelu_tanh") == []
 
 
 def test_a_formula_that_differs_in_one_op_does_not_match():
