@@ -12,7 +12,9 @@ device pieces here:
   `kernel.fused`) into a `kernel.fused`, generates its code (with the template parameters the
   call names as `param.<name>`, the generator's own choice for the rest), compiles it through the CUDA
   runtime's caches (runtime/cuda_executor.py: nvcc to a cubin, in memory and on disk) and
-  launches it; `call` runs cuda.cublas.gemm through runtime/cublas.py.
+  launches it; `call` runs cuda.cublas.gemm through runtime/cublas.py, and the linear layers
+  with their epilogues (cuda.cublaslt.*) through runtime/cublaslt.py, with a workspace of
+  32 MiB made on first use.
 
 Everything runs in order on the legacy default stream, as PyTorch's kernels (torch-cuda) do:
 a kernel's inputs are finished before it starts with no synchronisation between kernels, so
@@ -234,6 +236,64 @@ def _gemm(inputs: list, attrs: dict, result_types: list[TensorType]) -> list[Dev
     return _gemm_runner(planner_side.gemm_of(types, t, attrs), t)([a, b])
 
 
+# -- cuBLASLt: linear layers with their epilogues ---------------------------------------------
+
+LT_WORKSPACE_BYTES = 32 << 20  # what PyTorch gives cuBLAS on Hopper
+_lt_state: dict = {}
+
+
+def _cublaslt():
+    """The cuBLASLt library with its workspace (made once, kept for the process)."""
+    lt = _lt_state.get("lt")
+    if lt is None:
+        from tgc.runtime.cublaslt import CublasLt
+
+        workspace = DeviceArray.empty((LT_WORKSPACE_BYTES,), np.uint8)
+        lt = CublasLt(workspace.ptr, LT_WORKSPACE_BYTES)
+        _lt_state.update(lt=lt, workspace=workspace)
+    return lt
+
+
+def _lt_runner(name: str, operand_types: list[TensorType], t: TensorType, loc=None):
+    """`run([x, w, b(, r)]) -> [y]` for the cuBLASLt kernel `name` writing a fresh result of
+    type `t`."""
+    g = planner_side.lt_gemm(name, operand_types, t)
+    lt = _cublaslt()
+    shape, dtype = t.shape, t.dtype
+
+    def run(values: list) -> list:
+        pointers = [_pointer(v) for v in values]
+        out = DeviceArray.empty(shape, dtype)
+        if any(ptr % 16 for ptr in pointers):
+            # cuBLASLt's algorithm was chosen for 16-byte aligned operands (every allocation
+            # is); a foreign array may be a view that starts elsewhere
+            raise TgcError(f"{name}: an operand is not 16-byte aligned", loc)
+        x, w, b, *r = pointers
+        status = lt.matmul(g, x, w, out.ptr, bias_ptr=b, c_ptr=r[0] if r else None)
+        if status != 0:
+            raise TgcError(f"{name} ({g.m}x{g.n}x{g.k}) failed with cuBLASLt status {status}", loc)
+        return [out]
+
+    return run
+
+
+def _lt(name: str, inputs: list, result_types: list[TensorType]) -> list[DeviceArray]:
+    values = [DeviceArray.of(v) for v in inputs]
+    t = result_types[0]
+    types = [TensorType.get(v.shape, t.element_type) for v in values]
+    return _lt_runner(name, types, t)(values)
+
+
+def _lt_host_run(name: str):
+    """The cuBLASLt kernel `name` on host arrays (the kernel's `run`, for checking it)."""
+
+    def run(inputs: list, attrs: dict, result_types: list[TensorType]) -> list:
+        device = [from_host(np.asarray(a), None) for a in inputs]
+        return [o.get() for o in _lt(name, device, result_types)]
+
+    return run
+
+
 # -- a call made ready once (Backend.prepare) ---------------------------------------------------
 
 
@@ -246,6 +306,9 @@ def prepare(kernel, op: CallOp):
         t = op.results[0].type
         types = [v.type.with_encoding(None) for v in op.operands]
         return _gemm_runner(planner_side.gemm_of(types, t, op.op_attributes()), t, op.loc)
+    if kernel.name in planner_side.LT_KERNELS:
+        types = [v.type.with_encoding(None) for v in op.operands]
+        return _lt_runner(kernel.name, types, op.results[0].type, op.loc)
     if not isinstance(kernel, Template):
         return None  # the executor's general path
     return _region_runner(op)
@@ -254,6 +317,8 @@ def prepare(kernel, op: CallOp):
 def _call(kernel, inputs: list, attrs: dict, result_types: list[TensorType]) -> list:
     if kernel.name == planner_side.CUBLAS_GEMM:
         return _gemm(inputs, attrs, result_types)
+    if kernel.name in planner_side.LT_KERNELS:
+        return _lt(kernel.name, inputs, result_types)
     raise TgcError(f"the cuda backend has no kernel '{kernel.name}'")
 
 
@@ -270,7 +335,7 @@ SPACE = Space("cuda", to_host, from_host, time_queued)
 def register() -> None:
     """Register the CUDA backend (idempotent)."""
     context()
-    planner_side.register(BACKEND, SPACE, _cublas_host_run)
+    planner_side.register(BACKEND, SPACE, _cublas_host_run, _lt_host_run)
 
 
 def unregister() -> None:

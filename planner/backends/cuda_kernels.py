@@ -14,6 +14,10 @@ Kernels:
   the executor turns into a `kernel.fused` (`fused_from_call`), generates and compiles.
 - "cuda.cublas.gemm": an op kernel for the `atomic.matmul`s cuBLAS can run (each operand
   batched like the result or not at all; f32, f64, f16, bf16), matched like any op kernel.
+- "cuda.cublaslt.linear", "cuda.cublaslt.linear_gelu", "cuda.cublaslt.linear_residual": graph
+  kernels for a linear layer (`hl.linear` as written or lowered: matmul, then the bias added)
+  that cuBLASLt runs as one GEMM with the bias, the tanh GELU (f16/bf16 only) or a residual
+  (read as the GEMM's C) in its epilogue, as PyTorch's addmm does (runtime/cublaslt.py).
 
 A region is offered only where its code generates (the generator is run once per distinct
 region, at planning time) and where it is self-contained: the root has one result, and the
@@ -67,9 +71,10 @@ from tgc.planner.backends import (
     register_space,
     register_template,
 )
-from tgc.planner.kernel import KERNELS, Kernel, canonical_references, register_kernel
+from tgc.planner.kernel import KERNELS, Kernel, Lowered, canonical_references, register_kernel
 from tgc.planner.match import Match
 from tgc.printer import print_op
+from tgc.runtime.cublaslt import LtGemm
 from tgc.types import TensorType
 
 ELEMENTWISE_ERROR, SUMS_ERROR = 2e-6, 1e-5
@@ -523,6 +528,110 @@ def cublas_kernel(run=None) -> Kernel:
     )
 
 
+# -- cuBLASLt: GEMMs with the bias, GELU and residual of a linear layer in their epilogue -------------
+
+# Reference graphs (their types only make them parse). Each is matched as written and lowered,
+# so it applies both to a program that keeps hl.linear and to one lowered for planning.
+_X, _W, _V, _Y = "tensor<4x8xf32>", "tensor<8x6xf32>", "tensor<6xf32>", "tensor<4x6xf32>"
+_LINEAR = f"%l = hl.linear %x, %w, %b : ({_X}, {_W}, {_V}) -> {_Y}"
+LINEAR_TEXT = f"""
+func.func @linear(%x: {_X}, %w: {_W}, %b: {_V}) -> {_Y} {{
+  {_LINEAR}
+  func.return %l : {_Y}
+}}
+"""
+LINEAR_GELU_TEXT = f"""
+func.func @linear_gelu(%x: {_X}, %w: {_W}, %b: {_V}) -> {_Y} {{
+  {_LINEAR}
+  %y = hl.gelu %l {{approximate = "tanh"}} : ({_Y}) -> {_Y}
+  func.return %y : {_Y}
+}}
+"""
+LINEAR_RESIDUAL_TEXT = f"""
+func.func @linear_residual(%x: {_X}, %w: {_W}, %b: {_V}, %r: {_Y}) -> {_Y} {{
+  {_LINEAR}
+  %y = atomic.add %r, %l : ({_Y}, {_Y}) -> {_Y}
+  func.return %y : {_Y}
+}}
+"""
+
+# name -> (reference text, cuBLASLt epilogue, adds a residual, element types, doc)
+LT_KERNELS = {
+    "cuda.cublaslt.linear": (
+        LINEAR_TEXT,
+        "bias",
+        False,
+        ("f32", "f16", "bf16"),
+        "x @ w + b (hl.linear) by cuBLASLt, the bias added in the GEMM's epilogue",
+    ),
+    "cuda.cublaslt.linear_gelu": (
+        LINEAR_GELU_TEXT,
+        "gelu_bias",
+        False,
+        # cuBLASLt's GELU epilogue is within f16/bf16 rounding of the formula, not within f32's
+        ("f16", "bf16"),
+        "gelu_tanh(x @ w + b) by cuBLASLt, bias and GELU in the GEMM's epilogue",
+    ),
+    "cuda.cublaslt.linear_residual": (
+        LINEAR_RESIDUAL_TEXT,
+        "bias",
+        True,
+        ("f32", "f16", "bf16"),
+        "r + (x @ w + b) by cuBLASLt: the residual r read as the GEMM's C (beta = 1)",
+    ),
+}
+
+
+def lt_gemm(kernel_name: str, operand_types: list[TensorType], result_type: TensorType) -> LtGemm:
+    """The cuBLASLt call of kernel `kernel_name` on these types (its constraint accepted them):
+    x's leading dims are the GEMM's rows (x is contiguous)."""
+    _, epilogue, residual, _, _ = LT_KERNELS[kernel_name]
+    x, w = operand_types[0], operand_types[1]
+    m = x.num_elements // x.shape[-1]
+    return LtGemm(result_type.element_type, m, w.shape[1], w.shape[0], epilogue, residual)
+
+
+def _lt_constraint(kernel_name: str):
+    _, _, residual, dtypes, _ = LT_KERNELS[kernel_name]
+
+    def constraint(types) -> str | None:
+        operands, (y,) = types
+        x, w, b = operands[:3]
+        if any(t.num_elements == 0 for t in [*operands, y]):
+            return "runs no tensor without elements"
+        if y.element_type not in dtypes:
+            return f"takes {', '.join(dtypes)} values, not {y.element_type}"
+        if any(t.element_type != y.element_type for t in operands):
+            return "needs every operand of the result's element type"
+        if x.rank < 2 or w.rank != 2:
+            return "needs x of rank 2 or more (its rows one matrix) and a matrix w"
+        if b.shape != (w.shape[1],):
+            return f"needs a bias of {w.shape[1]} elements, one per output column, not {b}"
+        if residual and operands[3].shape != y.shape:
+            return "needs a residual of the result's shape"
+        return None
+
+    return constraint
+
+
+def lt_kernels(run=None) -> list[Kernel]:
+    """The cuBLASLt kernels, with `run` (kernel name -> the backend's run) where given."""
+    out = []
+    for name, (text, _, _, _, doc) in LT_KERNELS.items():
+        out.append(
+            Kernel(
+                name,
+                "cuda",
+                reference=(text, Lowered(text)),
+                run=run(name) if run is not None else None,
+                constraints=_lt_constraint(name),
+                max_rel_error=SUMS_ERROR,
+                doc=doc,
+            )
+        )
+    return out
+
+
 # -- the "cuda" space --------------------------------------------------------------------------------
 
 
@@ -536,13 +645,18 @@ def host_array(array, t: TensorType | None = None) -> np.ndarray:
 # -- registration -------------------------------------------------------------------------------------
 
 
-def register(backend: Backend, space: Space, cublas_run=None) -> None:
+def register(backend: Backend, space: Space, cublas_run=None, lt_run=None) -> None:
     """Register the planner side of the CUDA backend with `backend` and `space` (the device's,
-    or a test's stand-in): the templates, the cuBLAS kernel, the fused-kernel hook. Idempotent."""
+    or a test's stand-in): the templates, the cuBLAS and cuBLASLt kernels (their host runs,
+    for checking them, from `cublas_run` and `lt_run(kernel name)`), the fused-kernel hook.
+    Idempotent."""
     for template in TEMPLATE_OF_KIND.values():
         register_template(template)
     if CUBLAS_GEMM not in KERNELS:
         register_kernel(cublas_kernel(cublas_run))
+    for kernel in lt_kernels(lt_run):
+        if kernel.name not in KERNELS:
+            register_kernel(kernel)
     register_backend(backend)
     register_space(space)
     if cuda_options not in planner_options.FUSED_OPTIONS:
@@ -554,6 +668,8 @@ def unregister() -> None:
     for template in TEMPLATE_OF_KIND.values():
         TEMPLATES.pop(template.name, None)
     KERNELS.pop(CUBLAS_GEMM, None)
+    for name in LT_KERNELS:
+        KERNELS.pop(name, None)
     BACKENDS.pop("cuda", None)
     SPACES.pop("cuda", None)
     if cuda_options in planner_options.FUSED_OPTIONS:
@@ -562,6 +678,7 @@ def unregister() -> None:
 
 __all__ = [
     "CUBLAS_GEMM",
+    "LT_KERNELS",
     "TEMPLATE_OF_KIND",
     "KernelRegion",
     "cuda_options",
@@ -569,6 +686,7 @@ __all__ = [
     "fusion_groups",
     "gemm_of",
     "host_array",
+    "lt_gemm",
     "region_kernel",
     "region_of",
     "register",
