@@ -95,6 +95,11 @@ def generate_attention(fused: FusedOp, params: dict, symbol: str) -> KernelSourc
 
 def _f32_kernel(att: Operation, ops: dict[str, dict], common: dict, params: dict):
     """attention.cu.j2: exact f32 arithmetic, 64 queries x 64 keys a tile, 128 threads."""
+    if params.get("block_n", BLOCK_N) != BLOCK_N:
+        raise TgcError(
+            f"attention template parameters: the f32 kernel takes tiles of {BLOCK_N} keys, "
+            f"not block_n={params['block_n']!r}"
+        )
     elem, d, dv = att.operands[0].type.element_type, common["d"], common["dv"]
     _mark_vector_loads(ops, elem, d, dv)
     nq = (common["seq_q"] + BLOCK_M - 1) // BLOCK_M
@@ -156,27 +161,36 @@ def _tensor_core_fits(att: Operation, ops: dict[str, dict]) -> bool:
     return True
 
 
-def _tc_layout(d: int, dv: int, params: dict) -> tuple[int, bool]:
-    """(16-row query slices per warp, whether q's fragments stay in registers), by default two
-    slices (each K/V fragment read from shared memory serves 32 queries), q in registers up to
-    head dim 64 (above, the o accumulators need them: q is read again for each key tile).
-    Template parameters `rows_per_warp` (1 or 2) and `q_in_registers` override them."""
+def _tc_layout(d: int, dv: int, params: dict) -> tuple[int, bool, int, int]:
+    """(16-row query slices per warp, whether q's fragments stay in registers, keys per tile,
+    warps per block), by default two slices (each K/V fragment read from shared memory serves
+    32 queries), q in registers up to head dim 64 (above, the o accumulators need them: q is
+    read again for each key tile), tiles of 64 keys, 4 warps. Template parameters
+    `rows_per_warp` (1 or 2), `q_in_registers`, `block_n` (32, 64 or 128) and `warps` (4 or 8)
+    override them."""
     rows = params.get("rows_per_warp", 2)
     q_in_registers = params.get("q_in_registers", max(d, dv) <= 64)
+    bn = params.get("block_n", TC_BLOCK_N)
+    warps = params.get("warps", TC_WARPS)
     if rows not in (1, 2) or not isinstance(q_in_registers, bool):
         raise TgcError(
             f"attention template parameters: rows_per_warp must be 1 or 2 and q_in_registers "
             f"true or false, got {rows!r} and {q_in_registers!r}"
         )
-    return rows, q_in_registers
+    if bn not in (32, 64, 128) or warps not in (4, 8):
+        raise TgcError(
+            f"attention template parameters: block_n must be 32, 64 or 128 and warps 4 or 8, "
+            f"got {bn!r} and {warps!r}"
+        )
+    return rows, q_in_registers, bn, warps
 
 
 def _tensor_core_kernel(att: Operation, ops: dict[str, dict], common: dict, params: dict):
-    """attention_tc.cu.j2: 128 threads per block of 16 * rows * 4 queries."""
+    """attention_tc.cu.j2: 32 * warps threads per block of 16 * rows * warps queries."""
     elem, d, dv = att.operands[0].type.element_type, common["d"], common["dv"]
     ptx_type, t2, pack2 = TC_TYPES[elem]
-    rows, q_in_registers = _tc_layout(d, dv, params)
-    bm, bn = 16 * rows * TC_WARPS, TC_BLOCK_N
+    rows, q_in_registers, bn, warps = _tc_layout(d, dv, params)
+    bm = 16 * rows * warps
     nq = (common["seq_q"] + bm - 1) // bm
     # Q [bm][d + 8], K [2][bn][d + 8], V [2][bn][dv + 8], 2-byte elements.
     shared_bytes = 2 * (bm * (d + 8) + 2 * bn * (d + 8) + 2 * bn * (dv + 8))
@@ -196,8 +210,8 @@ def _tensor_core_kernel(att: Operation, ops: dict[str, dict], common: dict, para
         bm=bm,
         bn=bn,
         rows=rows,
-        warps=TC_WARPS,
-        threads=32 * TC_WARPS,
+        warps=warps,
+        threads=32 * warps,
         nq=nq,
         shared_bytes=shared_bytes,
         q_in_registers=q_in_registers,
@@ -207,8 +221,14 @@ def _tensor_core_kernel(att: Operation, ops: dict[str, dict], common: dict, para
         out_pairs=_strides_divisible(ops["o"], 2),
     )
     grid = (common["nb"] * nq, 1, 1)
-    block = (32 * TC_WARPS, 1, 1)
-    chosen = {"block_m": bm, "block_n": bn, "tensor_cores": True, "rows_per_warp": rows}
+    block = (32 * warps, 1, 1)
+    chosen = {
+        "block_m": bm,
+        "block_n": bn,
+        "tensor_cores": True,
+        "rows_per_warp": rows,
+        "warps": warps,
+    }
     return source, grid, block, shared_bytes, {**chosen, "q_in_registers": q_in_registers}
 
 

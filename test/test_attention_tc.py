@@ -21,6 +21,7 @@ import pytest
 
 from tgc.codegen.kernels import generate_kernel
 from tgc.codegen.render import prelude
+from tgc.diagnostics import TgcError
 from tgc.codegen.standalone import emit_standalone_cuda
 from tgc.dialects.kernel import FusedOp
 from tgc.parser import parse_module
@@ -164,6 +165,34 @@ def test_template_parameters_choose_rows_per_warp_and_q_registers():
     assert not attention_kernel(text128).params["q_in_registers"]
 
 
+def test_template_parameters_choose_keys_per_tile_and_warps():
+    """`block_n` sets the keys of a shared-memory tile and `warps` the warps of a block (its
+    queries 16 * rows_per_warp * warps): the grid, the threads and the shared memory follow."""
+    module = parse_module(heads_text(1, 2, 300, 300, 64, 64))
+    PassManager.from_text("cuda").run(module)
+    (fused,) = [o for o in module.walk() if isinstance(o, FusedOp)]
+    k = generate_kernel(fused, {"rows_per_warp": 1, "block_n": 128, "warps": 8})
+    assert (k.params["block_m"], k.params["block_n"], k.params["warps"]) == (128, 128, 8)
+    assert k.block == (256, 1, 1) and k.grid == (2 * -(-300 // 128), 1, 1)
+    assert k.shared_bytes == 2 * (128 * 72 + 2 * 128 * 72 + 2 * 128 * 72)
+    assert "BN = 128" in k.source and "__launch_bounds__(256)" in k.source
+    for bad, why in (
+        ({"block_n": 96}, "block_n must be 32, 64 or 128"),
+        ({"warps": 2}, "warps 4 or 8"),
+    ):
+        with pytest.raises(TgcError, match=why):
+            generate_kernel(fused, bad)
+
+
+def test_the_f32_kernel_refuses_a_tile_size_it_does_not_take():
+    module = parse_module(heads_text(1, 2, 65, 65, 64, 64, "f32"))
+    PassManager.from_text("cuda").run(module)
+    (fused,) = [o for o in module.walk() if isinstance(o, FusedOp)]
+    assert generate_kernel(fused, {"block_n": 64}).params["block_n"] == 64
+    with pytest.raises(TgcError, match="the f32 kernel takes tiles of 64 keys, not block_n=128"):
+        generate_kernel(fused, {"block_n": 128})
+
+
 def test_bad_template_parameter_is_a_located_error():
     from tgc.diagnostics import TgcError
 
@@ -258,10 +287,10 @@ def rel_frobenius(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-300))
 
 
-def run_gpu(text: str, seed: int, q_gain: float = 1.0, edit=None):
+def run_gpu(text: str, seed: int, q_gain: float = 1.0, edit=None, params=None):
     """(result, float64 reference, runner): placed by `cuda`, outputs poisoned first. `q_gain`
     scales the first input (peakier softmax: the running max moves more); `edit(inputs)` may
-    change the inputs further."""
+    change the inputs further; `params` are the kernel's template parameters."""
     from tgc.codegen.plan import build_plan
     from tgc.runtime.cuda_executor import CudaPlanRunner
 
@@ -273,7 +302,7 @@ def run_gpu(text: str, seed: int, q_gain: float = 1.0, edit=None):
         edit(inputs)
     module = parse_module(text)
     PassManager.from_text("cuda").run(module)
-    runner = CudaPlanRunner(build_plan(module.funcs[0]))
+    runner = CudaPlanRunner(build_plan(module.funcs[0], {"*": params} if params else None))
     runner.poison()
     (got,) = runner.run(inputs)
     (want,) = run_function(ref.funcs[0], inputs, "f64")
@@ -316,6 +345,31 @@ def test_tensor_core_attention_matches_float64(b, h, sq, sk, d, dv, layout, mask
     assert not np.isnan(got).any(), "NaN in the result (an element left unwritten?)"
     err = rel_frobenius(got, want)
     assert err < REL_ERROR[dtype], f"relative error {err:.2e}"
+
+
+# Tile shapes other than the defaults (rows_per_warp, block_n, warps), on shapes whose
+# sequences end inside a tile: a head dim that is not a power of two, masked and causal.
+PARAM_POINTS = [(1, 128, 4), (1, 128, 8), (1, 64, 8), (2, 32, 4), (2, 128, 4)]
+PARAM_SHAPES = [
+    (2, 2, 200, 200, 80, 80, "heads", False, True),
+    (1, 3, 65, 200, 64, 64, "heads", True, True),
+    (1, 2, 130, 97, 32, 128, "flat", False, False),
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("rows,block_n,warps", PARAM_POINTS)
+@pytest.mark.parametrize("b,h,sq,sk,d,dv,layout,mask,causal", PARAM_SHAPES)
+def test_every_tile_shape_matches_float64(
+    b, h, sq, sk, d, dv, layout, mask, causal, rows, block_n, warps
+):
+    params = {"rows_per_warp": rows, "block_n": block_n, "warps": warps}
+    text = heads_text(b, h, sq, sk, d, dv, "bf16", causal, mask, layout)
+    got, want, runner = run_gpu(text, sq + block_n + warps, q_gain=2.0, params=params)
+    (kernel,) = runner.plan.kernels
+    assert (kernel.params["block_n"], kernel.params["warps"]) == (block_n, warps)
+    assert not np.isnan(got).any(), "NaN in the result (an element left unwritten?)"
+    assert rel_frobenius(got, want) < REL_ERROR["bf16"]
 
 
 @pytest.mark.cuda

@@ -303,7 +303,12 @@ TUNABLE: dict[str, dict[str, tuple]] = {
         "thread_m": (2, 4, 8),
         "thread_n": (2, 4, 8),
     },
-    "attention": {"rows_per_warp": (1, 2), "q_in_registers": (False, True)},
+    "attention": {
+        "rows_per_warp": (1, 2),
+        "q_in_registers": (False, True),
+        "block_n": (32, 64, 128),
+        "warps": (4, 8),
+    },
 }
 REGION_PARAM = "region"  # the one-value parameter naming the region (module doc)
 
