@@ -134,11 +134,12 @@ def test_tensor_core_kernel_is_chosen_exactly_where_it_fits(dtype, d, dv, layout
     k = attention_kernel(heads_text(2, 3, 100, 100, d, dv, dtype, True, False, layout))
     assert ("mma.sync.aligned.m16n8k16" in k.source) == tc
     assert k.params.get("tensor_cores", False) == tc
-    assert k.template == "attention" and k.block == (128, 1, 1)
+    assert k.template == "attention"
+    assert k.block == ((32 * k.params["warps"], 1, 1) if tc else (128, 1, 1))
     if tc:
         assert "cp.async.cg.shared.global" in k.source and "ldmatrix" in k.source
         bm = k.params["block_m"]
-        assert bm in (64, 128) and k.grid == (2 * 3 * -(-100 // bm), 1, 1)
+        assert bm in (64, 128, 256) and k.grid == (2 * 3 * -(-100 // bm), 1, 1)
         assert k.shared_bytes == 2 * (bm * (d + 8) + 2 * 64 * (d + 8) + 2 * 64 * (dv + 8))
 
 
@@ -163,6 +164,18 @@ def test_template_parameters_choose_rows_per_warp_and_q_registers():
     assert one.grid == (2 * 2, 1, 1) and default.grid == (2 * 1, 1, 1)
     assert "uint32_t qf[R]" in default.source and "uint32_t qf[R]" not in one.source
     assert not attention_kernel(text128).params["q_in_registers"]
+
+
+@pytest.mark.parametrize(
+    "d, causal, rows, warps",
+    [(64, False, 2, 4), (64, True, 1, 8), (128, False, 2, 8), (128, True, 2, 8)],
+)
+def test_the_default_block_shape_is_the_fastest_measured_for_its_head_dim(d, causal, rows, warps):
+    """bench/results/attention_tc-tiles-*.md: 4 warps of 32 queries at head dim 64, 8 warps of
+    16 queries for causal attention there, 8 warps of 32 queries above head dim 64."""
+    k = attention_kernel(heads_text(1, 2, 65, 65, d, d, "bf16", causal))
+    assert (k.params["rows_per_warp"], k.params["warps"], k.params["block_n"]) == (rows, warps, 64)
+    assert k.block == (32 * warps, 1, 1) and k.params["block_m"] == 16 * rows * warps
 
 
 def test_template_parameters_choose_keys_per_tile_and_warps():
