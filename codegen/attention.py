@@ -161,21 +161,20 @@ def _tensor_core_fits(att: Operation, ops: dict[str, dict]) -> bool:
     return True
 
 
-def _tc_layout(d: int, dv: int, causal: bool, params: dict) -> tuple[int, bool, int, int]:
+def _tc_layout(d: int, dv: int, params: dict) -> tuple[int, bool, int, int]:
     """(16-row query slices per warp, whether q's fragments stay in registers, keys per tile,
     warps per block). By default: q in registers up to head dim 64 (above, the o accumulators
-    need them: q is read again for each key tile), tiles of 64 keys, and the block shape that
-    measured fastest on an H100 (bench/results/attention_tc-tiles-*.md): two slices per warp
-    (each K/V fragment read from shared memory serves 32 queries) in 4 warps for head dim 64
-    without a mask, in 8 warps above head dim 64 (9% faster at d 128), and one slice in
-    8 warps for causal attention at head dim 64 (8% faster: blocks of 128 queries against the
-    triangle balance worse than blocks of 64). Template parameters `rows_per_warp` (1 or 2),
-    `q_in_registers`, `block_n` (32, 64 or 128) and `warps` (4 or 8) override them."""
-    small_causal = causal and max(d, dv) <= 64
-    rows = params.get("rows_per_warp", 1 if small_causal else 2)
+    need them: q is read again for each key tile), tiles of 64 keys, two slices per warp (each
+    K/V fragment read from shared memory serves 32 queries), and 4 warps up to head dim 64, 8
+    above (measured on an H100, bench/results/attention_tc-tiles-*.md: 1% and 9% faster at
+    head dim 128). One slice in 8 warps was 8% faster for causal attention at B8 H16 S2048 D64
+    but 13% slower in the GPT-2 block's (B8 H12 S1024 D64), so it is left to tuning.
+    Template parameters `rows_per_warp` (1 or 2), `q_in_registers`, `block_n` (32, 64 or 128)
+    and `warps` (4 or 8) override the defaults."""
+    rows = params.get("rows_per_warp", 2)
     q_in_registers = params.get("q_in_registers", max(d, dv) <= 64)
     bn = params.get("block_n", TC_BLOCK_N)
-    warps = params.get("warps", 8 if small_causal or max(d, dv) > 64 else TC_WARPS)
+    warps = params.get("warps", 8 if max(d, dv) > 64 else TC_WARPS)
     if rows not in (1, 2) or not isinstance(q_in_registers, bool):
         raise TgcError(
             f"attention template parameters: rows_per_warp must be 1 or 2 and q_in_registers "
@@ -193,7 +192,7 @@ def _tensor_core_kernel(att: Operation, ops: dict[str, dict], common: dict, para
     """attention_tc.cu.j2: 32 * warps threads per block of 16 * rows * warps queries."""
     elem, d, dv = att.operands[0].type.element_type, common["d"], common["dv"]
     ptx_type, t2, pack2 = TC_TYPES[elem]
-    rows, q_in_registers, bn, warps = _tc_layout(d, dv, common["causal"], params)
+    rows, q_in_registers, bn, warps = _tc_layout(d, dv, params)
     bm = 16 * rows * warps
     nq = (common["seq_q"] + bm - 1) // bm
     # Q [bm][d + 8], K [2][bn][d + 8], V [2][bn][dv + 8], 2-byte elements.
