@@ -405,6 +405,23 @@ def test_judge_new_targets(target, tgc, eager, compiled, met):
     assert gpu_suite.judge(res, 3e12) is met
 
 
+def test_a_target_is_judged_on_either_route_and_the_report_names_the_one_that_met_it(tmp_path):
+    """The fixed route misses torch.compile and auto beats it: "met by auto"; a row that both
+    miss stays "missed"."""
+    res = gpu_suite.Result("GPT-2 block bf16", "beat_eager_le_compile", 0.38, 0.48, 0.32)
+    res.auto_ms = 0.30
+    assert gpu_suite.judge(res, 3e12) is False
+    assert gpu_suite.judge(res, 3e12, res.auto_ms) is True
+    assert res.tgc_ms == 0.38  # judging auto's time leaves the row as it was
+    res.met, res.met_auto = False, True
+    both = gpu_suite.Result("attention", "sdpa80", 0.30, 0.18, 0.18)
+    both.auto_ms = 0.29
+    both.met, both.met_auto = False, gpu_suite.judge(both, 3e12, both.auto_ms)
+    text = report_text([res, both], tmp_path)
+    assert "| faster than eager, at least as fast as torch.compile | met by auto |" in text
+    assert "| missed |" in text and both.met_auto is False
+
+
 @pytest.mark.parametrize("quick", [False, True])
 @pytest.mark.parametrize(("kind", "dtype"), ALL_ROWS)
 def test_torch_side_inputs_and_results_fit_the_text(kind, dtype, quick):
