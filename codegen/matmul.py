@@ -1,8 +1,20 @@
 """The matmul template: one `atomic.matmul` of two kernel inputs, tiled over shared memory, with
 the rest of the region as its epilogue (computed per output element from the accumulator).
 
-Template parameters: `block_m`, `block_n`, `block_k` (the tile of C a block computes and the
-depth of one shared-memory step), `thread_m`, `thread_n` (the C elements of one thread).
+Two skeletons:
+- `matmul.cu.j2`, every element type: each thread accumulates `thread_m` x `thread_n` elements
+  of C in the compute type (f32 for f16/bf16), from tiles of A and B in shared memory. Template
+  parameters: `block_m`, `block_n`, `block_k` (the tile of C a block computes and the depth of
+  one shared-memory step), `thread_m`, `thread_n`.
+- `matmul_tc.cu.j2`, with the template parameter `tensor_cores` (default false): bf16/f16 on
+  tensor cores, as the attention kernel's (codegen/attention.py): 8 warps, each a
+  (block_m / 2) x (block_n / 4) part of C of 16x8 `mma.sync` accumulator tiles in f32, A and B
+  tiles double-buffered in shared memory through `cp.async` and read by `ldmatrix` (transposed
+  for a B whose rows are k). It needs A not transposed, k a multiple of 8 and, unless B is
+  transposed, n a multiple of 8 (16-byte rows); `block_m` and `block_n` 64 or 128 (default
+  128), `block_k` 16 or 32 (default 32). Where it does not fit, asking for it is an error (so
+  tuning skips the point). It is off by default until it is measured on a GPU (issue 8):
+  `tgc-profile --tune` tries it, and the profiler records a wrong result as a failure.
 `generate_epilogue_kernel` gives the epilogue alone, for a library matmul.
 """
 
@@ -11,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tgc.codegen.cuda_ops import COMPUTE_CTYPE, load_expression, store_value
+from tgc.codegen.cuda_ops import COMPUTE_CTYPE, STORAGE_CTYPE, load_expression, store_value
 from tgc.codegen.elementwise import generate_elementwise
 from tgc.codegen.emitter import Coords, Emitter, broadcast_coords, delinearize, linear_offset
 from tgc.codegen.render import KernelSource, idx_type, kernel_label, params_decl, render, yields_of
@@ -55,6 +67,8 @@ def generate_matmul(op: FusedOp, params: dict, symbol: str) -> KernelSource:
     ta, tb = mm.attr("transpose_a"), mm.attr("transpose_b")
     shape = _shape(mm)
     m, n, k = shape.m, shape.n, shape.k
+    if params.setdefault("tensor_cores", False):
+        return _generate_tensor_core(op, mm, shape, params, symbol, (decls, ptrs, outs))
     sam, sak = (1, m) if ta else (k, 1)
     sbk, sbn = (1, k) if tb else (n, 1)
     acc_t = COMPUTE_CTYPE[mm.results[0].type.element_type]
@@ -91,6 +105,75 @@ def generate_matmul(op: FusedOp, params: dict, symbol: str) -> KernelSource:
         op.loc,
         op.attr("name"),
     )
+
+
+TC_TYPES = {"bf16": "bf16", "f16": "f16"}  # element type -> mma.sync's operand type
+
+
+def _generate_tensor_core(
+    op: FusedOp, mm: Operation, shape: _Shape, params: dict, symbol: str, decl: tuple
+) -> KernelSource:
+    """matmul_tc.cu.j2 (module doc); a TgcError where it does not fit the matmul."""
+    decls, ptrs, outs = decl
+    a, b = mm.operands
+    elem = mm.results[0].type.element_type
+    tb = bool(mm.attr("transpose_b"))
+    why = _tensor_core_misfit(mm, shape, elem, tb)
+    bm = params.setdefault("block_m", 128)
+    bn = params.setdefault("block_n", 128)
+    bk = params.setdefault("block_k", 32)
+    if why is None and (bm not in (64, 128) or bn not in (64, 128) or bk not in (16, 32)):
+        why = f"block_m and block_n 64 or 128 and block_k 16 or 32, not {bm}, {bn}, {bk}"
+    if why is not None:
+        raise TgcError(f"the tensor-core matmul cannot run '{kernel_label(op)}': {why}", op.loc)
+    source = render(
+        "matmul_tc.cu.j2",
+        name=symbol,
+        params=decls,
+        idx_t=idx_type(op),
+        T=STORAGE_CTYPE[elem],
+        elem=elem,
+        ptx_type=TC_TYPES[elem],
+        m=shape.m,
+        n=shape.n,
+        k=shape.k,
+        batch=shape.batch,
+        bm=bm,
+        bn=bn,
+        bk=bk,
+        wm=bm // 2,
+        wn=bn // 4,
+        a=ptrs[a],
+        b=ptrs[b],
+        a_batch_offset=shape.a_offset,
+        b_batch_offset=shape.b_offset,
+        b_n_contiguous=not tb,
+        epilogue=_epilogue(op, mm, shape, ptrs, outs),
+    )
+    grid = (math.ceil(shape.n / bn), math.ceil(shape.m / bm), shape.batch)
+    return KernelSource(
+        symbol,
+        source,
+        "matmul",
+        len(op.operands),
+        len(op.results),
+        grid,
+        (256, 1, 1),
+        params,
+        op.loc,
+        op.attr("name"),
+    )
+
+
+def _tensor_core_misfit(mm: Operation, shape: _Shape, elem: str, tb: bool) -> str | None:
+    """Why the tensor-core skeleton cannot run `mm`, or None."""
+    if elem not in TC_TYPES:
+        return f"it takes bf16 and f16, not {elem}"
+    if mm.attr("transpose_a"):
+        return "A is transposed"
+    if shape.k % 8 or (not tb and shape.n % 8):
+        return f"k{'' if tb else ' and n'} must be multiples of 8 (16-byte rows)"
+    return None
 
 
 def generate_epilogue_kernel(op: FusedOp, params: dict, symbol: str) -> KernelSource:

@@ -285,6 +285,30 @@ def test_cublas_matmul(a, b, ta, tb, dtype):
     assert any(type(s).__name__ == "Gemm" for s in runner.plan.steps) or len(a) > 3
 
 
+# Shapes the tensor-core skeleton takes (k, and n unless B is transposed, multiples of 8), with
+# sizes that end inside a tile, batches broadcast and not.
+TC_MATMULS = [
+    ((1, 8), (8, 8), False, False),
+    ((130, 72), (72, 200), False, False),
+    ((100, 40), (56, 40), False, True),
+    ((3, 70, 48), (48, 24), False, False),
+    ((2, 33, 64), (2, 64, 136), False, False),
+    ((4, 40, 32), (4, 45, 32), False, True),
+]
+
+
+@pytest.mark.parametrize("tiles", [{}, {"block_m": 64, "block_n": 64, "block_k": 16}], ids=str)
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("a,b,ta,tb", TC_MATMULS)
+def test_tensor_core_matmul_matches_float64(a, b, ta, tb, dtype, tiles):
+    """codegen/matmul_tc.cu.j2 with its epilogue (bias, relu, residual), outputs poisoned with
+    NaN first."""
+    text = _matmul_text(a, b, ta, tb, dtype, True)
+    runner = check(text, library=False, params={"*": {"tensor_cores": True, **tiles}})
+    (kernel,) = runner.plan.kernels
+    assert kernel.params["tensor_cores"] and "mma.sync" in kernel.source
+
+
 def test_generated_matmul_tile_parameters():
     text = _matmul_text((70, 50), (50, 90), False, False, "f32", True)
     module = parse_module(text)

@@ -302,6 +302,7 @@ TUNABLE: dict[str, dict[str, tuple]] = {
         "block_k": (8, 16, 32),
         "thread_m": (2, 4, 8),
         "thread_n": (2, 4, 8),
+        "tensor_cores": (False, True),
     },
     "attention": {
         "rows_per_warp": (1, 2),
