@@ -92,18 +92,8 @@ def generate_matmul(op: FusedOp, params: dict, symbol: str) -> KernelSource:
         b_load=_load(ptrs, b, "kx", sbk, "n", sbn, "b_base"),
         epilogue=_epilogue(op, mm, shape, ptrs, outs),
     )
-    grid = (math.ceil(n / tiles["bn"]), math.ceil(m / tiles["bm"]), shape.batch)
-    return KernelSource(
-        symbol,
-        source,
-        "matmul",
-        len(op.operands),
-        len(op.results),
-        grid,
-        (tiles["threads"], 1, 1),
-        params,
-        op.loc,
-        op.attr("name"),
+    return _kernel_source(
+        op, symbol, source, shape, tiles["bm"], tiles["bn"], tiles["threads"], params
     )
 
 
@@ -150,6 +140,13 @@ def _generate_tensor_core(
         b_n_contiguous=not tb,
         epilogue=_epilogue(op, mm, shape, ptrs, outs),
     )
+    return _kernel_source(op, symbol, source, shape, bm, bn, 256, params)
+
+
+def _kernel_source(
+    op: FusedOp, symbol: str, source: str, shape: _Shape, bm: int, bn: int, threads: int, params
+) -> KernelSource:
+    """A matmul kernel: one block per bm x bn tile of C, per batch entry."""
     grid = (math.ceil(shape.n / bn), math.ceil(shape.m / bm), shape.batch)
     return KernelSource(
         symbol,
@@ -158,7 +155,7 @@ def _generate_tensor_core(
         len(op.operands),
         len(op.results),
         grid,
-        (256, 1, 1),
+        (threads, 1, 1),
         params,
         op.loc,
         op.attr("name"),
