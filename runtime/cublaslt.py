@@ -32,7 +32,6 @@ from tgc.runtime.cublas import COMPUTE_32F, CUBLAS_OP_N, CUDA_TYPE, cublas
 DESC_TRANSA, DESC_TRANSB, DESC_EPILOGUE, DESC_BIAS_POINTER = 3, 4, 7, 8
 PREF_MAX_WORKSPACE_BYTES = 1
 EPILOGUES = {"none": 1, "bias": 4, "gelu_bias": 36}
-LT_TYPES = ("f32", "f16", "bf16")
 
 # cublasLtMatmulHeuristicResult_t: the algorithm (8 x uint64), workspaceSize (size_t), state
 # (cublasStatus_t), wavesCount (float), 4 reserved ints: 96 bytes.
@@ -68,7 +67,6 @@ class _Prepared:
         self.a_layout = lt.layout(dtype, g.n, g.k, g.n)
         self.b_layout = lt.layout(dtype, g.k, g.m, g.k)
         self.d_layout = lt.layout(dtype, g.n, g.m, g.n)
-        self.bias = None
         if g.epilogue != "none":
             # A placeholder bias pointer, 256-byte aligned like every allocation: the heuristic
             # reads the pointer's alignment, not the memory.
@@ -178,4 +176,4 @@ class CublasLt:
         )  # fmt: skip
 
 
-__all__ = ["EPILOGUES", "LT_TYPES", "CublasLt", "LtGemm"]
+__all__ = ["EPILOGUES", "CublasLt", "LtGemm"]
