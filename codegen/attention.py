@@ -72,7 +72,10 @@ def generate_attention(fused: FusedOp, params: dict, symbol: str) -> KernelSourc
         shape=f"q {q.type.shape} k {k.type.shape} v {v.type.shape}"
         + (f" mask {mask[0].type.shape}" if mask else ""),
     )
-    make = _tensor_core_kernel if _tensor_core_fits(att, ops) else _f32_kernel
+    if params.get("wgmma", False):
+        make = _wgmma_kernel
+    else:
+        make = _tensor_core_kernel if _tensor_core_fits(att, ops) else _f32_kernel
     source, grid, block, shared_bytes, template_params = make(att, ops, common, params)
     params = dict(params)
     for key, value in template_params.items():
@@ -90,6 +93,8 @@ def generate_attention(fused: FusedOp, params: dict, symbol: str) -> KernelSourc
         fused.attr("name"),
     )
     ks.shared_bytes = shared_bytes
+    if params.get("wgmma", False):
+        ks.arch_features = "sm_90a"
     return ks
 
 
@@ -236,6 +241,59 @@ def _tensor_core_kernel(att: Operation, ops: dict[str, dict], common: dict, para
 
 
 LOG2E = 1.4426950408889634
+
+
+# -- the wgmma kernel (Hopper) -----------------------------------------------------------------------
+
+# The stride byte offsets wgmma reads V (shared memory, transposed: core matrices' rows along
+# the keys) with: (leading, stride) = (the step between core matrices along the keys, along the
+# head dim). NOT YET CHECKED on a GPU: bench/wgmma_probe.py tells which assignment wgmma takes.
+WGMMA_V_OFFSETS = ("k", "n")
+
+
+def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: dict):
+    """attention_wgmma.cu.j2 (template parameter `wgmma`, default false): two warpgroups of 64
+    queries, wgmma for Q K^T (both from shared memory) and P V (P from registers), key tiles of
+    `block_n` (64 or 128; default 128 at head dim 64, 64 at 128) keys. bf16/f16 whose
+    tensor-core kernel would run, with d = d_v, 64 or 128; sm_90a only. Not yet run on a GPU:
+    off by default and not in tuning's search (a kernel that faults would end a tuning run)."""
+    elem, d, dv = att.operands[0].type.element_type, common["d"], common["dv"]
+    if not _tensor_core_fits(att, ops) or d != dv or d not in (64, 128):
+        raise TgcError(
+            "attention template parameters: wgmma needs bf16/f16 operands the tensor-core kernel "
+            f"takes and head dims d = d_v of 64 or 128 (got {elem}, {d} and {dv})"
+        )
+    bn = params.get("block_n", 128 if d == 64 else 64)
+    if bn not in (64, 128):
+        raise TgcError(f"attention template parameters: wgmma takes block_n 64 or 128, not {bn!r}")
+    ptx_type, t2, pack2 = TC_TYPES[elem]
+    nq = (common["seq_q"] + 127) // 128
+    shared_bytes = 2 * (128 * d + 4 * bn * d)  # Q, then K and V twice
+    step = {"k": d * 16, "n": 128}  # bytes between V's core matrices along keys, head dim
+    scale = att.scale()
+    raw_scores = (
+        not common["has_mask"] and scale > 0 and bool(np.isfinite(np.float32(scale * LOG2E)))
+    )
+    source = render(
+        "attention_wgmma.cu.j2",
+        **common,
+        elem=elem,
+        ptx_type=ptx_type,
+        T2=t2,
+        pack2=pack2,
+        bn=bn,
+        nq=nq,
+        shared_bytes=shared_bytes,
+        raw_scores=raw_scores,
+        scale=_f32_literal(scale),
+        exp_factor=_f32_literal(scale * LOG2E if raw_scores else LOG2E),
+        out_pairs=_strides_divisible(ops["o"], 2),
+        v_lbo=step[WGMMA_V_OFFSETS[0]],
+        v_sbo=step[WGMMA_V_OFFSETS[1]],
+    )
+    grid = (common["nb"] * nq, 1, 1)
+    chosen = {"block_m": 128, "block_n": bn, "tensor_cores": True, "wgmma": True}
+    return source, grid, (256, 1, 1), shared_bytes, chosen
 
 
 def _f32_literal(x: float) -> str:

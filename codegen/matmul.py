@@ -13,8 +13,8 @@ Two skeletons:
   for a B whose rows are k). It needs A not transposed, k a multiple of 8 and, unless B is
   transposed, n a multiple of 8 (16-byte rows); `block_m` and `block_n` 64 or 128 (default
   128), `block_k` 16 or 32 (default 32). Where it does not fit, asking for it is an error (so
-  tuning skips the point). It is off by default until it is measured on a GPU (issue 8):
-  `tgc-profile --tune` tries it, and the profiler records a wrong result as a failure.
+  a parameter search skips the point). It is off by default, and not in tuning's search,
+  until it is run on a GPU (issue 8): a kernel that faults would end a tuning run.
 `generate_epilogue_kernel` gives the epilogue alone, for a library matmul.
 """
 

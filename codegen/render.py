@@ -15,7 +15,7 @@ import jinja2
 
 from tgc.codegen.cuda_ops import STORAGE_CTYPE
 from tgc.codegen.names import NameAllocator, display_name, identifiers_in
-from tgc.diagnostics import Location
+from tgc.diagnostics import Location, TgcError
 from tgc.dialects.kernel import FusedOp
 from tgc.ir import Value
 
@@ -77,6 +77,24 @@ class KernelSource:
     loc: Location | None = None
     ir_name: str = ""
     shared_bytes: int = 0  # dynamic shared memory per block (the attention template)
+    # The architecture whose own features (sm_90a's wgmma) the kernel needs, or "": it is
+    # compiled for that target, and runs on that GPU only.
+    arch_features: str = ""
+
+    def nvcc_target(self, arch: str) -> list[str]:
+        """nvcc's target options for this kernel on a GPU of `arch` ("sm_90"): `-arch=sm_90`,
+        or for a kernel that needs its architecture's own features the -gencode form (which,
+        unlike `-arch=sm_90a`, does not also run a plain sm_90 pass that rejects them); a
+        located TgcError on another GPU."""
+        if not self.arch_features:
+            return [f"-arch={arch}"]
+        if self.arch_features.rstrip("a") != arch:
+            raise TgcError(
+                f"kernel '{display_name(self.ir_name or self.name)}' needs a {self.arch_features} GPU "
+                f"(this one is {arch})",
+                self.loc,
+            )
+        return [f"-gencode=arch=compute_{self.arch_features[3:]},code={self.arch_features}"]
 
 
 def params_decl(

@@ -95,8 +95,9 @@ def cache_dir() -> Path:
 
 def compile_cubin(source: str, arch: str, what: KernelSource | None = None) -> bytes:
     """nvcc source -> cubin, through the memory and disk caches."""
+    target = what.nvcc_target(arch) if what is not None else [f"-arch={arch}"]
     key = hashlib.sha256(
-        "\0".join([source, arch, _nvcc_version(), *NVCC_OPTIONS]).encode()
+        "\0".join([source, *target, _nvcc_version(), *NVCC_OPTIONS]).encode()
     ).hexdigest()
     if key in _cubins:
         return _cubins[key]
@@ -108,7 +109,7 @@ def compile_cubin(source: str, arch: str, what: KernelSource | None = None) -> b
         src, out = os.path.join(tmp, "k.cu"), os.path.join(tmp, "k.cubin")
         Path(src).write_text(source)
         proc = subprocess.run(
-            ["nvcc", "-cubin", f"-arch={arch}", *NVCC_OPTIONS, "-o", out, src],
+            ["nvcc", "-cubin", *target, *NVCC_OPTIONS, "-o", out, src],
             capture_output=True,
             text=True,
             check=False,

@@ -197,6 +197,89 @@ def test_template_parameters_choose_keys_per_tile_and_warps():
             generate_kernel(fused, bad)
 
 
+# -- the wgmma skeleton (sm_90a; template parameter `wgmma`, off by default) ------------------
+
+
+def _fused(text: str, pipeline: str = "cuda") -> FusedOp:
+    module = parse_module(text)
+    PassManager.from_text(pipeline).run(module)
+    (fused,) = [o for o in module.walk() if isinstance(o, FusedOp)]
+    return fused
+
+
+def test_wgmma_is_off_by_default_and_a_parameter_turns_it_on():
+    fused = _fused(heads_text(1, 2, 300, 300, 64, 64, "bf16", True))
+    assert "wgmma" not in generate_kernel(fused).source
+    k = generate_kernel(fused, {"wgmma": True})
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in k.source  # Q K^T
+    assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in k.source  # P V
+    assert "fence.proxy.async.shared::cta" in k.source
+    assert k.arch_features == "sm_90a" and k.block == (256, 1, 1)
+    assert k.grid == (2 * -(-300 // 128), 1, 1) and k.params["block_n"] == 128
+    assert k.shared_bytes == 2 * (128 * 64 + 4 * 128 * 64)
+    k128 = generate_kernel(_fused(heads_text(1, 2, 65, 65, 128, 128, "f16")), {"wgmma": True})
+    assert k128.params["block_n"] == 64 and "m64n128k16.f32.f16.f16" in k128.source
+
+
+@pytest.mark.parametrize(
+    "text, params, why",
+    [
+        (heads_text(1, 2, 65, 65, 64, 64, "f32"), {}, "got f32, 64 and 64"),
+        (heads_text(1, 2, 65, 65, 80, 80), {}, "got bf16, 80 and 80"),
+        (heads_text(1, 2, 65, 65, 32, 128, layout="flat"), {}, "got bf16, 32 and 128"),
+        (heads_text(1, 2, 65, 65, 64, 64), {"block_n": 32}, "wgmma takes block_n 64 or 128"),
+    ],
+)
+def test_what_wgmma_cannot_run_is_an_error_naming_why(text, params, why):
+    with pytest.raises(TgcError, match=why):
+        generate_kernel(_fused(text), {"wgmma": True, **params})
+
+
+def test_a_kernel_that_needs_sm_90a_is_built_for_it_and_refused_elsewhere():
+    fused = _fused(heads_text(1, 2, 65, 65, 64, 64))
+    plain, wg = generate_kernel(fused), generate_kernel(fused, {"wgmma": True})
+    assert plain.nvcc_target("sm_90") == ["-arch=sm_90"]
+    assert plain.nvcc_target("sm_80") == ["-arch=sm_80"]
+    assert wg.nvcc_target("sm_90") == ["-gencode=arch=compute_90a,code=sm_90a"]
+    with pytest.raises(TgcError, match="needs a sm_90a GPU \\(this one is sm_80\\)") as info:
+        wg.nvcc_target("sm_80")
+    assert info.value.loc is not None
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize(
+    "text",
+    [
+        heads_text(2, 3, 100, 130, 64, 64, "bf16", True, False, "heads"),
+        heads_text(2, 3, 100, 100, 128, 128, "f16", False, True, "heads"),
+        heads_text(2, 2, 70, 70, 64, 64, "bf16", True, False, "qkv"),
+    ],
+)
+def test_the_wgmma_kernel_compiles_for_sm_90a_with_no_wgmma_serialised(tmp_path, text):
+    """The -gencode target the executor uses; ptxas reports no fence it had to add between
+    wgmmas (C7519: registers the wgmmas read changed between them)."""
+    k = generate_kernel(_fused(text), {"wgmma": True})
+    path = tmp_path / "k.cu"
+    path.write_text(prelude() + "\n" + k.source)
+    proc = subprocess.run(
+        [
+            NVCC,
+            "-cubin",
+            *k.nvcc_target("sm_90"),
+            "-O3",
+            "-std=c++17",
+            str(path),
+            "-o",
+            str(tmp_path / "k.cubin"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "C7519" not in proc.stdout + proc.stderr
+
+
 def test_the_f32_kernel_refuses_a_tile_size_it_does_not_take():
     module = parse_module(heads_text(1, 2, 65, 65, 64, 64, "f32"))
     PassManager.from_text("cuda").run(module)
@@ -383,6 +466,32 @@ def test_every_tile_shape_matches_float64(
     assert (kernel.params["block_n"], kernel.params["warps"]) == (block_n, warps)
     assert not np.isnan(got).any(), "NaN in the result (an element left unwritten?)"
     assert rel_frobenius(got, want) < REL_ERROR["bf16"]
+
+
+# The wgmma kernel on Hopper only (sm_90a): not yet run when it was written (issue 8).
+WGMMA_SHAPES = [
+    (2, 3, 63, 63, 64, 64, "heads", False, True),
+    (1, 2, 200, 333, 128, 128, "flat", False, False),
+    (1, 3, 65, 200, 64, 64, "heads", True, True),
+    (2, 2, 200, 200, 64, 64, "qkv", False, True),
+    (1, 2, 1030, 1030, 64, 64, "heads", False, True),
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("b,h,sq,sk,d,dv,layout,mask,causal", WGMMA_SHAPES)
+def test_wgmma_attention_matches_float64(b, h, sq, sk, d, dv, layout, mask, causal, dtype):
+    from tgc.runtime.cuda_executor import device_arch
+
+    if device_arch() != "sm_90":
+        pytest.skip(f"wgmma needs an sm_90 GPU, this one is {device_arch()}")
+    text = heads_text(b, h, sq, sk, d, dv, dtype, causal, mask, layout)
+    got, want, runner = run_gpu(text, sq + d, q_gain=2.0, params={"wgmma": True})
+    (kernel,) = runner.plan.kernels
+    assert kernel.params["wgmma"]
+    assert not np.isnan(got).any(), "NaN in the result (an element left unwritten?)"
+    assert rel_frobenius(got, want) < REL_ERROR[dtype]
 
 
 @pytest.mark.cuda
