@@ -445,7 +445,7 @@ def test_tensor_core_attention_matches_float64(b, h, sq, sk, d, dv, layout, mask
 
 # Tile shapes other than the defaults (rows_per_warp, block_n, warps), on shapes whose
 # sequences end inside a tile: a head dim that is not a power of two, masked and causal.
-PARAM_POINTS = [(1, 128, 4), (1, 128, 8), (1, 64, 8), (2, 32, 4), (2, 128, 4)]
+PARAM_POINTS = [(1, 128, 4), (1, 128, 8), (1, 64, 8), (2, 32, 4), (2, 128, 4), (2, 64, 8)]
 PARAM_SHAPES = [
     (2, 2, 200, 200, 80, 80, "heads", False, True),
     (1, 3, 65, 200, 64, 64, "heads", True, True),
