@@ -539,8 +539,11 @@ def stand_in():
         counts["regions"] += 1
         return _stand_in_region(op, inputs)
 
+    def lt_run(name):  # a cuBLASLt kernel's host run (the profiler calls it through call)
+        return lambda inputs, attrs, result_types: [_lt_model(name, inputs, result_types[0])]
+
     backend = Backend("cuda", call=_stand_in_call, run_region=region)
-    ck.register(backend, Space("cuda", to_host, from_host))
+    ck.register(backend, Space("cuda", to_host, from_host), lt_run=lt_run)
     yield counts
     ck.unregister()
 
@@ -1115,6 +1118,49 @@ def test_a_region_computing_a_wrong_value_is_recorded_as_failed(profiled, monkey
     m = measure(inst, min_time=0.001)
     assert m.status == "failed" and m.message.startswith("wrong result")
     assert m.median is None and 1e-4 < m.max_error < 1e-2
+
+
+def _linear_instances(dtype: str, then: str, monkeypatch) -> list:
+    """The cuBLASLt instances of a linear layer (then `then`), its values in device memory, on
+    the stand-in device."""
+    from tgc.planner import db
+    from tgc.planner.options import PlanContext
+    from tgc.planner.profile import instances
+    from tgc.planner.select import prepare
+
+    monkeypatch.setitem(db.FINGERPRINTS, "cuda", lambda: {"gpu": "stand-in"})
+    db.device_info.cache_clear()
+    _, func = parse(_gpu_suite().on_device(_linear_text("37x24", "40", dtype, then)))
+    prepare(func)
+    kernels = [k for k in KERNELS.values() if k.backend in STAND_IN_FAMILIES]
+    found = instances(func, PlanContext(kernels, 1e-2))
+    return {i.kernel.name: i for i in found if "cublaslt" in i.kernel.name}
+
+
+def test_a_cublaslt_kernel_is_profiled_and_a_wrong_one_is_recorded_as_failed(stand_in, monkeypatch):
+    """The profiler measures the linear layer's cuBLASLt kernels like any other (bf16 with its
+    GELU, f32); one whose f32 result is off by 0.1% is a failure with its error, never a
+    time."""
+    from tgc.planner import db
+    from tgc.planner.profile import measure
+
+    bf16 = _linear_instances("bf16", "gelu", monkeypatch)
+    assert set(bf16) == {"cuda.cublaslt.linear", "cuda.cublaslt.linear_gelu"}
+    ok = measure(bf16["cuda.cublaslt.linear_gelu"], min_time=0.001)
+    assert ok.status == "ok" and ok.median is not None, ok.message
+    f32 = _linear_instances("f32", "residual", monkeypatch)
+    assert set(f32) == {"cuda.cublaslt.linear", "cuda.cublaslt.linear_residual"}
+    assert measure(f32["cuda.cublaslt.linear_residual"], min_time=0.001).status == "ok"
+
+    def off(kernel, inputs, attrs, result_types):
+        right = _stand_in_call(kernel, inputs, attrs, result_types)
+        return [Boxed(b.array * b.array.dtype.type(1.001)) for b in right]
+
+    monkeypatch.setitem(BACKENDS, "cuda", Backend("cuda", call=off, run_region=_stand_in_region))
+    m = measure(f32["cuda.cublaslt.linear_residual"], min_time=0.001)
+    assert m.status == "failed" and m.message.startswith("wrong result") and m.median is None
+    assert 1e-4 < m.max_error < 1e-2
+    db.device_info.cache_clear()
 
 
 def test_copies_of_every_rank_between_the_spaces_are_measured(profiled):
