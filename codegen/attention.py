@@ -74,8 +74,10 @@ def generate_attention(fused: FusedOp, params: dict, symbol: str) -> KernelSourc
     )
     if params.get("wgmma", False):
         make = _wgmma_kernel
+    elif _tensor_core_fits(att, ops):
+        make = _tensor_core_kernel
     else:
-        make = _tensor_core_kernel if _tensor_core_fits(att, ops) else _f32_kernel
+        make = _f32_kernel
     source, grid, block, shared_bytes, template_params = make(att, ops, common, params)
     params = dict(params)
     for key, value in template_params.items():
@@ -93,7 +95,7 @@ def generate_attention(fused: FusedOp, params: dict, symbol: str) -> KernelSourc
         fused.attr("name"),
     )
     ks.shared_bytes = shared_bytes
-    if params.get("wgmma", False):
+    if make is _wgmma_kernel:
         ks.arch_features = "sm_90a"
     return ks
 
@@ -195,26 +197,16 @@ def _tc_layout(d: int, dv: int, params: dict) -> tuple[int, bool, int, int]:
 
 def _tensor_core_kernel(att: Operation, ops: dict[str, dict], common: dict, params: dict):
     """attention_tc.cu.j2: 32 * warps threads per block of 16 * rows * warps queries."""
-    elem, d, dv = att.operands[0].type.element_type, common["d"], common["dv"]
-    ptx_type, t2, pack2 = TC_TYPES[elem]
+    d, dv = common["d"], common["dv"]
     rows, q_in_registers, bn, warps = _tc_layout(d, dv, params)
     bm = 16 * rows * warps
     nq = (common["seq_q"] + bm - 1) // bm
     # Q [bm][d + 8], K [2][bn][d + 8], V [2][bn][dv + 8], 2-byte elements.
     shared_bytes = 2 * (bm * (d + 8) + 2 * bn * (d + 8) + 2 * bn * (dv + 8))
-    scale = att.scale()
-    # Without a mask, a positive scale commutes with the max: scores stay unscaled and the scale
-    # joins log2 e in the FMA before exp2.
-    raw_scores = (
-        not common["has_mask"] and scale > 0 and bool(np.isfinite(np.float32(scale * LOG2E)))
-    )
     source = render(
         "attention_tc.cu.j2",
         **common,
-        elem=elem,
-        ptx_type=ptx_type,
-        T2=t2,
-        pack2=pack2,
+        **_tensor_core_arguments(att, ops, common),
         bm=bm,
         bn=bn,
         rows=rows,
@@ -223,10 +215,6 @@ def _tensor_core_kernel(att: Operation, ops: dict[str, dict], common: dict, para
         nq=nq,
         shared_bytes=shared_bytes,
         q_in_registers=q_in_registers,
-        raw_scores=raw_scores,
-        scale=_f32_literal(scale),
-        exp_factor=_f32_literal(scale * LOG2E if raw_scores else LOG2E),
-        out_pairs=_strides_divisible(ops["o"], 2),
     )
     grid = (common["nb"] * nq, 1, 1)
     block = (32 * warps, 1, 1)
@@ -241,6 +229,30 @@ def _tensor_core_kernel(att: Operation, ops: dict[str, dict], common: dict, para
 
 
 LOG2E = 1.4426950408889634
+
+
+def _tensor_core_arguments(att: Operation, ops: dict[str, dict], common: dict) -> dict:
+    """What both tensor-core skeletons (mma.sync and wgmma) render alike: the element type's
+    mma operand type and pair packing, the scale, the softmax's exp2 factor, the output's
+    paired stores."""
+    elem = att.operands[0].type.element_type
+    ptx_type, t2, pack2 = TC_TYPES[elem]
+    scale = att.scale()
+    # Without a mask, a positive scale commutes with the max: scores stay unscaled and the scale
+    # joins log2 e in the FMA before exp2.
+    raw_scores = (
+        not common["has_mask"] and scale > 0 and bool(np.isfinite(np.float32(scale * LOG2E)))
+    )
+    return {
+        "elem": elem,
+        "ptx_type": ptx_type,
+        "T2": t2,
+        "pack2": pack2,
+        "raw_scores": raw_scores,
+        "scale": _f32_literal(scale),
+        "exp_factor": _f32_literal(scale * LOG2E if raw_scores else LOG2E),
+        "out_pairs": _strides_divisible(ops["o"], 2),
+    }
 
 
 # -- the wgmma kernel (Hopper) -----------------------------------------------------------------------
@@ -266,28 +278,16 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
     bn = params.get("block_n", 128 if d == 64 else 64)
     if bn not in (64, 128):
         raise TgcError(f"attention template parameters: wgmma takes block_n 64 or 128, not {bn!r}")
-    ptx_type, t2, pack2 = TC_TYPES[elem]
     nq = (common["seq_q"] + 127) // 128
     shared_bytes = 2 * (128 * d + 4 * bn * d)  # Q, then K and V twice
     step = {"k": d * 16, "n": 128}  # bytes between V's core matrices along keys, head dim
-    scale = att.scale()
-    raw_scores = (
-        not common["has_mask"] and scale > 0 and bool(np.isfinite(np.float32(scale * LOG2E)))
-    )
     source = render(
         "attention_wgmma.cu.j2",
         **common,
-        elem=elem,
-        ptx_type=ptx_type,
-        T2=t2,
-        pack2=pack2,
+        **_tensor_core_arguments(att, ops, common),
         bn=bn,
         nq=nq,
         shared_bytes=shared_bytes,
-        raw_scores=raw_scores,
-        scale=_f32_literal(scale),
-        exp_factor=_f32_literal(scale * LOG2E if raw_scores else LOG2E),
-        out_pairs=_strides_divisible(ops["o"], 2),
         v_lbo=step[WGMMA_V_OFFSETS[0]],
         v_sbo=step[WGMMA_V_OFFSETS[1]],
     )
