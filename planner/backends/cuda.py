@@ -263,11 +263,11 @@ def _lt_runner(name: str, operand_types: list[TensorType], t: TensorType, loc=No
 
     def run(values: list) -> list:
         pointers = [_pointer(v) for v in values]
-        out = DeviceArray.empty(shape, dtype)
         if any(ptr % 16 for ptr in pointers):
             # cuBLASLt's algorithm was chosen for 16-byte aligned operands (every allocation
             # is); a foreign array may be a view that starts elsewhere
             raise TgcError(f"{name}: an operand is not 16-byte aligned", loc)
+        out = DeviceArray.empty(shape, dtype)
         x, w, b, *r = pointers
         status = lt.matmul(g, x, w, out.ptr, bias_ptr=b, c_ptr=r[0] if r else None)
         if status != 0:
@@ -286,12 +286,7 @@ def _lt(name: str, inputs: list, result_types: list[TensorType]) -> list[DeviceA
 
 def _lt_host_run(name: str):
     """The cuBLASLt kernel `name` on host arrays (the kernel's `run`, for checking it)."""
-
-    def run(inputs: list, attrs: dict, result_types: list[TensorType]) -> list:
-        device = [from_host(np.asarray(a), None) for a in inputs]
-        return [o.get() for o in _lt(name, device, result_types)]
-
-    return run
+    return _on_host(lambda inputs, attrs, result_types: _lt(name, inputs, result_types))
 
 
 # -- a call made ready once (Backend.prepare) ---------------------------------------------------
@@ -322,10 +317,18 @@ def _call(kernel, inputs: list, attrs: dict, result_types: list[TensorType]) -> 
     raise TgcError(f"the cuda backend has no kernel '{kernel.name}'")
 
 
-def _cublas_host_run(inputs: list, attrs: dict, result_types: list[TensorType]) -> list:
-    """cuda.cublas.gemm on host arrays (the kernel's `run`, for checking it)."""
-    device = [from_host(np.asarray(a), None) for a in inputs]
-    return [o.get() for o in _gemm(device, attrs, result_types)]
+def _on_host(device_run):
+    """A kernel's `run` on host arrays (for checking it) from `device_run(device values, attrs,
+    result types) -> device results`: inputs uploaded, results downloaded."""
+
+    def run(inputs: list, attrs: dict, result_types: list[TensorType]) -> list:
+        device = [from_host(np.asarray(a), None) for a in inputs]
+        return [o.get() for o in device_run(device, attrs, result_types)]
+
+    return run
+
+
+_cublas_host_run = _on_host(_gemm)  # cuda.cublas.gemm on host arrays
 
 
 BACKEND = Backend("cuda", call=_call, adopt=DeviceArray.of, run_region=run_region, prepare=prepare)
