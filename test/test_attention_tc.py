@@ -102,13 +102,18 @@ def heads_text(
     )
 
 
-def attention_kernel(text: str, pipeline: str = "cuda"):
-    """The KernelSource of the one attention region `pipeline` makes of `text`."""
+def attention_region(text: str, pipeline: str = "cuda") -> FusedOp:
+    """The one attention region `pipeline` makes of `text`."""
     module = parse_module(text)
     PassManager.from_text(pipeline).run(module)
     fused = [o for o in module.walk() if isinstance(o, FusedOp)]
     assert [o.attr("template") for o in fused] == ["attention"]
-    return generate_kernel(fused[0])
+    return fused[0]
+
+
+def attention_kernel(text: str, pipeline: str = "cuda"):
+    """The KernelSource of the one attention region `pipeline` makes of `text`."""
+    return generate_kernel(attention_region(text, pipeline))
 
 
 # -- which kernel ----------------------------------------------------------------------------------
@@ -181,9 +186,7 @@ def test_the_default_block_shape_is_the_fastest_measured_for_its_head_dim(d, cau
 def test_template_parameters_choose_keys_per_tile_and_warps():
     """`block_n` sets the keys of a shared-memory tile and `warps` the warps of a block (its
     queries 16 * rows_per_warp * warps): the grid, the threads and the shared memory follow."""
-    module = parse_module(heads_text(1, 2, 300, 300, 64, 64))
-    PassManager.from_text("cuda").run(module)
-    (fused,) = [o for o in module.walk() if isinstance(o, FusedOp)]
+    fused = attention_region(heads_text(1, 2, 300, 300, 64, 64))
     k = generate_kernel(fused, {"rows_per_warp": 1, "block_n": 128, "warps": 8})
     assert (k.params["block_m"], k.params["block_n"], k.params["warps"]) == (128, 128, 8)
     assert k.block == (256, 1, 1) and k.grid == (2 * -(-300 // 128), 1, 1)
@@ -200,15 +203,8 @@ def test_template_parameters_choose_keys_per_tile_and_warps():
 # -- the wgmma skeleton (sm_90a; template parameter `wgmma`, off by default) ------------------
 
 
-def _fused(text: str, pipeline: str = "cuda") -> FusedOp:
-    module = parse_module(text)
-    PassManager.from_text(pipeline).run(module)
-    (fused,) = [o for o in module.walk() if isinstance(o, FusedOp)]
-    return fused
-
-
 def test_wgmma_is_off_by_default_and_a_parameter_turns_it_on():
-    fused = _fused(heads_text(1, 2, 300, 300, 64, 64, "bf16", True))
+    fused = attention_region(heads_text(1, 2, 300, 300, 64, 64, "bf16", True))
     assert "wgmma" not in generate_kernel(fused).source
     k = generate_kernel(fused, {"wgmma": True})
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in k.source  # Q K^T
@@ -217,7 +213,9 @@ def test_wgmma_is_off_by_default_and_a_parameter_turns_it_on():
     assert k.arch_features == "sm_90a" and k.block == (256, 1, 1)
     assert k.grid == (2 * -(-300 // 128), 1, 1) and k.params["block_n"] == 128
     assert k.shared_bytes == 2 * (128 * 64 + 4 * 128 * 64)
-    k128 = generate_kernel(_fused(heads_text(1, 2, 65, 65, 128, 128, "f16")), {"wgmma": True})
+    k128 = generate_kernel(
+        attention_region(heads_text(1, 2, 65, 65, 128, 128, "f16")), {"wgmma": True}
+    )
     assert k128.params["block_n"] == 64 and "m64n128k16.f32.f16.f16" in k128.source
 
 
@@ -232,11 +230,11 @@ def test_wgmma_is_off_by_default_and_a_parameter_turns_it_on():
 )
 def test_what_wgmma_cannot_run_is_an_error_naming_why(text, params, why):
     with pytest.raises(TgcError, match=why):
-        generate_kernel(_fused(text), {"wgmma": True, **params})
+        generate_kernel(attention_region(text), {"wgmma": True, **params})
 
 
 def test_a_kernel_that_needs_sm_90a_is_built_for_it_and_refused_elsewhere():
-    fused = _fused(heads_text(1, 2, 65, 65, 64, 64))
+    fused = attention_region(heads_text(1, 2, 65, 65, 64, 64))
     plain, wg = generate_kernel(fused), generate_kernel(fused, {"wgmma": True})
     assert plain.nvcc_target("sm_90") == ["-arch=sm_90"]
     assert plain.nvcc_target("sm_80") == ["-arch=sm_80"]
@@ -258,32 +256,13 @@ def test_a_kernel_that_needs_sm_90a_is_built_for_it_and_refused_elsewhere():
 def test_the_wgmma_kernel_compiles_for_sm_90a_with_no_wgmma_serialised(tmp_path, text):
     """The -gencode target the executor uses; ptxas reports no fence it had to add between
     wgmmas (C7519: registers the wgmmas read changed between them)."""
-    k = generate_kernel(_fused(text), {"wgmma": True})
-    path = tmp_path / "k.cu"
-    path.write_text(prelude() + "\n" + k.source)
-    proc = subprocess.run(
-        [
-            NVCC,
-            "-cubin",
-            *k.nvcc_target("sm_90"),
-            "-O3",
-            "-std=c++17",
-            str(path),
-            "-o",
-            str(tmp_path / "k.cubin"),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "C7519" not in proc.stdout + proc.stderr
+    k = generate_kernel(attention_region(text), {"wgmma": True})
+    messages = nvcc(tmp_path, prelude() + "\n" + k.source, "-cubin", *k.nvcc_target("sm_90"))
+    assert "C7519" not in messages
 
 
 def test_the_f32_kernel_refuses_a_tile_size_it_does_not_take():
-    module = parse_module(heads_text(1, 2, 65, 65, 64, 64, "f32"))
-    PassManager.from_text("cuda").run(module)
-    (fused,) = [o for o in module.walk() if isinstance(o, FusedOp)]
+    fused = attention_region(heads_text(1, 2, 65, 65, 64, 64, "f32"))
     assert generate_kernel(fused, {"block_n": 64}).params["block_n"] == 64
     with pytest.raises(TgcError, match="the f32 kernel takes tiles of 64 keys, not block_n=128"):
         generate_kernel(fused, {"block_n": 128})
@@ -315,7 +294,8 @@ def test_over_48k_of_shared_memory_is_raised_in_the_standalone_launcher():
 # -- nvcc ------------------------------------------------------------------------------------------
 
 
-def nvcc(tmp_path: Path, source: str, *flags: str) -> None:
+def nvcc(tmp_path: Path, source: str, *flags: str) -> str:
+    """Compile `source` with `flags` (the test fails if nvcc does); nvcc's messages."""
     path = tmp_path / "k.cu"
     path.write_text(source)
     proc = subprocess.run(
@@ -325,6 +305,7 @@ def nvcc(tmp_path: Path, source: str, *flags: str) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout + proc.stderr
 
 
 COMPILED = [

@@ -6,11 +6,8 @@ needed). Its results against float64 are GPU tests in test/test_cuda.py
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-from pathlib import Path
-
 import pytest
+from test_attention_tc import NVCC, nvcc
 
 from tgc.codegen.kernels import generate_kernel
 from tgc.codegen.render import prelude
@@ -18,8 +15,6 @@ from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import FusedOp
 from tgc.parser import parse_module
 from tgc.pass_manager import PassManager
-
-NVCC = shutil.which("nvcc") or shutil.which("nvcc", path="/usr/local/cuda/bin")
 
 
 def t(shape, dtype) -> str:
@@ -106,21 +101,4 @@ def test_tiles_outside_the_skeletons_choices_are_refused():
 )
 def test_tensor_core_matmul_compiles(tmp_path, arch, a, b, dtype, tb, params):
     k = generate_kernel(matmul_region(a, b, dtype, tb=tb), {"tensor_cores": True, **params})
-    path = Path(tmp_path) / "k.cu"
-    path.write_text(prelude() + "\n" + k.source)
-    proc = subprocess.run(
-        [
-            NVCC,
-            "-cubin",
-            f"-arch={arch}",
-            "-O3",
-            "-std=c++17",
-            str(path),
-            "-o",
-            str(tmp_path / "k.cubin"),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    nvcc(tmp_path, prelude() + "\n" + k.source, "-cubin", f"-arch={arch}")
