@@ -562,16 +562,28 @@ func.func @linear_residual(%x: {_X}, %w: {_W}, %b: {_V}, %r: {_Y}) -> {_Y} {{
 }}
 """
 
-# name -> (reference text, cuBLASLt epilogue, adds a residual, element types, doc)
+
+@dataclass(frozen=True)
+class LtKernel:
+    """What defines one cuBLASLt kernel: the graph it computes, its epilogue, whether it reads
+    a residual as the GEMM's C, the element types it takes."""
+
+    reference: str
+    epilogue: str  # runtime/cublaslt.py's EPILOGUES
+    residual: bool
+    dtypes: tuple[str, ...]
+    doc: str
+
+
 LT_KERNELS = {
-    "cuda.cublaslt.linear": (
+    "cuda.cublaslt.linear": LtKernel(
         LINEAR_TEXT,
         "bias",
         False,
         ("f32", "f16", "bf16"),
         "x @ w + b (hl.linear) by cuBLASLt, the bias added in the GEMM's epilogue",
     ),
-    "cuda.cublaslt.linear_gelu": (
+    "cuda.cublaslt.linear_gelu": LtKernel(
         LINEAR_GELU_TEXT,
         "gelu_bias",
         False,
@@ -579,7 +591,7 @@ LT_KERNELS = {
         ("f16", "bf16"),
         "gelu_tanh(x @ w + b) by cuBLASLt, bias and GELU in the GEMM's epilogue",
     ),
-    "cuda.cublaslt.linear_residual": (
+    "cuda.cublaslt.linear_residual": LtKernel(
         LINEAR_RESIDUAL_TEXT,
         "bias",
         True,
@@ -592,14 +604,15 @@ LT_KERNELS = {
 def lt_gemm(kernel_name: str, operand_types: list[TensorType], result_type: TensorType) -> LtGemm:
     """The cuBLASLt call of kernel `kernel_name` on these types (its constraint accepted them):
     x's leading dims are the GEMM's rows (x is contiguous)."""
-    _, epilogue, residual, _, _ = LT_KERNELS[kernel_name]
+    spec = LT_KERNELS[kernel_name]
     x, w = operand_types[0], operand_types[1]
     m = x.num_elements // x.shape[-1]
-    return LtGemm(result_type.element_type, m, w.shape[1], w.shape[0], epilogue, residual)
+    return LtGemm(result_type.element_type, m, w.shape[1], w.shape[0], spec.epilogue, spec.residual)
 
 
 def _lt_constraint(kernel_name: str):
-    _, _, residual, dtypes, _ = LT_KERNELS[kernel_name]
+    spec = LT_KERNELS[kernel_name]
+    residual, dtypes = spec.residual, spec.dtypes
 
     def constraint(types) -> str | None:
         operands, (y,) = types
@@ -624,16 +637,16 @@ def _lt_constraint(kernel_name: str):
 def lt_kernels(run=None) -> list[Kernel]:
     """The cuBLASLt kernels, with `run` (kernel name -> the backend's run) where given."""
     out = []
-    for name, (text, _, _, _, doc) in LT_KERNELS.items():
+    for name, spec in LT_KERNELS.items():
         out.append(
             Kernel(
                 name,
                 "cuda",
-                reference=(text, Lowered(text)),
+                reference=(spec.reference, Lowered(spec.reference)),
                 run=run(name) if run is not None else None,
                 constraints=_lt_constraint(name),
                 max_rel_error=SUMS_ERROR,
-                doc=doc,
+                doc=spec.doc,
             )
         )
     return out
@@ -686,6 +699,7 @@ def unregister() -> None:
 __all__ = [
     "CUBLAS_GEMM",
     "LT_KERNELS",
+    "LtKernel",
     "TEMPLATE_OF_KIND",
     "KernelRegion",
     "cuda_options",
