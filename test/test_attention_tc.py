@@ -463,8 +463,9 @@ WGMMA_SHAPES = [
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("b,h,sq,sk,d,dv,layout,mask,causal", WGMMA_SHAPES)
 def test_wgmma_attention_matches_float64(b, h, sq, sk, d, dv, layout, mask, causal, dtype):
-    from tgc.runtime.cuda_executor import device_arch
+    from tgc.runtime.cuda_executor import context, device_arch
 
+    context()  # device_arch asks the current context
     if device_arch() != "sm_90":
         pytest.skip(f"wgmma needs an sm_90 GPU, this one is {device_arch()}")
     text = heads_text(b, h, sq, sk, d, dv, dtype, causal, mask, layout)

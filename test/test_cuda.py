@@ -47,7 +47,8 @@ def run_on_gpu(text: str, seed: int = 0, library: bool = True, params=None):
     module = parse_module(text)
     inputs = random_inputs(ref.funcs[0], seed)
     func = place(module, library)
-    runner = CudaPlanRunner(build_plan(func, params))
+    # Without the library, the generated matmul template runs each matmul whole.
+    runner = CudaPlanRunner(build_plan(func, params, library_matmul=library))
     runner.poison()
     got = runner.run(inputs)
     want = run_function(ref.funcs[0], inputs, "f64")
