@@ -1,0 +1,147 @@
+"""The generated matmul template (what the standalone .cu runs, without cuBLAS) against
+torch.mm, in bf16 and f16 (issue 8: "the standalone .cu must not need cuBLAS to be fast").
+
+On a GPU machine (PyTorch, PyCUDA and nvcc there), from the repository root:
+
+    python3 bench/matmul_tc.py [--only bf16,4096,...] [--params block_k=16,...] [--out DIR]
+
+Each case is C = A @ B (A m x k, B k x n, row-major, N(0, 1)) through the `cuda-standalone`
+route and the PyCUDA executor with the library off: the template's SIMT skeleton (defaults) and
+its tensor-core skeleton (`tensor_cores=true`, plus `--params`). Each result is checked against
+torch.mm's (max error relative to the largest |torch result|), then timed by
+`gpu_suite.time_ms` (median of 30 CUDA-event timings after 3 warm-ups). TFLOP/s is 2 m n k over
+the median. Writes bench/results/matmul_tc-<device>-<date>.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from attention_tc import parse_params  # noqa: E402
+from gpu_suite import device_slug, tflops  # noqa: E402
+
+# (m, k, n): a square GEMM and the GPT-2 block's four (batch 8 x 1024 tokens).
+SHAPES = [(4096, 4096, 4096), (8192, 768, 2304), (8192, 768, 768), (8192, 768, 3072),
+          (8192, 3072, 768)]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Case:
+    m: int
+    k: int
+    n: int
+    dtype: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.m}x{self.k} @ {self.k}x{self.n} {self.dtype}"
+
+    def text(self) -> str:
+        a, b, c = (f"tensor<{r}x{s}x{self.dtype}>" for r, s in
+                   ((self.m, self.k), (self.k, self.n), (self.m, self.n)))  # fmt: skip
+        return (
+            f"func.func @mm(%a: {a}, %b: {b}) -> {c} {{\n"
+            f"  %c = atomic.matmul %a, %b {{transpose_a = false, transpose_b = false}} : "
+            f"({a}, {b}) -> {c}\n"
+            f"  func.return %c : {c}\n}}"
+        )
+
+
+def template_runner(case: Case, params: dict):
+    """The `cuda-standalone` plan of `case` (the generated template runs the matmul whole)."""
+    import tgc
+    from tgc.codegen.plan import build_plan
+    from tgc.parser import parse_module
+    from tgc.pass_manager import PassManager
+    from tgc.runtime.cuda_executor import CudaPlanRunner
+
+    tgc.load_all()
+    module = parse_module(case.text())
+    PassManager.from_text("cuda-standalone").run(module)
+    plan = build_plan(module.funcs[0], {"*": params} if params else None, library_matmul=False)
+    return CudaPlanRunner(plan)
+
+
+def measure(case: Case, params: dict, a, b, want) -> tuple[float, float]:
+    """(median ms, max error relative to max |want|) of the template with `params`."""
+    import torch
+    from gpu_suite import time_ms
+
+    runner = template_runner(case, params)
+    runner.upload([x.float().cpu().numpy() for x in (a, b)])
+    runner.poison()
+    runner.launch(check_each=True)
+    (out,) = runner.download()
+    got = torch.from_numpy(out.astype("float32")).cuda().double()
+    error = float((got - want.double()).abs().max() / want.double().abs().max())
+    torch_stream = torch.cuda.ExternalStream(runner.stream.handle)
+    return time_ms(lambda: runner.launch(), torch_stream), error
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default="", help="comma-separated words a case's name must hold")
+    ap.add_argument("--commit", default=os.environ.get("TGC_COMMIT", "unknown"))
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--params", default="", help="tensor-core template parameters, k=v,k=v")
+    args = ap.parse_args(argv)
+    only = set(filter(None, args.only.split(",")))
+    cases = [Case(m, k, n, t) for (m, k, n) in SHAPES for t in ("bf16", "f16")]
+    cases = [c for c in cases if all(w in c.name.split() or w in c.name for w in only)]
+
+    import torch
+    from gpu_suite import time_ms
+
+    device = torch.cuda.get_device_name()
+    tc_params = {"tensor_cores": True, **parse_params(args.params)}
+    today = datetime.date.today().isoformat()
+    lines = [
+        f"# tgc's generated matmul template vs torch.mm: {device}, {today}",
+        "",
+        f"- device: {device}; date: {today}; commit: {args.commit}",
+        "- method: `bench/matmul_tc.py`; C = A @ B row-major, N(0, 1) inputs; the `cuda-standalone`",
+        "  route without cuBLAS; medians of 30 CUDA-event timings after 3 warm-ups; error: max",
+        "  |tgc - torch.mm| / max |torch.mm|",
+        f"- tensor-core parameters: {tc_params}",
+        "",
+        "| GEMM | SIMT template | tensor-core template | torch.mm | TFLOP/s: SIMT / tc / torch "
+        "| tc speed / torch's | error SIMT / tc |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for case in cases:
+        dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[case.dtype]
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        a = torch.randn(case.m, case.k, device="cuda", dtype=dtype, generator=gen)
+        b = torch.randn(case.k, case.n, device="cuda", dtype=dtype, generator=gen)
+        want = a @ b
+        stream = torch.cuda.current_stream()
+        torch_ms = time_ms(lambda: torch.mm(a, b), stream)
+        simt_ms, simt_err = measure(case, {}, a, b, want)
+        tc_ms, tc_err = measure(case, tc_params, a, b, want)
+        flops = 2.0 * case.m * case.n * case.k
+        line = (
+            f"| {case.name} | {simt_ms:.4f} ms | {tc_ms:.4f} ms | {torch_ms:.4f} ms | "
+            f"{tflops(flops, simt_ms):.0f} / {tflops(flops, tc_ms):.0f} / "
+            f"{tflops(flops, torch_ms):.0f} | {100 * torch_ms / tc_ms:.0f}% | "
+            f"{simt_err:.1e} / {tc_err:.1e} |"
+        )
+        print(line, flush=True)
+        lines.append(line)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"matmul_tc-{device_slug(device)}-{today}.md"
+    path.write_text("\n".join(lines) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
