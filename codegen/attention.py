@@ -225,6 +225,8 @@ def _tensor_core_kernel(att: Operation, ops: dict[str, dict], common: dict, para
         "rows_per_warp": rows,
         "warps": warps,
     }
+    if d == dv and d in (64, 128):
+        chosen["wgmma"] = False  # the other skeleton that runs it: tuning may try it (sm_90a)
     return source, grid, block, shared_bytes, {**chosen, "q_in_registers": q_in_registers}
 
 
@@ -259,7 +261,8 @@ def _tensor_core_arguments(att: Operation, ops: dict[str, dict], common: dict) -
 
 # The stride byte offsets wgmma reads V (shared memory, transposed: core matrices' rows along
 # the keys) with: (leading, stride) = (the step between core matrices along the keys, along the
-# head dim). NOT YET CHECKED on a GPU: bench/wgmma_probe.py tells which assignment wgmma takes.
+# head dim). bench/wgmma_probe.py asked the GPU (an H100, 2026-11-23): for both operand
+# orders, LBO is the step along k and SBO the step along m or n.
 WGMMA_V_OFFSETS = ("k", "n")
 
 
@@ -267,8 +270,9 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
     """attention_wgmma.cu.j2 (template parameter `wgmma`, default false): two warpgroups of 64
     queries, wgmma for Q K^T (both from shared memory) and P V (P from registers), key tiles of
     `block_n` (64 or 128; default 128 at head dim 64, 64 at 128) keys. bf16/f16 whose
-    tensor-core kernel would run, with d = d_v, 64 or 128; sm_90a only. Not yet run on a GPU:
-    off by default and not in tuning's search (a kernel that faults would end a tuning run)."""
+    tensor-core kernel would run, with d = d_v, 64 or 128; sm_90a only. Off by default: correct
+    on an H100 but slower than the mma.sync kernel (54% of SDPA's speed against 60% at B8 H16
+    S2048 D64 causal; bench/results/attention_tc-wgmma-*.md); tuning tries it."""
     elem, d, dv = att.operands[0].type.element_type, common["d"], common["dv"]
     if not _tensor_core_fits(att, ops) or d != dv or d not in (64, 128):
         raise TgcError(

@@ -44,11 +44,12 @@ def matmul_region(a, b, dtype="bf16", tb=False, ta=False, gelu=True) -> FusedOp:
     return fused
 
 
-def test_tensor_cores_are_off_by_default_and_a_parameter_turns_them_on():
+def test_tensor_cores_are_the_default_where_they_fit_and_a_parameter_turns_them_off():
     region = matmul_region((100, 64), (64, 72))
-    simt = generate_kernel(region)
-    assert simt.params["tensor_cores"] is False and "mma.sync" not in simt.source
-    tc = generate_kernel(region, {"tensor_cores": True})
+    simt = generate_kernel(region, {"tensor_cores": False})
+    assert "mma.sync" not in simt.source
+    tc = generate_kernel(region)
+    assert tc.params["tensor_cores"] is True
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in tc.source
     assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in tc.source  # B rows are k
     assert tc.block == (256, 1, 1) and tc.grid == (1, 1, 1)
@@ -63,6 +64,15 @@ def test_a_transposed_b_is_read_by_rows_of_k_and_batches_by_the_grid():
     )
     assert ".trans." not in tc.source and "f32.f16.f16.f32" in tc.source
     assert tc.grid == (1, 1, 3)
+
+
+@pytest.mark.parametrize(
+    "a, b, dtype, ta, tb",
+    [((100, 64), (64, 72), "f32", False, False), ((100, 60), (60, 72), "bf16", False, False)],
+)
+def test_where_tensor_cores_do_not_fit_the_default_is_the_simt_skeleton(a, b, dtype, ta, tb):
+    kernel = generate_kernel(matmul_region(a, b, dtype, ta=ta, tb=tb))
+    assert kernel.params["tensor_cores"] is False and "mma.sync" not in kernel.source
 
 
 @pytest.mark.parametrize(

@@ -302,14 +302,14 @@ TUNABLE: dict[str, dict[str, tuple]] = {
         "block_k": (8, 16, 32),
         "thread_m": (2, 4, 8),
         "thread_n": (2, 4, 8),
-        # not yet "tensor_cores" (codegen/matmul.py) nor the attention's "wgmma": unrun on a
-        # GPU, and a kernel that faults would end a tuning run, not just fail its check
+        "tensor_cores": (False, True),
     },
     "attention": {
         "rows_per_warp": (1, 2),
         "q_in_registers": (False, True),
         "block_n": (32, 64, 128),
         "warps": (4, 8),
+        "wgmma": (False, True),
     },
 }
 REGION_PARAM = "region"  # the one-value parameter naming the region (module doc)
