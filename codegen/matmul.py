@@ -102,6 +102,41 @@ def generate_matmul(op: FusedOp, params: dict, symbol: str) -> KernelSource:
 
 
 TC_TYPES = {"bf16": "bf16", "f16": "f16"}  # element type -> mma.sync's operand type
+TC_TILES, TC_BLOCK_K, TC_STAGES = (64, 128, 256), (16, 32, 64), (2, 3, 4, 5)
+# At most 64x64 of C per warp (128 f32 accumulators per thread of 8 warps), and the shared
+# memory one block of an H100 may have (an A100's: 163 KB).
+TC_MAX_TILE, TC_MAX_SHARED = 128 * 256, 227 * 1024
+TC_GROUP_M = 8  # tile rows per group of the block order (L2 reuse)
+
+
+def _tc_defaults(shape: _Shape, params: dict) -> tuple[int, int, int, int]:
+    """block_m, block_n, block_k, stages: 128x256 tiles (64x64 per warp: the most mma per
+    ldmatrix) where n has 256 columns, else 128x128; k steps of 32 in 4 stages."""
+    bm = params.setdefault("block_m", 128)
+    bn = params.setdefault("block_n", 256 if shape.n >= 256 and bm <= 128 else 128)
+    return bm, bn, params.setdefault("block_k", 32), params.setdefault("stages", 4)
+
+
+def _tc_shared_bytes(bm: int, bn: int, bk: int, stages: int, tb: bool) -> int:
+    """The dynamic shared memory of the template: `stages` padded A and B tiles of 2 bytes."""
+    b_tile = bn * (bk + 8) if tb else bk * (bn + 8)
+    return 2 * stages * (bm * (bk + 8) + b_tile)
+
+
+def _tc_point_misfit(bm: int, bn: int, bk: int, stages: int, shared: int) -> str | None:
+    """Why the tile parameters make no kernel, or None."""
+    if bm not in TC_TILES or bn not in TC_TILES or bk not in TC_BLOCK_K or stages not in TC_STAGES:
+        return (
+            f"block_m and block_n 64, 128 or 256, block_k 16, 32 or 64 and stages 2 to 5, "
+            f"not {bm}, {bn}, {bk}, {stages}"
+        )
+    if bm * bn > TC_MAX_TILE:
+        return f"a {bm}x{bn} tile is over 64x64 per warp"
+    if shared > TC_MAX_SHARED:
+        return (
+            f"{stages} stages of {bm}x{bk} and {bk}x{bn} tiles need {shared} bytes of shared memory"
+        )
+    return None
 
 
 def _generate_tensor_core(
@@ -113,13 +148,15 @@ def _generate_tensor_core(
     elem = mm.results[0].type.element_type
     tb = bool(mm.attr("transpose_b"))
     why = _tensor_core_misfit(mm, shape, elem, tb)
-    bm = params.setdefault("block_m", 128)
-    bn = params.setdefault("block_n", 128)
-    bk = params.setdefault("block_k", 32)
-    if why is None and (bm not in (64, 128) or bn not in (64, 128) or bk not in (16, 32)):
-        why = f"block_m and block_n 64 or 128 and block_k 16 or 32, not {bm}, {bn}, {bk}"
+    bm, bn, bk, stages = _tc_defaults(shape, params)
+    shared = _tc_shared_bytes(bm, bn, bk, stages, tb)
+    if why is None:
+        why = _tc_point_misfit(bm, bn, bk, stages, shared)
     if why is not None:
         raise TgcError(f"the tensor-core matmul cannot run '{kernel_label(op)}': {why}", op.loc)
+    # 8 warps, 2x4 (4x2 for a tile taller than wide): 64x64 of C each at 128x256 or 256x128.
+    warps_m = 4 if bm > bn else 2
+    grid_m, grid_n = math.ceil(shape.m / bm), math.ceil(shape.n / bn)
     source = render(
         "matmul_tc.cu.j2",
         name=symbol,
@@ -135,8 +172,14 @@ def _generate_tensor_core(
         bm=bm,
         bn=bn,
         bk=bk,
-        wm=bm // 2,
-        wn=bn // 4,
+        wm=bm // warps_m,
+        wn=bn // (8 // warps_m),
+        stages=stages,
+        shared_bytes=shared,
+        min_blocks=2 if bm * bn < 128 * 128 else 1,  # 128 registers: 128x128 would spill
+        grid_m=grid_m,
+        grid_n=grid_n,
+        group_m=TC_GROUP_M,
         a=ptrs[a],
         b=ptrs[b],
         a_batch_offset=shape.a_offset,
@@ -144,7 +187,9 @@ def _generate_tensor_core(
         b_n_contiguous=not tb,
         epilogue=_epilogue(op, mm, shape, ptrs, outs),
     )
-    return _kernel_source(op, symbol, source, shape, bm, bn, 256, params)
+    kernel = _kernel_source(op, symbol, source, shape, bm, bn, 256, params)
+    kernel.shared_bytes = shared
+    return kernel
 
 
 def _kernel_source(

@@ -53,9 +53,31 @@ def test_tensor_cores_are_the_default_where_they_fit_and_a_parameter_turns_them_
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in tc.source
     assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in tc.source  # B rows are k
     assert tc.block == (256, 1, 1) and tc.grid == (1, 1, 1)
-    assert (tc.params["block_m"], tc.params["block_n"], tc.params["block_k"]) == (128, 128, 32)
+    chosen = [tc.params[p] for p in ("block_m", "block_n", "block_k", "stages")]
+    assert chosen == [128, 128, 32, 4]  # n < 256: 128x128 tiles
+    assert tc.shared_bytes == 2 * 4 * (128 * (32 + 8) + 32 * (128 + 8))  # padded, 4 stages
+    assert "cp.async.wait_group %0" in tc.source and "WM = 64, WN = 32" in tc.source
     small = generate_kernel(region, {"tensor_cores": True, "block_m": 64, "block_n": 64})
     assert small.grid == (2, 2, 1) and "WM = 32, WN = 16" in small.source
+    assert "__launch_bounds__(256, 2)" in small.source  # two blocks an SM at 64x64
+
+
+def test_wide_matmuls_get_128x256_tiles_of_64x64_per_warp():
+    region = matmul_region((300, 64), (64, 520))
+    tc = generate_kernel(region)
+    assert (tc.params["block_m"], tc.params["block_n"]) == (128, 256)
+    assert tc.grid == (3, 3, 1) and "WM = 64, WN = 64" in tc.source
+    assert "__launch_bounds__(256, 1)" in tc.source
+    tall = generate_kernel(region, {"block_m": 256, "block_n": 128})
+    assert tall.grid == (5, 2, 1) and "WM = 64, WN = 64" in tall.source  # warps 4x2
+    assert tall.shared_bytes == 2 * 4 * (256 * 40 + 32 * 136)
+
+
+def test_blocks_run_in_groups_of_eight_tile_rows():
+    """The block order is a template constant: the grid's shape, the group of 8 tile rows."""
+    tc = generate_kernel(matmul_region((1100, 64), (64, 520)))
+    assert tc.grid == (3, 9, 1)
+    assert "GRID_M = 9, GRID_N = 3, GROUP = 8" in tc.source
 
 
 def test_a_transposed_b_is_read_by_rows_of_k_and_batches_by_the_grid():
@@ -93,10 +115,44 @@ def test_what_tensor_cores_cannot_run_is_an_error_naming_why(a, b, dtype, ta, tb
     generate_kernel(region)  # the default skeleton runs it
 
 
-def test_tiles_outside_the_skeletons_choices_are_refused():
+@pytest.mark.parametrize(
+    "params, why",
+    [
+        ({"block_k": 128}, "block_m and block_n 64, 128 or 256, block_k 16, 32 or 64 and stages"),
+        ({"block_m": 32}, r"stages 2 to 5, not 32, 128, 32, 4"),
+        ({"stages": 6}, r"stages 2 to 5, not 128, 128, 32, 6"),
+        ({"block_m": 256, "block_n": 256}, "a 256x256 tile is over 64x64 per warp"),
+        (
+            {"block_m": 256, "block_n": 128, "block_k": 64, "stages": 5},
+            "5 stages of 256x64 and 64x128 tiles need 271360 bytes of shared memory",
+        ),
+    ],
+)
+def test_tiles_outside_the_skeletons_choices_are_refused(params, why):
     region = matmul_region((100, 64), (64, 72))
-    with pytest.raises(TgcError, match="block_m and block_n 64 or 128 and block_k 16 or 32"):
-        generate_kernel(region, {"tensor_cores": True, "block_k": 64})
+    with pytest.raises(TgcError, match=why) as info:
+        generate_kernel(region, {"tensor_cores": True, **params})
+    assert "the tensor-core matmul cannot run" in str(info.value) and info.value.loc is not None
+
+
+def test_over_48k_of_shared_memory_is_raised_in_the_standalone_launcher():
+    """The default 128x256 tiles in 4 stages take 108 KB of dynamic shared memory: the
+    standalone host code raises the function's limit before the launch."""
+    from tgc.codegen.standalone import emit_standalone_cuda
+
+    a, b, o = "tensor<256x64xbf16>", "tensor<64x512xbf16>", "tensor<256x512xbf16>"
+    text = (
+        f"func.func @f(%a: {a}, %b: {b}) -> {o} {{\n"
+        f"  %c = atomic.matmul %a, %b {{transpose_a = false, transpose_b = false}} : ({a}, {b})"
+        f" -> {o}\n  func.return %c : {o}\n}}"
+    )
+    module = parse_module(text)
+    PassManager.from_text("cuda-standalone").run(module)
+    source = emit_standalone_cuda(module, "mm")
+    assert "mma.sync" in source
+    shared = 2 * 4 * (128 * 40 + 32 * 264)
+    assert f"cudaFuncAttributeMaxDynamicSharedMemorySize, {shared})" in source
+    assert f", {shared}, stream>>>" in source
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
@@ -106,9 +162,15 @@ def test_tiles_outside_the_skeletons_choices_are_refused():
     [
         ((100, 64), (64, 72), "bf16", False, {}),
         ((3, 70, 48), (56, 48), "f16", True, {"block_m": 64, "block_k": 16}),
-        ((2, 33, 64), (2, 64, 136), "bf16", False, {"block_n": 64}),
+        ((2, 33, 64), (2, 64, 136), "bf16", False, {"block_n": 64, "stages": 2}),
+        ((300, 512), (512, 520), "bf16", False, {}),  # 128x256
+        ((300, 512), (520, 512), "f16", True, {"block_k": 64, "stages": 3}),
+        ((300, 512), (512, 520), "bf16", False, {"block_m": 256, "block_n": 128}),
+        ((300, 512), (512, 520), "f16", False, {"block_k": 16, "stages": 5}),
     ],
 )
 def test_tensor_core_matmul_compiles(tmp_path, arch, a, b, dtype, tb, params):
+    """...without spilling registers to local memory (a spill in the main loop costs much)."""
     k = generate_kernel(matmul_region(a, b, dtype, tb=tb), {"tensor_cores": True, **params})
-    nvcc(tmp_path, prelude() + "\n" + k.source, "-cubin", f"-arch={arch}")
+    log = nvcc(tmp_path, prelude() + "\n" + k.source, "-cubin", f"-arch={arch}", "-Xptxas", "-v")
+    assert "0 bytes spill stores, 0 bytes spill loads" in log and "bytes spill" in log
