@@ -269,19 +269,27 @@ WGMMA_V_OFFSETS = ("k", "n")
 def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: dict):
     """attention_wgmma.cu.j2 (template parameter `wgmma`, default false): two warpgroups of 64
     queries, wgmma for Q K^T (both from shared memory) and P V (P from registers), key tiles of
-    `block_n` (64 or 128; default 128 at head dim 64, 64 at 128) keys. bf16/f16 whose
-    tensor-core kernel would run, with d = d_v, 64 or 128; sm_90a only. Off by default: correct
-    on an H100 but slower than the mma.sync kernel (54% of SDPA's speed against 60% at B8 H16
-    S2048 D64 causal; bench/results/attention_tc-wgmma-*.md); tuning tries it."""
+    `block_n` (64, the default, or 128) keys. With `overlap` (default true) S of tile j and P V
+    of tile j - 1 are in flight together and the softmax of tile j overlaps P V. bf16/f16 whose
+    tensor-core kernel would run, with d = d_v, 64 or 128; sm_90a only. Two blocks share an SM
+    at head dim 64 with 64-key tiles (128 registers a thread; the launch bounds say so). Off by
+    default: its first form (no overlap) ran at 54% of SDPA's speed against the mma.sync
+    kernel's 60% at B8 H16 S2048 D64 causal (bench/results/attention_tc-wgmma-*.md); tuning
+    tries it."""
     elem, d, dv = att.operands[0].type.element_type, common["d"], common["dv"]
     if not _tensor_core_fits(att, ops) or d != dv or d not in (64, 128):
         raise TgcError(
             "attention template parameters: wgmma needs bf16/f16 operands the tensor-core kernel "
             f"takes and head dims d = d_v of 64 or 128 (got {elem}, {d} and {dv})"
         )
-    bn = params.get("block_n", 128 if d == 64 else 64)
+    bn = params.get("block_n", 64)
     if bn not in (64, 128):
         raise TgcError(f"attention template parameters: wgmma takes block_n 64 or 128, not {bn!r}")
+    overlap = params.get("overlap", True)
+    if not isinstance(overlap, bool):
+        raise TgcError(
+            f"attention template parameters: overlap must be true or false, not {overlap!r}"
+        )
     nq = (common["seq_q"] + 127) // 128
     shared_bytes = 2 * (128 * d + 4 * bn * d)  # Q, then K and V twice
     step = {"k": d * 16, "n": 128}  # bytes between V's core matrices along keys, head dim
@@ -291,12 +299,20 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
         **_tensor_core_arguments(att, ops, common),
         bn=bn,
         nq=nq,
+        overlap=overlap,
+        min_blocks=2 if (d, bn) == (64, 64) else 1,
         shared_bytes=shared_bytes,
         v_lbo=step[WGMMA_V_OFFSETS[0]],
         v_sbo=step[WGMMA_V_OFFSETS[1]],
     )
     grid = (common["nb"] * nq, 1, 1)
-    chosen = {"block_m": 128, "block_n": bn, "tensor_cores": True, "wgmma": True}
+    chosen = {
+        "block_m": 128,
+        "block_n": bn,
+        "tensor_cores": True,
+        "wgmma": True,
+        "overlap": overlap,
+    }
     return source, grid, (256, 1, 1), shared_bytes, chosen
 
 

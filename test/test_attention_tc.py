@@ -11,6 +11,7 @@ bf16 and 2e-3 for f16 (P is rounded to the element type before P V, the output o
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -207,16 +208,32 @@ def test_wgmma_is_off_by_default_and_a_parameter_turns_it_on():
     fused = attention_region(heads_text(1, 2, 300, 300, 64, 64, "bf16", True))
     assert "wgmma" not in generate_kernel(fused).source
     k = generate_kernel(fused, {"wgmma": True})
-    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in k.source  # Q K^T
-    assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in k.source  # P V
+    assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in k.source  # Q K^T and P V
     assert "fence.proxy.async.shared::cta" in k.source
     assert k.arch_features == "sm_90a" and k.block == (256, 1, 1)
-    assert k.grid == (2 * -(-300 // 128), 1, 1) and k.params["block_n"] == 128
-    assert k.shared_bytes == 2 * (128 * 64 + 4 * 128 * 64)
+    assert k.grid == (2 * -(-300 // 128), 1, 1) and k.params["block_n"] == 64
+    assert k.shared_bytes == 2 * (128 * 64 + 4 * 64 * 64)
+    assert "__launch_bounds__(256, 2)" in k.source  # two blocks an SM: at most 128 registers
+    wide = generate_kernel(fused, {"wgmma": True, "block_n": 128})
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in wide.source  # Q K^T
+    assert "__launch_bounds__(256, 1)" in wide.source
     k128 = generate_kernel(
         attention_region(heads_text(1, 2, 65, 65, 128, 128, "f16")), {"wgmma": True}
     )
     assert k128.params["block_n"] == 64 and "m64n128k16.f32.f16.f16" in k128.source
+
+
+def test_wgmma_overlaps_the_softmax_with_p_v_unless_told_not_to():
+    """By default S of tile j and P V of tile j - 1 are in flight together and the softmax waits
+    for S alone (wait_group 1); overlap=false waits for both."""
+    fused = attention_region(heads_text(1, 2, 300, 300, 64, 64, "bf16", True))
+    k = generate_kernel(fused, {"wgmma": True})
+    assert k.params["overlap"] is True
+    assert "wgmma.wait_group.sync.aligned 1;" in k.source
+    serial = generate_kernel(fused, {"wgmma": True, "overlap": False})
+    assert serial.params["overlap"] is False
+    assert "wgmma.wait_group.sync.aligned 1;" not in serial.source
+    assert "wgmma.wait_group.sync.aligned 0;" in serial.source
 
 
 @pytest.mark.parametrize(
@@ -226,6 +243,7 @@ def test_wgmma_is_off_by_default_and_a_parameter_turns_it_on():
         (heads_text(1, 2, 65, 65, 80, 80), {}, "got bf16, 80 and 80"),
         (heads_text(1, 2, 65, 65, 32, 128, layout="flat"), {}, "got bf16, 32 and 128"),
         (heads_text(1, 2, 65, 65, 64, 64), {"block_n": 32}, "wgmma takes block_n 64 or 128"),
+        (heads_text(1, 2, 65, 65, 64, 64), {"overlap": 1}, "overlap must be true or false, not 1"),
     ],
 )
 def test_what_wgmma_cannot_run_is_an_error_naming_why(text, params, why):
@@ -246,19 +264,30 @@ def test_a_kernel_that_needs_sm_90a_is_built_for_it_and_refused_elsewhere():
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize(
-    "text",
+    "text, params",
     [
-        heads_text(2, 3, 100, 130, 64, 64, "bf16", True, False, "heads"),
-        heads_text(2, 3, 100, 100, 128, 128, "f16", False, True, "heads"),
-        heads_text(2, 2, 70, 70, 64, 64, "bf16", True, False, "qkv"),
+        (heads_text(2, 3, 100, 130, 64, 64, "bf16", True, False, "heads"), {}),
+        (heads_text(2, 3, 1000, 1000, 64, 64, "bf16", False, True, "heads"), {}),
+        (heads_text(2, 3, 1000, 1000, 64, 64, "bf16", True, False, "heads"), {"block_n": 128}),
+        (heads_text(2, 3, 1000, 1000, 128, 128, "f16", False, True, "heads"), {}),
+        (heads_text(2, 3, 1000, 1000, 128, 128, "f16", True, False, "heads"), {"block_n": 128}),
+        (heads_text(2, 2, 700, 700, 64, 64, "bf16", True, False, "qkv"), {"overlap": False}),
     ],
 )
-def test_the_wgmma_kernel_compiles_for_sm_90a_with_no_wgmma_serialised(tmp_path, text):
+def test_the_wgmma_kernel_compiles_for_sm_90a_with_no_wgmma_serialised(tmp_path, text, params):
     """The -gencode target the executor uses; ptxas reports no fence it had to add between
-    wgmmas (C7519: registers the wgmmas read changed between them)."""
-    k = generate_kernel(attention_region(text), {"wgmma": True})
-    messages = nvcc(tmp_path, prelude() + "\n" + k.source, "-cubin", *k.nvcc_target("sm_90"))
-    assert "C7519" not in messages
+    wgmmas (C7519: registers the wgmmas read changed between them) nor any other reason it
+    serialised them, and no spill: the accumulators of S and O and P's fragments fit in the
+    registers the launch bounds leave (128 a thread where two blocks share an SM)."""
+    k = generate_kernel(attention_region(text), {"wgmma": True, **params})
+    flags = ("-cubin", "-Xptxas", "-v", *k.nvcc_target("sm_90"))
+    messages = nvcc(tmp_path, prelude() + "\n" + k.source, *flags)
+    assert "C7519" not in messages and "serialized" not in messages
+    used = re.search(r"Used (\d+) registers", messages)
+    assert used, messages[-2000:]
+    limit = 128 if "__launch_bounds__(256, 2)" in k.source else 255
+    assert int(used.group(1)) <= limit
+    assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", messages), messages[-2000:]
 
 
 def test_the_f32_kernel_refuses_a_tile_size_it_does_not_take():
@@ -472,6 +501,36 @@ def test_wgmma_attention_matches_float64(b, h, sq, sk, d, dv, layout, mask, caus
     got, want, runner = run_gpu(text, sq + d, q_gain=2.0, params={"wgmma": True})
     (kernel,) = runner.plan.kernels
     assert kernel.params["wgmma"]
+    assert not np.isnan(got).any(), "NaN in the result (an element left unwritten?)"
+    assert rel_frobenius(got, want) < REL_ERROR[dtype]
+
+
+# The other tile widths and schedules the wgmma kernel takes, through many key tiles (the K and
+# V double buffers wrapping around, a last tile cut short, causal tiles that skip the mask).
+WGMMA_VARIANTS = [
+    ((1, 2, 1030, 1030, 64, 64, "heads", False, True), {"block_n": 128}),
+    ((1, 2, 777, 777, 64, 64, "heads", True, False), {"block_n": 128}),
+    ((1, 2, 1030, 1030, 128, 128, "heads", False, True), {"block_n": 128}),
+    ((1, 2, 1030, 1030, 128, 128, "heads", False, True), {}),
+    ((1, 2, 1030, 1030, 64, 64, "qkv", False, True), {"overlap": False}),
+    ((1, 2, 200, 333, 128, 128, "flat", True, False), {"overlap": False}),
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("shape, params", WGMMA_VARIANTS)
+def test_wgmma_variants_match_float64(shape, params, dtype):
+    from tgc.runtime.cuda_executor import context, device_arch
+
+    context()  # device_arch asks the current context
+    if device_arch() != "sm_90":
+        pytest.skip(f"wgmma needs an sm_90 GPU, this one is {device_arch()}")
+    b, h, sq, sk, d, dv, layout, mask, causal = shape
+    text = heads_text(b, h, sq, sk, d, dv, dtype, causal, mask, layout)
+    got, want, runner = run_gpu(text, sq + d + 5, q_gain=2.0, params={"wgmma": True, **params})
+    (kernel,) = runner.plan.kernels
+    assert kernel.params["wgmma"] and all(kernel.params[k] == v for k, v in params.items())
     assert not np.isnan(got).any(), "NaN in the result (an element left unwritten?)"
     assert rel_frobenius(got, want) < REL_ERROR[dtype]
 

@@ -310,6 +310,7 @@ TUNABLE: dict[str, dict[str, tuple]] = {
         "block_n": (32, 64, 128),
         "warps": (4, 8),
         "wgmma": (False, True),
+        "overlap": (True, False),
     },
 }
 REGION_PARAM = "region"  # the one-value parameter naming the region (module doc)
