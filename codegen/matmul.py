@@ -7,14 +7,18 @@ Two skeletons:
   parameters: `block_m`, `block_n`, `block_k` (the tile of C a block computes and the depth of
   one shared-memory step), `thread_m`, `thread_n`.
 - `matmul_tc.cu.j2`, with the template parameter `tensor_cores` (default true where it fits):
-  bf16/f16 on tensor cores, as the attention kernel's (codegen/attention.py): 8 warps, each a
-  (block_m / 2) x (block_n / 4) part of C of 16x8 `mma.sync` accumulator tiles in f32, A and B
-  tiles double-buffered in shared memory through `cp.async` and read by `ldmatrix` (transposed
-  for a B whose rows are k). It needs A not transposed, k a multiple of 8 and, unless B is
-  transposed, n a multiple of 8 (16-byte rows); `block_m` and `block_n` 64 or 128 (default
-  128), `block_k` 16 or 32 (default 32). Where it does not fit, asking for it is an error (so
-  a parameter search skips the point). On an H100 it runs 4096^3 in bf16 at 255 TFLOP/s, a
-  third of cuBLAS's (bench/results/matmul_tc-*.md), 14x the SIMT skeleton.
+  bf16/f16 on tensor cores, as the attention kernel's (codegen/attention.py): 8 warps (2x4, 4x2
+  for a tile taller than wide), each a part of C of 16x8 `mma.sync` accumulator tiles in f32
+  (64x64 at 128x256 or 256x128); A and B tiles in a `stages`-deep `cp.async` pipeline in
+  dynamic shared memory (one barrier per k step), read by `ldmatrix` (transposed for a B whose
+  rows are k) into fragments double-buffered in registers; blocks ordered in groups of 8 tile
+  rows for L2 reuse. It needs A not transposed, k a multiple of 8 and, unless B is transposed,
+  n a multiple of 8 (16-byte rows). Parameters: `block_m`, `block_n` 64, 128 or 256 (at most
+  128x256; default 128x256 where n >= 256, else 128x128), `block_k` 16, 32 or 64 (default 32),
+  `stages` 2 to 5 (default 4; at most 227 KB of shared memory). Where it does not fit, asking
+  for it is an error (so a parameter search skips the point). The double-buffered 128x128
+  skeleton ran 4096^3 bf16 at 255 TFLOP/s on an H100, a third of cuBLAS's
+  (bench/results/matmul_tc-*.md), 14x the SIMT skeleton.
 `generate_epilogue_kernel` gives the epilogue alone, for a library matmul.
 """
 
