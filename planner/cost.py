@@ -96,11 +96,15 @@ LINKS: dict[tuple[str | None, str | None], Link] = {
     ("cuda", None): Link(bandwidth=25e9, latency=10e-6),
 }
 ROOFLINE_UNCERTAINTY = 1.0  # a roofline estimate is good to a factor of about two
+# A kernel whose results are views of its operands (`Kernel.view`) launches nothing and moves
+# nothing: what it costs is the executor's host work of making the views, about a microsecond.
+VIEW_SECONDS = 1e-6
 
 
 class RooflineCostSource:
     """Launch + max(bytes / bandwidth, flops / peak) on the kernel's backend; a copy costs
-    latency + bytes / bandwidth of the link between the two spaces (see the module doc)."""
+    latency + bytes / bandwidth of the link between the two spaces, a view kernel
+    `VIEW_SECONDS` (see the module doc)."""
 
     def __init__(
         self,
@@ -119,6 +123,8 @@ class RooflineCostSource:
                 raise LookupError(f"no link from {src or 'host'} to {dst or 'host'} is described")
             seconds = link.latency + result_types[0].nbytes / link.bandwidth
             return Cost(seconds, "roofline", ROOFLINE_UNCERTAINTY)
+        if kernel.view:  # no launch, no bytes: the host's work of making the views
+            return Cost(VIEW_SECONDS, "roofline", ROOFLINE_UNCERTAINTY)
         device = self.devices.get(kernel.backend)
         if device is None:
             raise LookupError(f"no device is described for backend '{kernel.backend}'")

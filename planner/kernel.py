@@ -109,6 +109,9 @@ class Kernel:
     param_constraints: Callable = no_param_constraint  # (types, params) -> reason refused | None
     max_rel_error: float = 0.0  # stated bound, see the module docstring
     doc: str = ""
+    # its results are views of its operands' memory: nothing runs on the device, nothing moves
+    # (the cost models price it as such; cuda.split_view)
+    view: bool = False
 
     def __post_init__(self) -> None:
         if (self.op is None) == (self.reference is None):

@@ -14,7 +14,9 @@ device pieces here:
   runtime's caches (runtime/cuda_executor.py: nvcc to a cubin, in memory and on disk) and
   launches it; `call` runs cuda.cublas.gemm through runtime/cublas.py, and the linear layers
   with their epilogues (cuda.cublaslt.*) through runtime/cublaslt.py, with a workspace of
-  32 MiB made on first use.
+  32 MiB made on first use; cuda.split_view returns each piece as a DeviceArray at its offset
+  of the operand's buffer (which it keeps alive), and cuda.reshape_view the buffer in its new
+  shape, launching nothing.
 
 Everything runs in order on the legacy default stream, as PyTorch's kernels (torch-cuda) do:
 a kernel's inputs are finished before it starts with no synchronisation between kernels, so
@@ -289,6 +291,34 @@ def _lt_host_run(name: str):
     return _on_host(lambda inputs, attrs, result_types: _lt(name, inputs, result_types))
 
 
+# -- splits into contiguous pieces: views, nothing launched ------------------------------------
+
+
+def _split_view_runner(operand: TensorType, attrs: dict, loc=None):
+    """`run([x]) -> pieces` for cuda.split_view on an operand of type `operand`: each piece a
+    DeviceArray at its byte offset of x's buffer, keeping x (and so its memory) alive. A split
+    whose pieces are not views is a TgcError at `loc`."""
+    try:
+        pieces = planner_side.split_view_pieces(
+            operand.shape, operand.dtype.itemsize, attrs["axis"], tuple(attrs["sizes"])
+        )
+    except TgcError as e:
+        raise TgcError(e.message, loc) from None
+    dtype = operand.dtype
+
+    def run(values: list) -> list:
+        x = DeviceArray.of(values[0])
+        return [DeviceArray(x.ptr + offset, shape, dtype, x) for offset, shape in pieces]
+
+    return run
+
+
+def _split_view(inputs: list, attrs: dict, result_types: list[TensorType]) -> list[DeviceArray]:
+    x = DeviceArray.of(inputs[0])
+    t = TensorType.get(x.shape, result_types[0].element_type)
+    return _split_view_runner(t, attrs)([x])
+
+
 # -- a call made ready once (Backend.prepare) ---------------------------------------------------
 
 
@@ -304,6 +334,11 @@ def prepare(kernel, op: CallOp):
     if kernel.name in planner_side.LT_KERNELS:
         types = [v.type.with_encoding(None) for v in op.operands]
         return _lt_runner(kernel.name, types, op.results[0].type, op.loc)
+    if kernel.name == planner_side.SPLIT_VIEW:
+        return _split_view_runner(op.operands[0].type, op.op_attributes(), op.loc)
+    if kernel.name == planner_side.RESHAPE_VIEW:
+        shape = op.results[0].type.shape
+        return lambda values: [DeviceArray.of(values[0]).reshape(shape)]
     if not isinstance(kernel, Template):
         return None  # the executor's general path
     return _region_runner(op)
@@ -314,6 +349,10 @@ def _call(kernel, inputs: list, attrs: dict, result_types: list[TensorType]) -> 
         return _gemm(inputs, attrs, result_types)
     if kernel.name in planner_side.LT_KERNELS:
         return _lt(kernel.name, inputs, result_types)
+    if kernel.name == planner_side.SPLIT_VIEW:
+        return _split_view(inputs, attrs, result_types)
+    if kernel.name == planner_side.RESHAPE_VIEW:
+        return [DeviceArray.of(inputs[0]).reshape(result_types[0].shape)]
     raise TgcError(f"the cuda backend has no kernel '{kernel.name}'")
 
 

@@ -18,6 +18,17 @@ Kernels:
   kernels for a linear layer (`hl.linear` as written or lowered: matmul, then the bias added)
   that cuBLASLt runs as one GEMM with the bias, the tanh GELU (f16/bf16 only) or a residual
   (read as the GEMM's C) in its epilogue, as PyTorch's addmm does (runtime/cublaslt.py).
+- "cuda.split_view": an op kernel for the `atomic.split`s whose pieces are contiguous ranges of
+  the operand (every dim before the split axis is 1, each piece starting 16-byte aligned): each
+  piece is a view of the operand's buffer at its byte offset, nothing launched or copied
+  (`Kernel.view`: the roofline prices it as the host's work of making the views).
+  "cuda.reshape_view": `atomic.reshape` as a view of its operand's buffer (every device value is
+  contiguous), so that a piece reshaped (a stacked matmul's `[1, t, n]` piece read as `[t, n]`)
+  reaches a GEMM without a copy kernel.
+
+Why 16-byte aligned pieces: every allocation is (256 bytes), and the generated row reductions
+load 16-byte vectors without checking the address (the elementwise, matmul and attention
+templates check it and take plain loads; cuBLASLt refuses an unaligned operand).
 
 A region is offered only where its code generates (the generator is run once per distinct
 region, at planning time) and where it is self-contained: the root has one result, and the
@@ -39,6 +50,7 @@ attention and cuBLAS 1e-5 (another summation order: a tree per row, tiles, an on
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -89,6 +101,9 @@ TEMPLATE_OF_KIND: dict[str, Template] = {
     )
 }
 CUBLAS_GEMM = "cuda.cublas.gemm"
+SPLIT_VIEW = "cuda.split_view"
+RESHAPE_VIEW = "cuda.reshape_view"
+VIEW_ALIGNMENT = 16  # bytes: where a view may start (module doc)
 
 # Ops the elementwise template computes besides those with C code and the views.
 ELEMENTWISE_EXTRA = ("atomic.iota", "atomic.concat", "atomic.gather")
@@ -297,12 +312,13 @@ TUNABLE: dict[str, dict[str, tuple]] = {
         "streaming": (False, True),
     },
     "matmul": {
-        "block_m": (32, 64, 128),
-        "block_n": (32, 64, 128),
-        "block_k": (8, 16, 32),
+        "block_m": (32, 64, 128, 256),
+        "block_n": (32, 64, 128, 256),
+        "block_k": (8, 16, 32, 64),
         "thread_m": (2, 4, 8),
         "thread_n": (2, 4, 8),
         "tensor_cores": (False, True),
+        "stages": (2, 3, 4),  # the tensor-core skeleton's cp.async pipeline
     },
     "attention": {
         "rows_per_warp": (1, 2),
@@ -536,6 +552,124 @@ def cublas_kernel(run=None) -> Kernel:
     )
 
 
+# -- splits into contiguous pieces: views of the operand ---------------------------------------------
+
+
+def split_view_problem(
+    shape: tuple[int, ...], itemsize: int, axis: int, sizes: tuple[int, ...]
+) -> str | None:
+    """Why the pieces of a split of a contiguous array of `shape` along `axis` (non-negative)
+    into `sizes` are not views of it (one-line reasons), or None: they are contiguous ranges
+    (the dims before `axis` are 1, or there is one piece) starting VIEW_ALIGNMENT-aligned."""
+    if math.prod(shape) == 0 or 0 in sizes:
+        return "runs no tensor without elements"
+    outer = math.prod(shape[:axis])
+    if outer != 1 and len(sizes) > 1:
+        return (
+            f"needs the dims before the split axis {axis} to be 1 (each piece one contiguous "
+            f"range), not {'x'.join(map(str, shape[:axis]))}"
+        )
+    inner = math.prod(shape[axis + 1 :]) * itemsize
+    for i, start in enumerate(np.cumsum([0, *sizes[:-1]])):
+        if int(start) * inner % VIEW_ALIGNMENT:
+            return (
+                f"needs every piece to start {VIEW_ALIGNMENT}-byte aligned; piece {i} starts "
+                f"at byte {int(start) * inner}"
+            )
+    return None
+
+
+def split_view_pieces(
+    shape: tuple[int, ...], itemsize: int, axis: int, sizes: tuple[int, ...]
+) -> list[tuple[int, tuple[int, ...]]]:
+    """(byte offset, shape) of each piece of that split (`axis` may be negative); a TgcError
+    (no location: the caller's op has it) where the pieces are not views."""
+    rank = len(shape)
+    if not -rank <= axis < rank or sum(sizes) != shape[axis]:
+        raise TgcError(f"{SPLIT_VIEW}: sizes {list(sizes)} do not split {shape} along {axis}")
+    axis %= rank
+    problem = split_view_problem(shape, itemsize, axis, sizes)
+    if problem is not None:
+        raise TgcError(f"{SPLIT_VIEW} {problem}")
+    inner = math.prod(shape[axis + 1 :]) * itemsize
+    out, start = [], 0
+    for size in sizes:
+        out.append((start * inner, (*shape[:axis], size, *shape[axis + 1 :])))
+        start += size
+    return out
+
+
+def _split_axis(x: TensorType, pieces: list[TensorType]) -> int | None:
+    """The axis a split of `x` into `pieces` is along, from the types alone (the constraint sees
+    no attributes): the one dim where a piece differs from `x`; 0 where none does (one piece,
+    the whole of `x`), None where pieces differ in several dims (no split)."""
+    axes = {d for t in pieces for d in range(x.rank) if t.shape[d] != x.shape[d]}
+    if len(axes) > 1 or x.rank == 0:
+        return None
+    return axes.pop() if axes else 0
+
+
+def split_view_types(types) -> str | None:
+    """The constraint of cuda.split_view (`split_view_problem` on the types)."""
+    (x,), pieces = types
+    axis = _split_axis(x, pieces)
+    if axis is None:
+        return "takes a split of a tensor of rank 1 or more"
+    sizes = tuple(t.shape[axis] for t in pieces)
+    return split_view_problem(x.shape, np.dtype(x.dtype).itemsize, axis, sizes)
+
+
+def _split_view_host(inputs: list, attrs: dict, result_types: list[TensorType]) -> list:
+    """cuda.split_view on a host array (the kernel's `run`, for checking it): each piece read at
+    its byte offset of the array's buffer, as the device views it."""
+    x = np.ascontiguousarray(inputs[0])
+    raw = x.reshape(-1).view(np.uint8)
+    pieces = split_view_pieces(x.shape, x.itemsize, attrs["axis"], tuple(attrs["sizes"]))
+    return [
+        raw[offset : offset + math.prod(shape) * x.itemsize].view(x.dtype).reshape(shape)
+        for offset, shape in pieces
+    ]
+
+
+def split_view_kernel() -> Kernel:
+    return Kernel(
+        SPLIT_VIEW,
+        "cuda",
+        op="atomic.split",
+        run=_split_view_host,
+        constraints=split_view_types,
+        doc="atomic.split into contiguous pieces: views of the operand's buffer, nothing copied",
+        view=True,
+    )
+
+
+def _has_elements_types(types) -> str | None:
+    operands, results = types
+    if any(t.num_elements == 0 for t in [*operands, *results]):
+        return "runs no tensor without elements"
+    return None
+
+
+def _reshape_view_host(inputs: list, attrs: dict, result_types: list[TensorType]) -> list:
+    """cuda.reshape_view on a host array (its `run`): the buffer read in the result's shape."""
+    return [np.ascontiguousarray(inputs[0]).reshape(result_types[0].shape)]
+
+
+def reshape_view_kernel() -> Kernel:
+    return Kernel(
+        RESHAPE_VIEW,
+        "cuda",
+        op="atomic.reshape",
+        run=_reshape_view_host,
+        constraints=_has_elements_types,
+        doc="atomic.reshape: a view of the operand's buffer in the new shape, nothing copied",
+        view=True,
+    )
+
+
+VIEW_KERNELS = {SPLIT_VIEW: split_view_kernel, RESHAPE_VIEW: reshape_view_kernel}
+
+
 # -- cuBLASLt: GEMMs with the bias, GELU and residual of a linear layer in their epilogue -------------
 
 # Reference graphs (their types only make them parse). Each is matched as written and lowered,
@@ -669,12 +803,16 @@ def host_array(array, t: TensorType | None = None) -> np.ndarray:
 def register(backend: Backend, space: Space, cublas_run=None, lt_run=None) -> None:
     """Register the planner side of the CUDA backend with `backend` and `space` (the device's,
     or a test's stand-in): the templates, the cuBLAS and cuBLASLt kernels (their host runs,
-    for checking them, from `cublas_run` and `lt_run(kernel name)`), the fused-kernel hook.
+    for checking them, from `cublas_run` and `lt_run(kernel name)`), the view kernels, the
+    fused-kernel hook.
     Idempotent."""
     for template in TEMPLATE_OF_KIND.values():
         register_template(template)
     if CUBLAS_GEMM not in KERNELS:
         register_kernel(cublas_kernel(cublas_run))
+    for name, make in VIEW_KERNELS.items():
+        if name not in KERNELS:
+            register_kernel(make())
     for kernel in lt_kernels(lt_run):
         if kernel.name not in KERNELS:
             register_kernel(kernel)
@@ -689,6 +827,8 @@ def unregister() -> None:
     for template in TEMPLATE_OF_KIND.values():
         TEMPLATES.pop(template.name, None)
     KERNELS.pop(CUBLAS_GEMM, None)
+    for name in VIEW_KERNELS:
+        KERNELS.pop(name, None)
     for name in LT_KERNELS:
         KERNELS.pop(name, None)
     BACKENDS.pop("cuda", None)
@@ -700,6 +840,8 @@ def unregister() -> None:
 __all__ = [
     "CUBLAS_GEMM",
     "LT_KERNELS",
+    "RESHAPE_VIEW",
+    "SPLIT_VIEW",
     "LtKernel",
     "TEMPLATE_OF_KIND",
     "KernelRegion",
@@ -713,5 +855,7 @@ __all__ = [
     "region_of",
     "register",
     "single_op_kind",
+    "split_view_pieces",
     "unregister",
+    "VIEW_KERNELS",
 ]
