@@ -34,25 +34,34 @@ from tgc.codegen.names import NameAllocator
 from tgc.diagnostics import Location, TgcError
 from tgc.dialects.kernel import CallOp, CopyOp, FusedOp
 from tgc.ir import Operation, Value
-from tgc.passes.cuda_support import cublas_can_run
+from tgc.passes.cuda_support import contiguous_slice_offset, cublas_can_run
 from tgc.passes.place_on_device import unplaced_op
-from tgc.types import TensorType
+from tgc.types import ELEMENT_BYTES, TensorType
 
 ALIGNMENT = 256
 
 
 @dataclass(eq=False)
 class Buffer:
-    kind: str  # "input" | "output" | "scratch" | "const"
+    kind: str  # "input" | "output" | "scratch" | "const" | "view"
     type: TensorType
     index: int = 0  # input or output position
     offset: int = 0  # scratch: offset in the arena
     data: np.ndarray | None = None  # const: the host value
     name: str = ""
+    # A view ("view", or an "output" the function returns as a view) is `view_offset` bytes
+    # into `base`, a buffer that is not a view itself: it has no memory of its own.
+    base: Buffer | None = None
+    view_offset: int = 0
 
     @property
     def nbytes(self) -> int:
         return self.type.nbytes
+
+    @property
+    def root(self) -> Buffer:
+        """The buffer whose memory this one is: its base, or itself."""
+        return self.base if self.base is not None else self
 
 
 @dataclass
@@ -146,9 +155,9 @@ def prologue_steps(plan: Plan) -> list[int]:
     }
     found = []
     for i, step in enumerate(plan.steps):
-        if all(id(b) in fixed for b in step_reads(step)):
+        if all(id(b.root) in fixed for b in step_reads(step)):
             found.append(i)
-            fixed.update(id(b) for b in step_writes(step))
+            fixed.update(id(b.root) for b in step_writes(step))
     return found
 
 
@@ -210,6 +219,7 @@ def build_plan(
     kernel_params: dict[str, dict] | None = None,
     library_matmul: bool = True,
     names: NameAllocator | None = None,
+    returned_views: bool = True,
 ) -> Plan:
     """The plan of a function already placed on the device (by the `place-on-device` pass).
     `kernel_params` maps a kernel's IR name (or "*", every kernel) to template parameters.
@@ -218,7 +228,12 @@ def build_plan(
 
     With `library_matmul`, a matmul kernel whose matmul cuBLAS can run becomes a cuBLAS GEMM
     into scratch memory followed by its epilogue as a generated elementwise kernel; otherwise
-    (and in the standalone file) the generated matmul template runs it whole."""
+    (and in the standalone file) the generated matmul template runs it whole.
+
+    A slice that is one contiguous range of its operand (`contiguous_slice_offset`) is a view
+    into the operand's buffer. With `returned_views`, a function result that is such a view is
+    an output at that place in its base's memory, which then stays live to the end of a call;
+    without (the standalone file, whose caller owns each output's memory) it is copied out."""
     require_placed(func)
     refuse_zero_size(func)
     kernel_params = kernel_params or {}
@@ -237,8 +252,17 @@ def build_plan(
         return b
 
     def use(b: Buffer, step: int) -> None:
-        first_use.setdefault(b, step)
-        last_use[b] = step
+        first_use.setdefault(b.root, step)
+        last_use[b.root] = step
+
+    def view(of: Buffer, t, element_offset: int) -> Buffer:
+        b = Buffer("view", t.with_encoding(None), name=of.name)
+        b.base, b.view_offset = (
+            of.root,
+            of.view_offset + element_offset * ELEMENT_BYTES[t.element_type],
+        )
+        plan.buffers.append(b)
+        return b
 
     arg_index = {a: i for i, a in enumerate(body.args)}
     for op in body.ops:
@@ -252,6 +276,10 @@ def build_plan(
             continue
         if op.name == "atomic.reshape":
             buf[op.results[0]] = buf[op.operands[0]]
+            continue
+        start = contiguous_slice_offset(op)
+        if start is not None:
+            buf[op.results[0]] = view(buf[op.operands[0]], op.results[0].type, start)
             continue
         if op.name == "atomic.constant":
             t = op.results[0].type
@@ -299,6 +327,11 @@ def build_plan(
         src = buf[copy.operands[0]]
         if src.kind == "scratch":
             src.kind, src.index = "output", j
+            continue
+        if src.kind == "view" and returned_views:
+            out = new("output", copy.results[0].type, index=j)
+            out.base, out.view_offset = src.base, src.view_offset
+            last_use[src.base] = len(plan.steps)  # the result is read after the last step
             continue
         out = new("output", copy.results[0].type, index=j)
         plan.steps.append(DeviceCopy(src, out))

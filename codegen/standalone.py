@@ -53,7 +53,8 @@ def emit_standalone_cuda(module: ModuleOp, source_name: str = "<module>") -> str
     kernels: list[str] = []
     funcs = []
     for seed, (func, entry) in enumerate(zip(module.funcs, entries)):
-        plan = build_plan(func, library_matmul=False, names=names)
+        # The caller owns each output's memory: a returned view is copied into it.
+        plan = build_plan(func, library_matmul=False, names=names, returned_views=False)
         kernels += [k.source for k in plan.kernels]
         funcs.append(_function_data(func, plan, seed * 1000, entry, names))
     return render(
@@ -121,6 +122,8 @@ def index_bound(arg: Value) -> int | None:
 
 def _pointer(b: Buffer) -> str:
     ctype = STORAGE_CTYPE[b.type.element_type]
+    if b.base is not None:  # a view: bytes into its base's memory
+        return f"({ctype}*) ((char*) {_pointer(b.base)} + {b.view_offset})"
     if b.kind == "input":
         return f"(const {ctype}*) inputs[{b.index}]"
     if b.kind == "output":

@@ -6,7 +6,10 @@ that code generation relies on (codegen imports them from here).
 - `strided_layout(v)`: `v` as an offset and one stride per dim into the value a chain of views
   starts from, so that the attention kernel reads head-splitting views through strides;
 - `cublas_can_run(op)`: cuBLAS runs this `atomic.matmul` (each operand batched like the result
-  or unbatched; float element types).
+  or unbatched; float element types);
+- `contiguous_slice_offset(op)`: where this `atomic.slice` is one contiguous range of its
+  row-major operand, the range's first element, so that the plan makes it a view (a pointer
+  into the operand's buffer) rather than a copy kernel.
 """
 
 from __future__ import annotations
@@ -135,4 +138,22 @@ def cublas_can_run(op: Operation) -> bool:
     return True
 
 
-__all__ = ["attention_supported", "cublas_can_run", "strided_layout"]
+def contiguous_slice_offset(op: Operation) -> int | None:
+    """The element offset of the range an `atomic.slice` takes, where that range is contiguous
+    in its row-major operand: unit steps, some axis `a` before which the slice is one index
+    wide, and after which it takes every index. None otherwise."""
+    if op.name != "atomic.slice":
+        return None
+    shape = op.operands[0].type.shape
+    start, stop, step = op.attr("start"), op.attr("stop"), op.attr("step")
+    if any(s != 1 for s in step):
+        return None
+    wide = [i for i in range(len(shape)) if stop[i] - start[i] != 1]
+    first = wide[0] if wide else len(shape)
+    if any(start[i] != 0 or stop[i] != shape[i] for i in range(first + 1, len(shape))):
+        return None
+    strides = contiguous_strides(shape)
+    return sum(start[i] * strides[i] for i in range(len(shape)))
+
+
+__all__ = ["attention_supported", "contiguous_slice_offset", "cublas_can_run", "strided_layout"]

@@ -14,8 +14,10 @@
   strides (`attention-kernel=false`: such an op is an error, as any op no kernel runs);
 - `atomic.split` becomes one `atomic.slice` per piece; every op left outside a kernel
   (elementwise ops, reductions, views such as transpose and slice, iota, concat, gather) is
-  wrapped into a one-op `kernel.fused`; only `atomic.reshape` (an alias of the same buffer)
-  and `atomic.constant` (uploaded once) stay as they are.
+  wrapped into a one-op `kernel.fused`; only `atomic.reshape` (an alias of the same buffer),
+  `atomic.constant` (uploaded once) and an `atomic.slice` that is one contiguous range of its
+  operand (a view into its buffer, e.g. a piece of a split along a leading axis) stay as they
+  are.
 
 The result is *placed IR*, what the CUDA executor and the standalone emitter read
 (`unplaced_op` names the first op that is not). The numpy interpreter still runs it
@@ -33,7 +35,11 @@ from tgc.dialects.kernel import CopyOp
 from tgc.ir import Operation
 from tgc.opdef import MOVE, OPS, REDUCTION, create
 from tgc.pass_manager import Pass, PassStatistics, register_pass
-from tgc.passes.cuda_support import attention_supported, cublas_can_run
+from tgc.passes.cuda_support import (
+    attention_supported,
+    contiguous_slice_offset,
+    cublas_can_run,
+)
 from tgc.passes.fuse import (
     Group,
     Materializer,
@@ -117,7 +123,7 @@ class PlaceOnDevice(Pass):
         for op in reversed(list(func.body.ops)):
             if op.block is None or op is func.body.last or op.name in KERNEL_OPS:
                 continue
-            if op.name in UNWRAPPED_OPS or not any(r.uses for r in op.results):
+            if stays_unwrapped(op) or not any(r.uses for r in op.results):
                 continue
             kind = self.kernel_kind(op)
             if kind == "cublas":
@@ -222,14 +228,21 @@ def _to_device_types(func: FuncOp, stats: PassStatistics) -> None:
         stats.bump("copies to the host")
 
 
+def stays_unwrapped(op: Operation) -> bool:
+    """Ops that placed IR holds outside kernels: a reshape (the same buffer), a constant
+    (uploaded once) and a slice that is one contiguous range of its operand (a pointer into the
+    operand's buffer: the plan makes it a view, and a piece the function returns is no copy)."""
+    return op.name in UNWRAPPED_OPS or contiguous_slice_offset(op) is not None
+
+
 def unplaced_op(func: FuncOp) -> Operation | None:
-    """The first op of `func` that placed IR may not hold (an op outside kernels other than a
-    reshape or a constant, or a value computed outside device memory), or None."""
+    """The first op of `func` that placed IR may not hold (an op outside kernels other than
+    those that `stays_unwrapped`, or a value computed outside device memory), or None."""
     body = func.body
     for op in body.ops:
         if op is body.last:
             continue
-        if op.name not in KERNEL_OPS + UNWRAPPED_OPS:
+        if op.name not in KERNEL_OPS and not stays_unwrapped(op):
             return op
         if op.name != "kernel.copy" and any(r.type.encoding != DEVICE for r in op.results):
             return op

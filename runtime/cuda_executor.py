@@ -169,8 +169,10 @@ class CudaPlanRunner:
         self.ptr: dict[int, int] = {}
         arena = self._alloc(plan.scratch_bytes) if plan.scratch_bytes else 0
         self.arena = arena
-        for b in plan.buffers:
-            if b.kind == "scratch":
+        for b in plan.buffers:  # a view's base comes before it
+            if b.base is not None:
+                self.ptr[id(b)] = self.ptr[id(b.base)] + b.view_offset
+            elif b.kind == "scratch":
                 self.ptr[id(b)] = arena + b.offset
             else:
                 self.ptr[id(b)] = self._alloc(b.nbytes)

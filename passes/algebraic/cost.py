@@ -27,7 +27,10 @@ Some ops cost nothing per call:
 The exception: a piece of an `atomic.split` that the function returns, directly or through other
 views (`is_result`), is its own buffer, so the plan copies it out of the split operand, one copy
 kernel per piece (on the cuda route, `slice` kernels): the split costs the bytes each such piece
-reads and writes, and a launch per piece. Every other reader counts as reading the piece in
+reads and writes, and a launch per piece. Unless the pieces are contiguous ranges of the operand
+(every dim before the split axis is 1, as in the split of a stacked batched matmul along its
+leading axis): the cuda plan returns those as views of the operand's buffer (codegen/plan.py),
+and numpy's split makes views too, so such a split is free however its pieces are read. Every other reader counts as reading the piece in
 place: an attention kernel or a fused kernel does, through strides (passes/fuse.py clones the
 view into the kernel). A matmul is priced so too, although on today's cuda route a cuBLAS GEMM
 reads whole buffers only (fuse.py `reads_whole`) and gets the piece through a slice kernel as
@@ -175,9 +178,19 @@ def is_result(value: Value) -> bool:
     return False
 
 
+def pieces_are_contiguous(split: Operation) -> bool:
+    """Whether each piece of `split` is one contiguous range of its row-major operand."""
+    x = split.operands[0].type
+    return math.prod(x.shape[: split.attr("axis") % x.rank]) == 1
+
+
 def _copied_pieces(split: Operation) -> Cost:
     """The copies that write the returned pieces of a split out (the module docstring): each
-    reads and writes its piece, one launch each. Nothing when every piece is read in place."""
+    reads and writes its piece, one launch each. Nothing when every piece is read in place, or
+    when the pieces are contiguous ranges of the operand (every dim before the split axis is 1),
+    which a plan returns as views."""
+    if pieces_are_contiguous(split):
+        return ZERO
     pieces = [r for r in split.results if is_result(r)]
     return Cost(0, 2 * sum(r.type.nbytes for r in pieces), len(pieces))
 

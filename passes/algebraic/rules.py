@@ -12,6 +12,8 @@ function what the search found on a clone. A rule checks in `find` that the rewr
     X@W1, .., X@Wn -> split(X@concat(W1, .., Wn))     (A@B)^T -> B^T@A^T     A^T@B -> A@B {ta}
     (the merge is offered for the whole group, and for its members whose products the function
     does not return, when two or more of them are)
+    X@W1, .., X@Wn -> split(X@stack(W1, .., Wn)) along the new axis 0 (matrices of one shape,
+    some product returned: the pieces are contiguous, returned as views)
 
 `@` is atomic.matmul with its `transpose_a`/`transpose_b` flags; `-` works wherever `+` does.
 """
@@ -90,6 +92,10 @@ def _matmul(b: Builder, x: Value, y: Value, ta: bool, tb: bool) -> Value:
 
 def _transpose(b: Builder, x: Value) -> Value:
     return b.atomic.transpose(x, perm=_swap_perm(x.type.rank))
+
+
+def _reshape(b: Builder, x: Value, shape: tuple[int, ...]) -> Value:
+    return b.atomic.reshape(x, result_type=x.type.with_shape(shape))
 
 
 def _erase_dead(rewriter: Rewriter, ops) -> None:
@@ -403,6 +409,40 @@ def _find_merge(op: Operation, ctx: Context) -> Found:
     return found
 
 
+def _find_stack(op: Operation, ctx: Context) -> Found:
+    """X@W1, .., X@Wn with X and the Wi matrices of one shape, some product returned: one
+    batched matmul X@stack(W1, .., Wn) whose split along the new leading axis gives contiguous
+    pieces, which a plan returns as views of the product without copying them (cost.py). Where
+    no product is returned, the concat merge is as good and keeps one 2-D product (a bias add
+    or a GEMM epilogue after it stays one op), so this rule leaves that case to it."""
+    x = op.operands[0]
+    if x.type.rank != 2 or op.operands[1].type.rank != 2:
+        return []
+    for found, side in _find_merge(op, ctx):
+        if side != 0:
+            continue
+        _, *members = found
+        shape = members[0].operands[1].type.shape
+        if any(m.operands[1].type.shape != shape for m in members):
+            continue
+        if any(is_result(m.results[0]) for m in members):
+            return [(found, None)]
+    return []
+
+
+def _apply_stack(rewriter: Rewriter, ops: tuple[Operation, ...], plan) -> None:
+    at, *members = ops
+    first = members[0]
+    b = rewriter.builder_before(at)
+    b.loc = first.loc
+    w = first.operands[1].type
+    stacked = b.atomic.concat(*(_reshape(b, m.operands[1], (1, *w.shape)) for m in members), axis=0)
+    merged = _matmul(b, first.operands[0], stacked, _flag(first, 0), _flag(first, 1))
+    pieces = b.atomic.split(merged, axis=0, sizes=(1,) * len(members))
+    for m, piece in zip(members, pieces):
+        rewriter.replace_op(m, _reshape(b, piece, m.results[0].type.shape))
+
+
 def _apply_merge(rewriter: Rewriter, ops: tuple[Operation, ...], side: int) -> None:
     at, *members = ops
     first = members[0]
@@ -483,6 +523,8 @@ RULES: tuple[Rule, ...] = (
     Rule("reassociate-matmul", _MM, _find_reassociate, _apply_chain),
     # X@W1, .., X@Wn -> split(X@concat(W1, .., Wn))  and  W1@X, .. -> split(concat(W1, ..)@X)
     Rule("merge-shared-matmuls", _MM, _find_merge, _apply_merge),
+    # X@W1, .., X@Wn -> pieces of split(X@stack(W1, .., Wn), axis 0)  (some product returned)
+    Rule("stack-shared-matmuls", _MM, _find_stack, _apply_stack),
     # (A@B)^T -> B^T@A^T  (as transpose flags)
     Rule("transpose-of-matmul", _TR, _find_transpose_of_matmul, _apply_transpose_of_matmul),
     # A^T@B -> A@B {transpose_a}  (and B)
