@@ -519,9 +519,10 @@ def attention_flops(b: int, h: int, s: int, d: int, causal: bool) -> float:
 
 def qkv_text(t: int, d: int, dtype: str) -> str:
     """Q, K and V of `t` tokens: three matmuls sharing x, their weights parameters, the three
-    products returned. `-p optimize` leaves them three GEMMs: merged, each returned piece of the
-    split would be copied out (a slice kernel each), more than the launches saved. The merged
-    GEMM whose pieces attention reads in place is the GPT-2 block's."""
+    products returned. `-p optimize` stacks them (passes/algebraic, `stack-shared-matmuls`): one
+    batched GEMM with x shared, the weights packed once, q, k and v returned as contiguous views
+    of its product. (The concat merge would copy each returned piece out.) The merged GEMM whose
+    pieces attention reads in place is the GPT-2 block's."""
     x, w = f"tensor<{t}x{d}x{dtype}>", f"tensor<{d}x{d}x{dtype}>"
     lines = [
         f"func.func @qkv(%x: {x}, %wq: {w} {{tgc.param}}, %wk: {w} {{tgc.param}}, %wv: {w} {{tgc.param}}) -> ({x}, {x}, {x}) {{"
@@ -669,7 +670,7 @@ def gpt2_workloads(dtype: str, quick: bool, sweep: bool) -> list[Workload]:
 def qkv_workloads(dtype: str, quick: bool, sweep: bool) -> list[Workload]:
     t, d = (8192, 768) if not quick else (1024, 768)
     name = f"QKV projection {dtype}, {t}x{d} @ 3 x {d}x{d} parameters"
-    note = "pipeline 'optimize'; weights {tgc.param}; products returned, so not merged"
+    note = "pipeline 'optimize'; weights {tgc.param}; stacked: one batched GEMM, q, k, v returned as views"
     text, flops = qkv_text(t, d, dtype), 3 * 2.0 * t * d * d
     row = Workload("qkv", name, "beat_eager", text, flops, (t, d), "optimize", note=note)
     return [row]
