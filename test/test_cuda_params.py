@@ -25,8 +25,9 @@ NUMPY = {"f32": np.float32, "bf16": ml_dtypes.bfloat16}
 
 
 def qkv_text(dtype: str, m: int, k: int, n: int) -> str:
-    """QKV already merged (algebraic leaves returned products apart: each piece of the split
-    would be copied out), so that the plan packs the weights in its prologue."""
+    """QKV merged by concat, written out (algebraic would stack returned products instead:
+    test/test_plan_views.py), so that the plan packs the weights in its prologue and copies the
+    returned column pieces out."""
     x, w, y = (f"tensor<{a}x{b}x{dtype}>" for a, b in ((m, k), (k, n), (m, n)))
     w3, y3 = f"tensor<{k}x{3 * n}x{dtype}>", f"tensor<{m}x{3 * n}x{dtype}>"
     return f"""func.func @qkv(%x: {x}, %wq: {w} {{tgc.param}}, %wk: {w} {{tgc.param}}, %wv: {w} {{tgc.param}}) -> ({y}, {y}, {y}) {{
