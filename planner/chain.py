@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from tgc.builtin import FuncOp
 from tgc.diagnostics import TgcError
 from tgc.ir import Operation, Value
-from tgc.planner.blocks import Segment, correspondence, segment_key, segments, uncuttable
+from tgc.planner.blocks import (
+    Segment,
+    correspondence,
+    segment_key,
+    segments,
+    source_ops,
+    uncuttable,
+)
 from tgc.planner.match import Match
 from tgc.planner.options import BlockOptions, Option, PlanContext
 from tgc.planner.paths import Plan, Step, plan_cost
@@ -45,7 +52,21 @@ class Selection:
 
 
 def _no_cut(bo: BlockOptions) -> set[int]:
-    return uncuttable(bo.ops, [o.ops for opts in bo.options.values() for o in opts])
+    """No cut inside an option's span: its covered ops, and the ops it reads by value that are
+    not sources. Such an op (a generated kernel's view of an input, `reshape %w`) is recomputed
+    by the option from its own operands, which the option reads: a cut between it and the root
+    would leave them outside the root's segment, read there but no input of its problem.
+    Sources are cloned into each segment that reads them (`localize_sources`), and their
+    operands are sources too: they never stretch a span."""
+    sources = source_ops(bo.ops)
+    position = bo.position
+    spans = []
+    for opts in bo.options.values():
+        for o in opts:
+            by_value = o.match.constants if o.match is not None else ()
+            reads = [c for c in by_value if c in position and c not in sources]
+            spans.append(tuple(sorted([*reads, *o.ops], key=position.__getitem__)))
+    return uncuttable(bo.ops, spans)
 
 
 class _ArgumentVectors(dict):
