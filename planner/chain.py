@@ -71,14 +71,15 @@ def _no_cut(bo: BlockOptions) -> set[int]:
 
 class _ArgumentVectors(dict):
     """Per function argument, its cost vector (available where its type says, copied to the
-    other spaces), made when first asked for: a model has many weights, each read once."""
+    other spaces; a parameter's copies once per set of parameters, planner/fixed.py), made when
+    first asked for: a model has many weights, each read once."""
 
     def __init__(self, solver: Solver) -> None:
         super().__init__()
         self.solver = solver
 
     def __missing__(self, a: Value) -> list[float]:
-        found = self[a] = self.solver.spread(a.type.encoding, a.type)
+        found = self[a] = self.solver.spread_of(a.type.encoding, a)
         return found
 
 

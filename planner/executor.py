@@ -20,7 +20,13 @@ in order:
 So one run mixes numpy, torch and CUDA kernels, with copies between host and device where the
 plan has them. `PlannedFunction(func)` resolves every op once (kernel, backend, attributes,
 spaces, value slots) and is then called like `run_planned`: a run does little on the host
-beyond the kernels' own calls, which matters where the GPU's work per kernel takes a few µs. Inputs and results are host numpy arrays; a function argument typed in another
+beyond the kernels' own calls, which matters where the GPU's work per kernel takes a few µs.
+It also runs the steps that read only values fixed by the `{tgc.param}` arguments (once steps,
+planner/fixed.py: packing weights, copying them to the device) only when some parameter array
+is not, by identity, the one of the previous call, and otherwise reuses their results; a new
+array object for any parameter runs them all again (`forget_params` after changing one in
+place). `run_plan` and `run_planned` make a new `PlannedFunction` each time: they run every
+step. For `run_plan`, inputs and results are host numpy arrays; a function argument typed in another
 space is moved there first, and results are brought back. Errors (a callee no kernel has, a
 backend that is not available here, a kernel whose operands live in another space) are
 TgcErrors at the op.
@@ -40,6 +46,7 @@ from tgc.evaluate import allocating
 from tgc.ir import Operation
 from tgc.planner import family_of, load_backends
 from tgc.planner.backends import BACKENDS, SPACES, TEMPLATES, Backend, Space, Template
+from tgc.planner.fixed import Fixed
 from tgc.planner.kernel import BACKEND_SPACE, KERNELS, Kernel
 from tgc.evaluate import evaluate_block
 from tgc.runtime.interpreter import check_inputs
@@ -84,7 +91,12 @@ class PlannedFunction:
     call does no more on the host than the kernels themselves need. What can be found wrong
     without running (a callee no kernel has, a backend not available here, values in the wrong
     space) is a located TgcError when the function is made ready; a kernel's own error and
-    running out of memory are located at the op when it runs."""
+    running out of memory are located at the op when it runs.
+
+    Once steps (planner/fixed.py) run on the first call and whenever some `{tgc.param}`
+    argument is another object than the previous call's; otherwise the values they made that
+    other steps read are reused (a result that is such a value is the same object each time, as
+    an argument returned is). `once_runs` counts how often they ran."""
 
     def __init__(
         self,
@@ -99,6 +111,7 @@ class PlannedFunction:
         slots = {arg: i for i, arg in enumerate(func.body.args)}
         self.steps: list[_Step] = []
         self.returned: tuple[int, ...] | None = None
+        fixed = Fixed()
         for op in func.body.ops:
             operands = tuple(slots[v] for v in op.operands)
             if isinstance(op, ReturnOp):
@@ -106,8 +119,28 @@ class PlannedFunction:
                 break
             results = tuple(range(len(slots), len(slots) + len(op.results)))
             slots.update(zip(op.results, results))
-            self.steps.append(_Step(op, _prepare_op(op, table), operands, results))
+            step = _Step(op, _prepare_op(op, table), operands, results, fixed.op(op))
+            self.steps.append(step)
         self.slot_count = len(slots)
+        self._plan_once(func)
+
+    def _plan_once(self, func: FuncOp) -> None:
+        """The steps run once per set of parameter arrays (planner/fixed.py) and the slots of
+        their results that the other steps (or the return) read: those are kept between calls;
+        the values only once steps read are not."""
+        self.param_slots = tuple(i for i in range(len(func.body.args)) if func.is_param(i))
+        self.per_call = [s for s in self.steps if not s.once]
+        once_slots = {i for s in self.steps if s.once for i in s.results}
+        read = {i for s in self.per_call for i in s.operands} | set(self.returned or ())
+        self.kept = tuple(sorted(once_slots & read))
+        self.once_runs = 0  # how many times the once steps ran (a new set of parameters)
+        self._params: list | None = None  # the parameter arrays the kept values were made from
+        self._kept_values: list = []
+
+    def forget_params(self) -> None:
+        """Run the once steps again on the next call: for a caller that changed a parameter
+        array in place (the same object, other contents), which identity cannot see."""
+        self._params, self._kept_values = None, []
 
     def __call__(self, values: list) -> list:
         func = self.func
@@ -119,22 +152,42 @@ class PlannedFunction:
         if self.returned is None:
             raise TgcError(f"@{func.sym_name} has no 'func.return'", func.loc)
         env = list(values) + [None] * (self.slot_count - len(values))
-        for step in self.steps:
+        steps = self.steps
+        if len(steps) != len(self.per_call):
+            params = [values[i] for i in self.param_slots]
+            known = self._params
+            if known is not None and all(a is b for a, b in zip(params, known)):
+                steps = self.per_call
+                for i, value in zip(self.kept, self._kept_values):
+                    env[i] = value
+            else:
+                self._params = None  # until every step has run on these parameters
+        self._run(steps, env)
+        if steps is self.steps and len(steps) != len(self.per_call):
+            # holding the arrays keeps their identities from being reused by new objects
+            self._params = [values[i] for i in self.param_slots]
+            self._kept_values = [env[i] for i in self.kept]
+            self.once_runs += 1
+        return [env[i] for i in self.returned]
+
+    @staticmethod
+    def _run(steps: list[_Step], env: list) -> None:
+        for step in steps:
             outs = _run_located(step, [env[i] for i in step.operands])
             for i, value in zip(step.results, outs):
                 env[i] = value
-        return [env[i] for i in self.returned]
 
 
 @dataclass(frozen=True)
 class _Step:
-    """One op made ready: `run(operand values) -> result values`, and the slots it reads and
-    writes."""
+    """One op made ready: `run(operand values) -> result values`, the slots it reads and
+    writes, and whether it runs once per set of parameters (planner/fixed.py)."""
 
     op: Operation
     run: Callable[[list], list]
     operands: tuple[int, ...]
     results: tuple[int, ...]
+    once: bool = False
 
 
 def _families_called(func: FuncOp) -> list[str]:

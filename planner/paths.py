@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from tgc.builtin import FuncOp
 from tgc.ir import Block, Operation, Value
 from tgc.planner.cost import CachedCosts, CostSource
+from tgc.planner.fixed import ONCE_WEIGHT, PARAM, VARIES, combine_states
 from tgc.planner.options import DECOMPOSE, BlockOptions, Option, PlanContext, copy_kernel
 
 
@@ -271,22 +272,31 @@ def _flatten(plan: Plan, env: dict, prefix: tuple, out: list[FlatKernel]) -> Non
 
 
 def plan_cost(plan: Plan, costs: CostSource | CachedCosts) -> float:
-    """The cost of `plan` (see the module doc); inf when a needed copy has no kernel."""
+    """The cost of `plan` (see the module doc); inf when a needed copy has no kernel. A kernel
+    or copy computed once per set of parameters (planner/fixed.py) counts ONCE_WEIGHT of its
+    time."""
     costs = costs if isinstance(costs, CachedCosts) else CachedCosts(costs)
     kernels, env = flatten(plan)
     space: dict[tuple, str | None] = {((), a): a.type.encoding for a in plan.block.args}
     types: dict[tuple, object] = {((), a): a.type for a in plan.block.args}
+    parent = plan.block.region.parent if plan.block.region is not None else None
+    is_func = isinstance(parent, FuncOp)
+    state = {
+        ((), a): PARAM if is_func and parent.is_param(i) else VARIES
+        for i, a in enumerate(plan.block.args)
+    }
     for k in kernels:
+        found = combine_states(state[key] for key in k.inputs)
         for key, t in zip(k.outputs, k.types_out):
             space[key] = k.option.space
             types[key] = t
+            state[key] = found
     needs: dict[tuple, set] = {}
     for k in kernels:
         for key in k.inputs:
             needs.setdefault(key, set()).add(k.option.space)
     results = plan.block.last.operands
-    parent = plan.block.region.parent if plan.block.region is not None else None
-    declared = parent.function_type.results if isinstance(parent, FuncOp) else None
+    declared = parent.function_type.results if is_func else None
     for i, v in enumerate(results):
         want = declared[i].encoding if declared is not None else v.type.encoding
         needs.setdefault(env[v], set()).add(want)
@@ -297,10 +307,12 @@ def plan_cost(plan: Plan, costs: CostSource | CachedCosts) -> float:
         p = k.option.space
         ins = [t.with_encoding(p) for t in k.types_in]
         outs = [t.with_encoding(p) for t in k.types_out]
-        total += costs.cost(k.option.kernel, ins, outs).seconds
+        weight = ONCE_WEIGHT if k.outputs and state[k.outputs[0]] == PARAM else 1.0
+        total += weight * costs.cost(k.option.kernel, ins, outs).seconds
     for key, spaces in needs.items():
+        weight = ONCE_WEIGHT if state[key] == PARAM else 1.0
         for s in spaces - {space[key]}:
-            total += copy_seconds(costs, space[key], s, types[key])
+            total += weight * copy_seconds(costs, space[key], s, types[key])
     return total
 
 

@@ -16,7 +16,9 @@ the op's attributes for an op kernel, the covered subgraph in a region for a gra
 decomposition becomes the calls of its own plan, and a `kernel.copy` moves a value wherever a
 kernel reads it in another memory space (values in device memory carry the "cuda" encoding).
 Each call and copy is annotated with `plan.backend`, `plan.seconds` (float) and `plan.source`
-("measured", "estimated" or "roofline").
+("measured", "estimated" or "roofline"), and `plan.once` where it reads only values fixed by the
+`{tgc.param}` arguments (planner/fixed.py): it runs once per set of parameter arrays, and its
+time is not in the plan's per-call cost.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from tgc.planner.chain import Selection, _Chain
 from tgc.planner.copies import _CopyChain
 from tgc.planner.cost import CachedCosts, CostSource, RooflineCostSource
 from tgc.planner.estimate import DatabaseCostSource
+from tgc.planner.fixed import mark_once
 from tgc.planner.materialise import materialise
 from tgc.planner.options import PlanContext, live_ops
 from tgc.planner.paths import default_context
@@ -143,6 +146,7 @@ def select_kernels(
     costs = CachedCosts(cost_source or RooflineCostSource())
     selection = plan_function(func, ctx, costs, reuse)
     materialise(func, selection, costs)
+    mark_once(func)
     return selection
 
 
@@ -154,7 +158,8 @@ class SelectKernels(Pass):
 
     Contract: every live op of each function becomes a `kernel.call` (or the calls of its
     decomposition's plan), with a `kernel.copy` wherever a value is read in another memory space;
-    each carries `plan.backend`, `plan.seconds` and `plan.source`. No kernel whose stated error
+    each carries `plan.backend`, `plan.seconds` and `plan.source` (and `plan.once` where it runs
+    once per set of parameters, planner/fixed.py). No kernel whose stated error
     exceeds `tolerance` is used. The function computes the same values (up to the kernels' stated
     errors); its signature does not change. Costs come from the roofline model, or with `db`
     from that measurement database (measured, else estimated, else roofline: planner/estimate.py;

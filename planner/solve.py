@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 
 from tgc.ir import Operation, Value
 from tgc.planner.cost import CachedCosts
+from tgc.planner.fixed import ONCE_WEIGHT, Fixed
 from tgc.planner.options import DECOMPOSE, BlockOptions, Option, PlanContext
 from tgc.planner.paths import Plan, Step, copy_seconds
 
@@ -128,6 +129,9 @@ class Solver:
         self._nested: dict[tuple, Reconstruction] = {}
         self.inexact = 0  # problems solved by the plain recurrence
         self.problems = 0
+        # which values are computed once per set of parameters (planner/fixed.py): their
+        # kernels and copies weigh ONCE_WEIGHT of their time
+        self.fixed = Fixed()
 
     # -- costs ------------------------------------------------------------------------------------
 
@@ -138,6 +142,8 @@ class Solver:
             ins = [v.type.with_encoding(p) for v in o.inputs]
             outs = [v.type.with_encoding(p) for v in o.outputs]
             found = self.costs.cost(o.kernel, ins, outs).seconds
+            if self.fixed.reads(o.inputs):
+                found *= ONCE_WEIGHT
             self._kernel_seconds[o] = found
         return found
 
@@ -154,6 +160,17 @@ class Solver:
                     if s != space
                 )
             self._spread[key] = found
+        return found
+
+    def spread_of(self, space, v: Value) -> list[float]:
+        """`spread` for the value `v`: a once value (planner/fixed.py) is copied once per set
+        of parameters."""
+        if not self.fixed.value(v):
+            return self.spread(space, v.type)
+        key = (space, v.type, "once")
+        found = self._spread.get(key)
+        if found is None:
+            found = self._spread[key] = [c * ONCE_WEIGHT for c in self.spread(space, v.type)]
         return found
 
     def available(self, mask: int) -> list[float]:
@@ -462,6 +479,8 @@ class _Run:
         count = self.sp.count
         cost, argmin = [INF] * count, [None] * count
         distinct = list(dict.fromkeys(o.inputs))
+        # a once op's decomposition runs once per set of parameters, all of it
+        weight = ONCE_WEIGHT if self.s.fixed.reads(o.inputs) else 1.0
         for a_in, (_, solution) in self.s.table(o).items():
             need = dict.fromkeys(distinct, 0)
             for u, m in zip(o.inputs, a_in):
@@ -470,7 +489,7 @@ class _Run:
             if c == INF:
                 continue
             for mask in self.sp.masks:
-                total = c + solution.cost[mask]
+                total = c + weight * solution.cost[mask]
                 if total < cost[mask]:
                     cost[mask], argmin[mask] = total, a_in
         return ("d", o, cost, argmin)
@@ -484,7 +503,7 @@ class _Run:
         total = base
         for r, m in masks:
             if m:
-                total += self.s.spread(p, r.type)[m]
+                total += self.s.spread_of(p, r)[m]
         return total
 
     def unit_cost(
@@ -494,7 +513,7 @@ class _Run:
             if forced or op in self.claimed:
                 return INF  # the op runs in a region already: no other may write its value
             (v,) = used
-            return self.s.spread(state.option.space, v.type)[state.mask]  # its copies
+            return self.s.spread_of(state.option.space, v)[state.mask]  # its copies
         if not any(state):
             # not computed (some graph kernel covers it); a region's root must run
             return INF if forced else 0.0
@@ -512,7 +531,7 @@ class _Run:
                 base = ev[3]
                 if base == INF:
                     continue
-                candidate = [base + c for c in self.s.spread(ev[2], r.type)]
+                candidate = [base + c for c in self.s.spread_of(ev[2], r)]
             vector = list(map(min, vector, candidate))
         vector[0] = INF
         return vector

@@ -1,0 +1,122 @@
+"""What a plan computes once per set of parameters rather than on every call.
+
+A function argument marked `{tgc.param}` (`FuncOp.is_param`) is a weight that does not change
+between calls. An op with no side effects (every op but the terminators is PURE; `kernel.call`
+and `kernel.copy` are too) whose operands are all fixed and at least one of them comes from a
+parameter computes the same values on every call with the same parameter arrays: such an op is
+*once*. The fixed CUDA route runs the like once per set of parameter arrays (codegen/plan.py
+`prologue_steps`); the planner does so too:
+
+- planning (planner/solve.py, chain.py, paths.py `plan_cost`): a once option's kernel time, and
+  the copies of a once value, count `ONCE_WEIGHT` of their time: kernels are still chosen for
+  such an op by tolerance, availability and (among themselves) time, but its time is not in the
+  plan's per-call cost;
+- select-kernels marks a once `kernel.call` or `kernel.copy` `plan.once`;
+- the executor (planner/executor.py `PlannedFunction`) runs the once steps only when some
+  parameter array differs, by identity, from the previous call's.
+
+A value computed from constants alone (a splat, an iota, a mask made of them) is fixed too but
+not once: it reads no parameter, and runs and is costed on every call as before (hoisting it
+as well would change the cost of every plan that has constants).
+
+The rule reads values only (operands, not what a kernel covers), so it holds alike for the
+program as planned (an option is once when its inputs are), for the flat plan of `plan_cost`
+and for the placed function of kernel calls and copies the executor runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tgc.attributes import UNIT
+from tgc.builtin import FuncOp
+from tgc.ir import BlockArgument, Operation, Value
+from tgc.opdef import PURE
+
+# A once kernel's (or copy's) time counted per call: small enough that no once work outweighs
+# the per-call work of a plan, big enough that among the ways to do it the fastest wins.
+ONCE_WEIGHT = 1e-6
+
+ONCE_ATTR = "plan.once"
+
+# The state of a value: fixed and read from a parameter, fixed from constants alone, neither.
+PARAM, CONST, VARIES = 2, 1, 0
+
+
+def combine_states(states: Iterable[int]) -> int:
+    """The state of the results of a pure op whose operands are in `states`."""
+    found = CONST  # an op that reads nothing (a constant) is fixed
+    for s in states:
+        if s == VARIES:
+            return VARIES
+        found = max(found, s)
+    return found
+
+
+class Fixed:
+    """The states of the values of one function (asked lazily, remembered: the function may
+    gain values, e.g. sources cloned into segments, but its values do not change meaning)."""
+
+    def __init__(self) -> None:
+        self.memo: dict[Value, int] = {}
+
+    def state(self, value: Value) -> int:
+        memo = self.memo
+        stack = [value]
+        while stack:  # iterative: a chain of 10^5 ops must not hit the recursion limit
+            v = stack[-1]
+            if v in memo:
+                stack.pop()
+                continue
+            op = v.defining_op
+            if op is None:
+                memo[v] = PARAM if isinstance(v, BlockArgument) and _is_param_arg(v) else VARIES
+                stack.pop()
+                continue
+            if not op.has_trait(PURE):
+                memo[v] = VARIES
+                stack.pop()
+                continue
+            pending = [u for u in op.operands if u not in memo]
+            if pending:
+                stack.extend(pending)
+                continue
+            found = combine_states(memo[u] for u in op.operands)
+            for r in op.results:
+                memo[r] = found
+            stack.pop()
+        return memo[value]
+
+    def value(self, value: Value) -> bool:
+        """Whether `value` is computed once per set of parameters (a parameter included)."""
+        return self.state(value) == PARAM
+
+    def reads(self, values: Iterable[Value]) -> bool:
+        """Whether a pure kernel reading `values` (all of them) is once."""
+        return combine_states(self.state(v) for v in values) == PARAM
+
+    def op(self, op: Operation) -> bool:
+        """Whether `op` is once: pure, its operands fixed, one of them from a parameter."""
+        return op.has_trait(PURE) and self.reads(op.operands)
+
+
+def _is_param_arg(value: BlockArgument) -> bool:
+    """A `{tgc.param}` argument of a function (not of a region inside an op, nor of a scratch
+    function, whose arguments are never marked)."""
+    region = value.block.region
+    owner = region.parent if region is not None else None
+    return isinstance(owner, FuncOp) and owner.is_param(value.index)
+
+
+def once_ops(func: FuncOp) -> list[Operation]:
+    """The ops of `func`'s body that are once (block order)."""
+    fixed = Fixed()
+    return [op for op in func.body.ops if op is not func.body.last and fixed.op(op)]
+
+
+def mark_once(func: FuncOp) -> int:
+    """Mark the once ops of a placed function `plan.once` (what select-kernels writes); how many."""
+    ops = once_ops(func)
+    for op in ops:
+        op.attributes[ONCE_ATTR] = UNIT
+    return len(ops)
