@@ -159,10 +159,18 @@ def explain(func, selection, costs, k: int, tolerance: float) -> str:
         "  total: the cheapest way to have the op's results where they are read, inputs included",
         "  n/a: the option reads a value this plan leaves uncomputed (inside another kernel)",
     ]
+    from tgc.planner.fixed import Fixed
+
+    notes.append(
+        "  once per parameters: reads only {tgc.param} arguments (and constants); runs when they"
+        " change, not in the per-call cost"
+    )
     lines = [header, *notes]
     names = value_names(selection.plan)
+    fixed = Fixed()
     for step in selection.plan.steps:
-        lines.append(_describe(step.option.root, names))
+        once = "  (once per parameters)" if fixed.reads(step.option.inputs) else ""
+        lines.append(_describe(step.option.root, names) + once)
         for rank, (option, total) in enumerate(selection.alternatives[step][: k + 1]):
             mark = "*" if rank == 0 else " "
             shown = "n/a" if math.isinf(total) else format_seconds(total)
