@@ -296,3 +296,7 @@ def test_tgc_plan_explain_marks_the_once_steps(tmp_path, capsys):
     marked = [line for line in out.splitlines() if line.endswith("(once per parameters)")]
     assert len(marked) == 4 and all("reshape" in m or "concat" in m for m in marked), out
     assert not any("matmul" in m for m in marked)
+    # the negative: without {tgc.param}, nothing marked and no note
+    path.write_text(_text(params=False))
+    assert main([str(path), "-p", "", "--explain", "--planner-backends", "numpy"]) == 0
+    assert "once per parameters" not in capsys.readouterr().out

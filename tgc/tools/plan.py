@@ -146,7 +146,9 @@ def print_paths(func, ctx, costs, n: int) -> None:
 
 
 def explain(func, selection, costs, k: int, tolerance: float) -> str:
-    """The chosen plan, op by op, beside the k next-best options of each op."""
+    """The chosen plan, op by op, beside the k next-best options of each op; a step that runs
+    once per set of parameters (planner/fixed.py) is marked so."""
+    from tgc.planner.fixed import Fixed
     from tgc.planner.paths import value_names
 
     exact = "optimal" if selection.exact else "not proven optimal (shared values)"
@@ -159,18 +161,18 @@ def explain(func, selection, costs, k: int, tolerance: float) -> str:
         "  total: the cheapest way to have the op's results where they are read, inputs included",
         "  n/a: the option reads a value this plan leaves uncomputed (inside another kernel)",
     ]
-    from tgc.planner.fixed import Fixed
-
-    notes.append(
-        "  once per parameters: reads only {tgc.param} arguments (and constants); runs when they"
-        " change, not in the per-call cost"
-    )
+    fixed = Fixed()
+    once = {s for s in selection.plan.steps if fixed.reads(s.option.inputs)}
+    if once:
+        notes.append(
+            "  once per parameters: reads only {tgc.param} arguments (and constants); runs when"
+            " they change, its time not in the estimate"
+        )
     lines = [header, *notes]
     names = value_names(selection.plan)
-    fixed = Fixed()
     for step in selection.plan.steps:
-        once = "  (once per parameters)" if fixed.reads(step.option.inputs) else ""
-        lines.append(_describe(step.option.root, names) + once)
+        mark = "  (once per parameters)" if step in once else ""
+        lines.append(_describe(step.option.root, names) + mark)
         for rank, (option, total) in enumerate(selection.alternatives[step][: k + 1]):
             mark = "*" if rank == 0 else " "
             shown = "n/a" if math.isinf(total) else format_seconds(total)
