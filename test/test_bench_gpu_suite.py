@@ -185,14 +185,17 @@ def step_kinds(plan, steps):
 
 
 @pytest.mark.parametrize("dtype", gpu_suite.LOW_DTYPES)
-def test_qkv_row_returning_its_products_times_three_gemms_and_no_copies(dtype):
-    """The QKV row returns q, k and v, so `-p optimize` does not merge its matmuls (each piece
-    of the split would be copied out): three GEMMs per call, no slice kernel, no prologue."""
+def test_qkv_row_returning_its_products_times_one_batched_gemm_and_no_copies(dtype):
+    """The QKV row returns q, k and v, so `-p optimize` stacks its matmuls: the weights packed
+    once (the prologue), one batched GEMM per call, and the products returned as views of its
+    buffer (no slice kernel, no copy)."""
     (w,) = full_size("qkv", dtype)
     assert w.pipeline == "optimize"
     plan = gpu_suite.tgc_plan(w.text, w.pipeline)
-    assert step_kinds(plan, plan.per_call) == ["Gemm", "Gemm", "Gemm"]
-    assert step_kinds(plan, plan.prologue) == []
+    assert step_kinds(plan, plan.per_call) == ["Gemm"]
+    assert plan.steps[plan.per_call[0]].batch == 3
+    assert step_kinds(plan, plan.prologue) == ["Launch"]
+    assert all(b.base is plan.steps[plan.per_call[0]].c for b in plan.buffers if b.kind == "output")
 
 
 @pytest.mark.parametrize("dtype", gpu_suite.LOW_DTYPES)
