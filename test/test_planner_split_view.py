@@ -307,7 +307,9 @@ def test_the_profiler_measures_the_view_kernels_on_the_gpu(gpu_backends):
 
     ins, outs = split_types((3, 64, 256), 0, (1, 1, 1))
     ins, outs = [x.with_encoding("cuda") for x in ins], [x.with_encoding("cuda") for x in outs]
-    split = Instance(KERNELS[ck.SPLIT_VIEW], tuple(ins), tuple(outs), {"axis": 0, "sizes": (1, 1, 1)})
+    split = Instance(
+        KERNELS[ck.SPLIT_VIEW], tuple(ins), tuple(outs), {"axis": 0, "sizes": (1, 1, 1)}
+    )
     reshape = Instance(KERNELS[ck.RESHAPE_VIEW], (outs[0],), (t((64, 256)).with_encoding("cuda"),))
     for inst in (split, reshape):
         m = measure(inst, min_time=0.01)
