@@ -346,12 +346,12 @@ def _keep_prologue_results(plan: Plan, first_use: dict, last_use: dict) -> None:
     whole plan, so no other buffer takes its bytes: the prologue runs once, its results are read
     on every call."""
     once = set(plan.prologue)
-    written = {id(b) for i in plan.prologue for b in step_writes(plan.steps[i])}
+    written = {id(b.root) for i in plan.prologue for b in step_writes(plan.steps[i])}
     end = len(plan.steps)
     for i, step in enumerate(plan.steps):
         if i in once:
             continue
-        for b in step_reads(step):
+        for b in (r.root for r in step_reads(step)):  # a view reads its base's bytes
             if id(b) in written and b.kind == "scratch":
                 first_use[b], last_use[b] = 0, end
 

@@ -100,3 +100,28 @@ def test_stacked_qkv_matches_float64(dtype, m, k, n):
             assert np.isfinite(g64).all()
             assert np.linalg.norm(g64 - want) / np.linalg.norm(want) < BOUND[dtype]
     assert runner.prologue_runs == 1
+
+
+def test_a_prologue_result_read_through_a_view_keeps_its_bytes_for_every_call():
+    """The packed weights (a prologue step's result) read by a per-call GEMM through a
+    contiguous slice: no per-call buffer may take their bytes (here the neg's result, written
+    after the GEMM's last read), or the second call would read whatever was written there."""
+    text = """func.func @f(%x: tensor<16x8xf32>, %wa: tensor<8x8xf32> {tgc.param}, %wb: tensor<8x8xf32> {tgc.param}) -> tensor<16x8xf32> {
+  %w = atomic.concat %wa, %wb {axis = 0} : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<16x8xf32>
+  %w1 = atomic.slice %w {start = [8, 0], stop = [16, 8], step = [1, 1]} : (tensor<16x8xf32>) -> tensor<8x8xf32>
+  %e = atomic.exp %x : (tensor<16x8xf32>) -> tensor<16x8xf32>
+  %y = atomic.matmul %e, %w1 : (tensor<16x8xf32>, tensor<8x8xf32>) -> tensor<16x8xf32>
+  %n = atomic.neg %y : (tensor<16x8xf32>) -> tensor<16x8xf32>
+  %z = atomic.exp %n : (tensor<16x8xf32>) -> tensor<16x8xf32>
+  func.return %z : tensor<16x8xf32>
+}"""
+    module = parse_module(text)
+    PassManager.from_text("place-on-device").run(module)
+    plan = build_plan(module.funcs[0])
+    gemm = next(s for s in plan.steps if isinstance(s, Gemm))
+    packed = gemm.b.root
+    assert gemm.b.base is packed and gemm.b.view_offset == 8 * 8 * 4
+    assert plan.prologue == [0] and packed.kind == "scratch"
+    for b in plan.buffers:
+        if b.kind == "scratch" and b is not packed:
+            assert b.offset + b.nbytes <= packed.offset or packed.offset + packed.nbytes <= b.offset
