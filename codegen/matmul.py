@@ -14,7 +14,7 @@ Two skeletons:
   rows are k) into fragments double-buffered in registers; blocks ordered in groups of 8 tile
   rows for L2 reuse. It needs A not transposed, k a multiple of 8 and, unless B is transposed,
   n a multiple of 8 (16-byte rows). Parameters: `block_m`, `block_n` 64, 128 or 256 (at most
-  128x256; default 128x256 where n >= 256, else 128x128), `block_k` 16, 32 or 64 (default 32),
+  128x256; default 128x256 where n >= 2048, else 128x128), `block_k` 16, 32 or 64 (default 32),
   `stages` 2 to 5 (default 4; at most 227 KB of shared memory). Where it does not fit, asking
   for it is an error (so a parameter search skips the point). The double-buffered 128x128
   skeleton ran 4096^3 bf16 at 255 TFLOP/s on an H100, a third of cuBLAS's
@@ -111,13 +111,18 @@ TC_TILES, TC_BLOCK_K, TC_STAGES = (64, 128, 256), (16, 32, 64), (2, 3, 4, 5)
 # memory one block of an H100 may have (an A100's: 163 KB).
 TC_MAX_TILE, TC_MAX_SHARED = 128 * 256, 227 * 1024
 TC_GROUP_M = 8  # tile rows per group of the block order (L2 reuse)
+TC_WIDE_N = 2048  # the least n whose default tile is 128x256 (`_tc_defaults`)
 
 
 def _tc_defaults(shape: _Shape, params: dict) -> tuple[int, int, int, int]:
     """block_m, block_n, block_k, stages: 128x256 tiles (64x64 per warp: the most mma per
-    ldmatrix) where n has 256 columns, else 128x128; k steps of 32 in 4 stages."""
+    ldmatrix) where n has at least `TC_WIDE_N` columns, else 128x128; k steps of 32 in 4
+    stages. On an H100 (bench/results/matmul_tc-*.md, f0091e7) 128x128 was faster at n = 768
+    (8192x768 @ 768x768: 0.0610 against 0.0678 ms; 8192x3072 @ 3072x768: 0.1494 against
+    0.1628), where 128x256 tiles leave too few blocks for 132 SMs, and 128x256 at n = 2304 and
+    3072 (0.1649 against 0.1695 ms, 0.2035 against 0.2234)."""
     bm = params.setdefault("block_m", 128)
-    bn = params.setdefault("block_n", 256 if shape.n >= 256 and bm <= 128 else 128)
+    bn = params.setdefault("block_n", 256 if shape.n >= TC_WIDE_N and bm <= 128 else 128)
     return bm, bn, params.setdefault("block_k", 32), params.setdefault("stages", 4)
 
 

@@ -295,14 +295,16 @@ TC_MATMULS = [
     ((3, 70, 48), (48, 24), False, False),
     ((2, 33, 64), (2, 64, 136), False, False),
     ((4, 40, 32), (4, 45, 32), False, True),
-    # 128x256 tiles by default; 9 (18) tile rows: a partial group of the block order; more k
+    # 128x128 tiles by default (128x256 with block_n=256); 9 (18) tile rows: a partial group of the block order; more k
     # steps than stages (the ring of stages wraps); k = 264 not a multiple of 32 or 64
     ((1100, 264), (264, 520), False, False),
     ((2, 1100, 264), (520, 264), False, True),
 ]
 
 
-@pytest.mark.parametrize("tiles", [{}, {"block_m": 64, "block_n": 64, "block_k": 16}], ids=str)
+@pytest.mark.parametrize(
+    "tiles", [{}, {"block_n": 256}, {"block_m": 64, "block_n": 64, "block_k": 16}], ids=str
+)
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("a,b,ta,tb", TC_MATMULS)
 def test_tensor_core_matmul_matches_float64(a, b, ta, tb, dtype, tiles):
