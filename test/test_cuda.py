@@ -295,8 +295,9 @@ TC_MATMULS = [
     ((3, 70, 48), (48, 24), False, False),
     ((2, 33, 64), (2, 64, 136), False, False),
     ((4, 40, 32), (4, 45, 32), False, True),
-    # 128x128 tiles by default (128x256 with block_n=256); 9 (18) tile rows: a partial group of the block order; more k
-    # steps than stages (the ring of stages wraps); k = 264 not a multiple of 32 or 64
+    # 128x128 tiles by default (128x256 with block_n=256); 9 (18) tile rows: a partial group
+    # of the block order; more k steps than stages (the ring of stages wraps); k = 264 not a
+    # multiple of 32 or 64
     ((1100, 264), (264, 520), False, False),
     ((2, 1100, 264), (520, 264), False, True),
 ]
