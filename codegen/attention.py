@@ -270,8 +270,10 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
     """attention_wgmma.cu.j2 (template parameter `wgmma`, default false): two warpgroups of 64
     queries, wgmma for Q K^T (both from shared memory) and P V (P from registers), key tiles of
     `block_n` (64, the default, or 128) keys. With `overlap` (default true) S of tile j and P V
-    of tile j - 1 are in flight together and the softmax of tile j overlaps P V. bf16/f16 whose
-    tensor-core kernel would run, with d = d_v, 64 or 128; sm_90a only. Two blocks share an SM
+    of tile j - 1 are in flight together and the softmax of tile j overlaps P V. With `pingpong`
+    (default false; needs overlap) the two warpgroups run half a tile apart, named barriers
+    taking turns, so one's softmax overlaps the other's wgmmas; K and V get 3 buffers each.
+    bf16/f16 whose tensor-core kernel would run, with d = d_v, 64 or 128; sm_90a only. Two blocks share an SM
     at head dim 64 with 64-key tiles (128 registers a thread; the launch bounds say so). Off by
     default: its first form (no overlap) ran at 54% of SDPA's speed against the mma.sync
     kernel's 60% at B8 H16 S2048 D64 causal (bench/results/attention_tc-wgmma-*.md); tuning
@@ -290,8 +292,16 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
         raise TgcError(
             f"attention template parameters: overlap must be true or false, not {overlap!r}"
         )
+    pingpong = params.get("pingpong", False)
+    if not isinstance(pingpong, bool):
+        raise TgcError(
+            f"attention template parameters: pingpong must be true or false, not {pingpong!r}"
+        )
+    if pingpong and not overlap:
+        raise TgcError("attention template parameters: pingpong needs overlap=true")
+    stages = 3 if pingpong else 2  # K and V buffers each (the template says why ping-pong needs 3)
     nq = (common["seq_q"] + 127) // 128
-    shared_bytes = 2 * (128 * d + 4 * bn * d)  # Q, then K and V twice
+    shared_bytes = 2 * (128 * d + 2 * stages * bn * d)  # Q, then K and V `stages` times each
     step = {"k": d * 16, "n": 128}  # bytes between V's core matrices along keys, head dim
     source = render(
         "attention_wgmma.cu.j2",
@@ -300,6 +310,8 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
         bn=bn,
         nq=nq,
         overlap=overlap,
+        pingpong=pingpong,
+        stages=stages,
         min_blocks=2 if (d, bn) == (64, 64) else 1,
         shared_bytes=shared_bytes,
         v_lbo=step[WGMMA_V_OFFSETS[0]],
@@ -312,6 +324,7 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
         "tensor_cores": True,
         "wgmma": True,
         "overlap": overlap,
+        "pingpong": pingpong,
     }
     return source, grid, (256, 1, 1), shared_bytes, chosen
 

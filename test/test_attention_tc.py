@@ -236,6 +236,22 @@ def test_wgmma_overlaps_the_softmax_with_p_v_unless_told_not_to():
     assert "wgmma.wait_group.sync.aligned 0;" in serial.source
 
 
+def test_wgmma_pingpong_is_off_by_default_and_takes_turns_through_named_barriers():
+    """pingpong=true: no __syncthreads in the key loop but a named barrier the two warpgroups
+    meet at (LANDED, bar.sync) and one they take turns at (TURN, warpgroup 0 arrives, 1 waits);
+    K and V get three buffers each (the shared memory says so)."""
+    fused = attention_region(heads_text(1, 2, 300, 300, 64, 64, "bf16", True))
+    plain = generate_kernel(fused, {"wgmma": True})
+    assert plain.params["pingpong"] is False and "bar.sync %0" not in plain.source
+    assert plain.shared_bytes == 2 * (128 * 64 + 4 * 64 * 64)
+    k = generate_kernel(fused, {"wgmma": True, "pingpong": True})
+    assert k.params["pingpong"] is True
+    assert "bar.sync %0, 256;" in k.source and "bar.arrive %0, 256;" in k.source
+    assert "__syncthreads();" not in k.source and "__syncthreads();" in plain.source
+    assert k.shared_bytes == 2 * (128 * 64 + 6 * 64 * 64)
+    assert "__launch_bounds__(256, 2)" in k.source  # 64 KiB a block: still two an SM
+
+
 @pytest.mark.parametrize(
     "text, params, why",
     [
@@ -244,6 +260,12 @@ def test_wgmma_overlaps_the_softmax_with_p_v_unless_told_not_to():
         (heads_text(1, 2, 65, 65, 32, 128, layout="flat"), {}, "got bf16, 32 and 128"),
         (heads_text(1, 2, 65, 65, 64, 64), {"block_n": 32}, "wgmma takes block_n 64 or 128"),
         (heads_text(1, 2, 65, 65, 64, 64), {"overlap": 1}, "overlap must be true or false, not 1"),
+        (heads_text(1, 2, 65, 65, 64, 64), {"pingpong": "yes"}, "pingpong must be true or false"),
+        (
+            heads_text(1, 2, 65, 65, 64, 64),
+            {"pingpong": True, "overlap": False},
+            "pingpong needs overlap=true",
+        ),
     ],
 )
 def test_what_wgmma_cannot_run_is_an_error_naming_why(text, params, why):
@@ -272,6 +294,16 @@ def test_a_kernel_that_needs_sm_90a_is_built_for_it_and_refused_elsewhere():
         (heads_text(2, 3, 1000, 1000, 128, 128, "f16", False, True, "heads"), {}),
         (heads_text(2, 3, 1000, 1000, 128, 128, "f16", True, False, "heads"), {"block_n": 128}),
         (heads_text(2, 2, 700, 700, 64, 64, "bf16", True, False, "qkv"), {"overlap": False}),
+        (heads_text(2, 3, 1000, 1000, 64, 64, "bf16", True, True, "heads"), {"pingpong": True}),
+        (
+            heads_text(2, 3, 1000, 1000, 64, 64, "bf16", False, False, "heads"),
+            {"pingpong": True, "block_n": 128},
+        ),
+        (heads_text(2, 3, 1000, 1000, 128, 128, "f16", True, False, "heads"), {"pingpong": True}),
+        (
+            heads_text(2, 3, 1000, 1000, 128, 128, "f16", False, True, "heads"),
+            {"pingpong": True, "block_n": 128},
+        ),
     ],
 )
 def test_the_wgmma_kernel_compiles_for_sm_90a_with_no_wgmma_serialised(tmp_path, text, params):
@@ -514,6 +546,14 @@ WGMMA_VARIANTS = [
     ((1, 2, 1030, 1030, 128, 128, "heads", False, True), {}),
     ((1, 2, 1030, 1030, 64, 64, "qkv", False, True), {"overlap": False}),
     ((1, 2, 200, 333, 128, 128, "flat", True, False), {"overlap": False}),
+    # Ping-pong: one tile (tiles == 1), a few, many (the three buffers wrapping around), a mask.
+    ((2, 3, 63, 63, 64, 64, "heads", False, True), {"pingpong": True}),
+    ((1, 3, 65, 200, 64, 64, "heads", True, True), {"pingpong": True}),
+    ((1, 2, 1030, 1030, 64, 64, "heads", False, True), {"pingpong": True}),
+    ((1, 2, 777, 777, 64, 64, "qkv", True, False), {"pingpong": True}),
+    ((1, 2, 1030, 1030, 64, 64, "heads", True, True), {"pingpong": True, "block_n": 128}),
+    ((1, 2, 1030, 1030, 128, 128, "heads", False, True), {"pingpong": True}),
+    ((1, 2, 200, 333, 128, 128, "flat", True, False), {"pingpong": True, "block_n": 128}),
 ]
 
 
