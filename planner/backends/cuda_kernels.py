@@ -327,6 +327,7 @@ TUNABLE: dict[str, dict[str, tuple]] = {
         "warps": (4, 8),
         "wgmma": (False, True),
         "overlap": (True, False),
+        "pingpong": (False, True),
     },
 }
 REGION_PARAM = "region"  # the one-value parameter naming the region (module doc)
