@@ -42,6 +42,7 @@ from tgc.builtin import FuncOp, ReturnOp
 from tgc.ir import Block
 from tgc.opdef import OPS, create
 from tgc.planner.backends import BACKENDS, SPACES
+from tgc.planner.cost import CachedCosts, CostSource
 from tgc.planner.db import (
     FAILED,
     OK,
@@ -118,14 +119,25 @@ def _short(text: str, width: int = 80) -> str:
 # -- the instances of a module ------------------------------------------------------------------------
 
 
-def instances(func: FuncOp, ctx: PlanContext) -> list[Instance]:
-    """Every kernel instance the plans of `func` can use (module doc), in a fixed order.
-    `func` should be in the form select-kernels plans (`planner.select.prepare`)."""
+def instances(
+    func: FuncOp, ctx: PlanContext, costs: CostSource | CachedCosts | None = None
+) -> list[Instance]:
+    """Every kernel instance the plans of `func` can use (module doc), each once.
+    `func` should be in the form select-kernels plans (`planner.select.prepare`).
+
+    Without `costs`: in walk order (each op's options in turn, copies last). With `costs`
+    (what select-kernels costs from): the likely winners first, round-robin by rank over
+    every op: each op's options ranked by their cost per op they cover (`_ranks`), an
+    instance at its best rank over the ops that have it, a copy at the best rank of the
+    instances whose types it moves; ties in walk order."""
     found: dict[tuple, Instance] = {}
-    _walk(func.body, ctx, found, set())
+    ranks: dict[tuple, float] = {}
+    cached = costs if costs is None or isinstance(costs, CachedCosts) else CachedCosts(costs)
+    _walk(func.body, ctx, found, set(), ranks, cached)
     spaces = ctx.spaces()
     if len(spaces) > 1:
         for inst in list(found.values()):
+            served = ranks.get(inst.key(), math.inf)
             for t in (*inst.operand_types, *inst.result_types):
                 for src, dst in COPY_KERNELS:
                     kernel = copy_kernel(src, dst)
@@ -133,21 +145,55 @@ def instances(func: FuncOp, ctx: PlanContext) -> list[Instance]:
                         continue
                     copy = Instance(kernel, (t.with_encoding(src),), (t.with_encoding(dst),))
                     found.setdefault(copy.key(), copy)
-    return list(found.values())
+                    ranks[copy.key()] = min(ranks.get(copy.key(), math.inf), served)
+    insts = list(found.values())
+    if cached is None:
+        return insts
+    return sorted(insts, key=lambda inst: ranks.get(inst.key(), math.inf))  # stable: ties keep
 
 
-def _walk(block: Block, ctx: PlanContext, found: dict, visited: set) -> None:
+def _walk(
+    block: Block,
+    ctx: PlanContext,
+    found: dict,
+    visited: set,
+    ranks: dict,
+    costs: CachedCosts | None,
+) -> None:
     bo = ctx.block_options(block)
     for op in bo.ops:
+        kernels: list[tuple[Option, Instance]] = []
         for option in bo.options[op]:
             if option.kind == DECOMPOSE:
                 key = option.decomposition.key
                 if key not in visited:
                     visited.add(key)
-                    _walk(ctx.nested(option).block, ctx, found, visited)
+                    _walk(ctx.nested(option).block, ctx, found, visited, ranks, costs)
                 continue
             inst = instance_of(option)
             found.setdefault(inst.key(), inst)
+            kernels.append((option, inst))
+        if costs is not None:
+            for rank, inst in _ranks(kernels, costs):
+                ranks[inst.key()] = min(ranks.get(inst.key(), math.inf), rank)
+
+
+def _ranks(kernels: list[tuple[Option, Instance]], costs: CachedCosts):
+    """(rank, instance) for one op's kernel options, 0 the cheapest. An option is costed as
+    select-kernels costs it (its tuned parameters where measured), divided by the ops it
+    covers: a fused kernel replaces that many, so its whole time against one op kernel's
+    would rank every fusion last. A cost the source cannot give ranks last."""
+
+    def per_op(item: tuple[Option, Instance]) -> float:
+        option, inst = item
+        try:
+            seconds = costs.cost(inst.kernel, inst.operand_types, inst.result_types).seconds
+        except LookupError:  # e.g. the roofline knows no device for this backend
+            return math.inf
+        return seconds / max(len(option.ops), 1)
+
+    ordered = sorted(kernels, key=per_op)
+    return [(rank, inst) for rank, (_, inst) in enumerate(ordered)]
 
 
 def instance_of(option: Option) -> Instance:

@@ -103,14 +103,23 @@ def usage_error(args, backends: list[str]) -> str | None:
     return None
 
 
-def module_instances(args) -> list:
+def module_instances(args, costs=None) -> list:
+    """The instances of the function `args` names (planner/profile.py `instances`), the
+    likely winners first when `costs` (a CostSource) is given."""
+    from tgc.planner.profile import instances
+
+    func, ctx = planning_function(args)
+    return instances(func, ctx, costs)
+
+
+def planning_function(args):
+    """The function as select-kernels plans it, and the planning context of `args`."""
     from tgc.parser import parse_module
     from tgc.pass_manager import PassManager, parse_pipeline
     from tgc.planner import kernel_backends
     from tgc.planner.blocks import localize_sources
     from tgc.planner.kernel import KERNELS
     from tgc.planner.options import PlanContext, is_copy, live_ops
-    from tgc.planner.profile import instances
     from tgc.planner.select import prepare
     from tgc.runtime.interpreter import select_function
     from tgc.verifier import verify
@@ -129,21 +138,31 @@ def module_instances(args) -> list:
         kernels = [k for k in KERNELS.values() if k.backend in chosen or is_copy(k)]
     families = args.planner_backends
     allowed = None if families is None else kernel_backends(families)
-    return instances(func, PlanContext(kernels, args.tolerance, backends=allowed))
+    return func, PlanContext(kernels, args.tolerance, backends=allowed)
+
+
+def current_costs(db):
+    """The costs select-kernels would plan with, from `db` (measured, else estimated, else the
+    roofline: planner/estimate.py); the roofline alone with no database. They order what is
+    measured: each op's likely winners first."""
+    from tgc.planner.cost import RooflineCostSource
+    from tgc.planner.estimate import DatabaseCostSource
+
+    return RooflineCostSource() if db is None else DatabaseCostSource(database=db)
 
 
 def run(args) -> int:
     from tgc.planner import load_backends
     from tgc.planner.backends import BACKENDS
     from tgc.planner.db import Database, DatabaseUnavailable, resolve_path
-    from tgc.planner.profile import MIN_TIME, Profiler, unknown
+    from tgc.planner.profile import MIN_TIME, Profiler, instances, unknown
 
     load_backends(args.planner_backends, required=args.planner_backends is not None)
     problem = usage_error(args, sorted(BACKENDS))
     if problem is not None:
         print(f"tgc-profile: error: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    insts = module_instances(args)
+    func, ctx = planning_function(args)  # bad input is reported before a file is created
     path = resolve_path(args.db)
     if args.dry_run:
         try:
@@ -152,6 +171,7 @@ def run(args) -> int:
             if "no measurement database at" not in e.message:
                 raise
             db = None
+        insts = instances(func, ctx, current_costs(db))
         todo = unknown(insts, db)
         for inst in todo:
             print(inst.describe())
@@ -161,6 +181,7 @@ def run(args) -> int:
         )
         return EXIT_OK
     with Database.open(path) as db:
+        insts = instances(func, ctx, current_costs(db))
         profiler = Profiler(db, args.budget, args.min_time or MIN_TIME, progress=not args.quiet)
         report = profiler.run(insts, tune=args.tune)
     for failure in report.failures:
