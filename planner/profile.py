@@ -19,8 +19,14 @@ times queued work (the GPU: `Space.time_queued`), the longer of the device's tim
 per call, as the call costs a plan whose host runs ahead; elsewhere `perf_counter` with the
 space's synchronisation around each call.
 
+**The order** (`instances(func, ctx, costs)`): with the costs select-kernels plans with, the
+likely winners first, round-robin by rank over every op: each op's kernel options ranked by
+their cost per op covered (a fusion against one op kernel), an instance shared by several ops
+at its best rank, a copy at the best rank of the instances whose types it moves; ties in walk
+order. A budget then measures every op's estimated best before anyone's long tail.
+
 **A run** (`Profiler`): the instances with no record on this device are measured one by one,
-each stored in its own transaction; `budget` seconds stops it starting new ones. A killed run
+in that order, each stored in its own transaction; `budget` seconds stops it starting new ones. A killed run
 loses the measurement in flight at most, and the next run starts where it stopped (the records
 say what is known). With `tune`, kernels with parameters are then searched (planner/tune.py).
 """

@@ -8,7 +8,8 @@ Walks the options select-kernels would consider for the function (after `-p`, by
 `lower-for-planning` as `tgc-run --backend auto` plans it, and the canonical form;
 decompositions included; repeated blocks once) with the backends that load here (or with
 `--planner-backends LIST` those alone, as `select-kernels{backends=LIST}` would), lists the
-kernel instances with no record on this device in the measurement database, and measures each: fresh random inputs, the result
+kernel instances with no record on this device in the measurement database, and measures each
+(each op's likely winners first, by the costs select-kernels would plan with): fresh random inputs, the result
 checked against float64 first (a wrong one is recorded as a failure), then the median of timed
 runs. Each measurement is committed on its own: kill it at any moment and run it again to go on.
 `--dry-run` prints what it would measure and measures nothing. `--tune` then searches the
@@ -103,7 +104,7 @@ def usage_error(args, backends: list[str]) -> str | None:
     return None
 
 
-def module_instances(args, costs=None) -> list:
+def module_instances(args, costs: object = None) -> list:
     """The instances of the function `args` names (planner/profile.py `instances`), the
     likely winners first when `costs` (a CostSource) is given."""
     from tgc.planner.profile import instances
@@ -112,7 +113,7 @@ def module_instances(args, costs=None) -> list:
     return instances(func, ctx, costs)
 
 
-def planning_function(args):
+def planning_function(args) -> tuple:
     """The function as select-kernels plans it, and the planning context of `args`."""
     from tgc.parser import parse_module
     from tgc.pass_manager import PassManager, parse_pipeline
@@ -141,7 +142,7 @@ def planning_function(args):
     return func, PlanContext(kernels, args.tolerance, backends=allowed)
 
 
-def current_costs(db):
+def current_costs(db) -> object:
     """The costs select-kernels would plan with, from `db` (measured, else estimated, else the
     roofline: planner/estimate.py); the roofline alone with no database. They order what is
     measured: each op's likely winners first."""
