@@ -26,9 +26,9 @@ at its best rank, a copy at the best rank of the instances whose types it moves;
 order. A budget then measures every op's estimated best before anyone's long tail.
 
 **A run** (`Profiler`): the instances with no record on this device are measured one by one,
-in that order, each stored in its own transaction; `budget` seconds stops it starting new ones. A killed run
-loses the measurement in flight at most, and the next run starts where it stopped (the records
-say what is known). With `tune`, kernels with parameters are then searched (planner/tune.py).
+in that order, each stored in its own transaction; `budget` seconds stops it starting new ones.
+A killed run loses the measurement in flight at most, and the next run starts where it stopped
+(the records say what is known). With `tune`, kernels with parameters are then searched (planner/tune.py).
 """
 
 from __future__ import annotations
@@ -155,7 +155,8 @@ def instances(
     insts = list(found.values())
     if cached is None:
         return insts
-    return sorted(insts, key=lambda inst: ranks.get(inst.key(), math.inf))  # stable: ties keep
+    # sorted is stable: ties keep walk order
+    return sorted(insts, key=lambda inst: ranks.get(inst.key(), math.inf))
 
 
 def _walk(
