@@ -30,7 +30,8 @@ from collections.abc import Iterable
 
 from tgc.attributes import UNIT
 from tgc.builtin import FuncOp
-from tgc.ir import BlockArgument, Operation, Value
+from tgc.fixed import PARAM, combine_states, fixed_state
+from tgc.ir import Operation, Value
 from tgc.opdef import PURE
 
 # A once kernel's (or copy's) time counted per call: small enough that no once work outweighs
@@ -38,19 +39,6 @@ from tgc.opdef import PURE
 ONCE_WEIGHT = 1e-6
 
 ONCE_ATTR = "plan.once"
-
-# The state of a value: fixed and read from a parameter, fixed from constants alone, neither.
-PARAM, CONST, VARIES = 2, 1, 0
-
-
-def combine_states(states: Iterable[int]) -> int:
-    """The state of the results of a pure op whose operands are in `states`."""
-    found = CONST  # an op that reads nothing (a constant) is fixed
-    for s in states:
-        if s == VARIES:
-            return VARIES
-        found = max(found, s)
-    return found
 
 
 class Fixed:
@@ -61,31 +49,7 @@ class Fixed:
         self.memo: dict[Value, int] = {}
 
     def state(self, value: Value) -> int:
-        memo = self.memo
-        stack = [value]
-        while stack:  # iterative: a chain of 10^5 ops must not hit the recursion limit
-            v = stack[-1]
-            if v in memo:
-                stack.pop()
-                continue
-            op = v.defining_op
-            if op is None:
-                memo[v] = PARAM if isinstance(v, BlockArgument) and _is_param_arg(v) else VARIES
-                stack.pop()
-                continue
-            if not op.has_trait(PURE):
-                memo[v] = VARIES
-                stack.pop()
-                continue
-            pending = [u for u in op.operands if u not in memo]
-            if pending:
-                stack.extend(pending)
-                continue
-            found = combine_states(memo[u] for u in op.operands)
-            for r in op.results:
-                memo[r] = found
-            stack.pop()
-        return memo[value]
+        return fixed_state(value, self.memo)
 
     def value(self, value: Value) -> bool:
         """Whether `value` is computed once per set of parameters (a parameter included)."""
@@ -98,14 +62,6 @@ class Fixed:
     def op(self, op: Operation) -> bool:
         """Whether `op` is once: pure, its operands fixed, one of them from a parameter."""
         return op.has_trait(PURE) and self.reads(op.operands)
-
-
-def _is_param_arg(value: BlockArgument) -> bool:
-    """A `{tgc.param}` argument of a function (not of a region inside an op, nor of a scratch
-    function, whose arguments are never marked)."""
-    region = value.block.region
-    owner = region.parent if region is not None else None
-    return isinstance(owner, FuncOp) and owner.is_param(value.index)
 
 
 def once_ops(func: FuncOp) -> list[Operation]:

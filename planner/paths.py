@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from tgc.builtin import FuncOp
 from tgc.ir import Block, Operation, Value
 from tgc.planner.cost import CachedCosts, CostSource
-from tgc.planner.fixed import ONCE_WEIGHT, PARAM, VARIES, combine_states
+from tgc.fixed import PARAM, VARIES, combine_states
+from tgc.planner.fixed import ONCE_WEIGHT
 from tgc.planner.options import DECOMPOSE, BlockOptions, Option, PlanContext, copy_kernel
 
 

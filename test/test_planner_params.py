@@ -32,7 +32,8 @@ from tgc.dialects.kernel import CallOp, CopyOp
 from tgc.planner.backends import BACKENDS
 from tgc.planner.cost import CachedCosts, RooflineCostSource
 from tgc.planner.executor import PlannedFunction
-from tgc.planner.fixed import ONCE_ATTR, ONCE_WEIGHT, PARAM, VARIES, Fixed, CONST
+from tgc.fixed import CONST, PARAM, VARIES
+from tgc.planner.fixed import ONCE_ATTR, ONCE_WEIGHT, Fixed
 from tgc.planner.kernel import rel_error
 from tgc.planner.options import PlanContext
 from tgc.planner.paths import plan_cost

@@ -64,8 +64,9 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tgc.builtin import FuncOp, ReturnOp
-from tgc.ir import BlockArgument, Operation, Value
+from tgc.builtin import ReturnOp
+from tgc.fixed import VARIES, StateMemo, fixed_state
+from tgc.ir import Operation, Value
 from tgc.opdef import FREE, MOVE, PURE, REDUCTION, TERMINATOR, VIEW
 
 SPLIT = "atomic.split"
@@ -104,9 +105,9 @@ class Cost:
 
 ZERO = Cost()
 
-# Whether a value is fixed, by value: shared by the queries of one pricing so that each value's
-# producers are walked once (a walk up a long chain for every op would be quadratic).
-FixedMemo = dict[Value, bool]
+# The fixed states of values (tgc/fixed.py): shared by the queries of one pricing so that each
+# value's producers are walked once (a walk up a long chain for every op would be quadratic).
+FixedMemo = StateMemo
 
 
 def matmul_flops(a_shape, b_shape, out_shape, transpose_a: bool) -> int:
@@ -115,41 +116,11 @@ def matmul_flops(a_shape, b_shape, out_shape, transpose_a: bool) -> int:
     return 2 * math.prod(out_shape) * k
 
 
-def _is_param_arg(value: BlockArgument) -> bool:
-    region = value.block.region
-    owner = region.parent if region is not None else None
-    return isinstance(owner, FuncOp) and owner.is_param(value.index)
-
-
 def is_fixed(value: Value, memo: FixedMemo | None = None) -> bool:
     """Whether `value` is the same on every call: a `{tgc.param}` argument, or the result of a
-    PURE op whose operands are all fixed (see the module docstring). An argument of any other
-    block (a kernel region's) is not known to be fixed."""
-    memo = {} if memo is None else memo
-    stack = [value]
-    while stack:  # iterative: a chain of 10^5 ops must not hit the recursion limit
-        v = stack[-1]
-        if v in memo:
-            stack.pop()
-            continue
-        op = v.defining_op
-        if op is None:
-            memo[v] = isinstance(v, BlockArgument) and _is_param_arg(v)
-            stack.pop()
-            continue
-        if not op.has_trait(PURE):
-            memo[v] = False
-            stack.pop()
-            continue
-        pending = [u for u in op.operands if u not in memo]
-        if pending:
-            stack.extend(pending)
-            continue
-        fixed = all(memo[u] for u in op.operands)
-        for r in op.results:
-            memo[r] = fixed
-        stack.pop()
-    return memo[value]
+    PURE op whose operands are all fixed (see the module docstring; the walk is tgc/fixed.py's).
+    An argument of any other block (a kernel region's) is not known to be fixed."""
+    return fixed_state(value, {} if memo is None else memo) != VARIES
 
 
 def computed_once(op: Operation, memo: FixedMemo | None = None) -> bool:
