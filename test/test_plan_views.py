@@ -22,6 +22,7 @@ BOUND = {"f32": 1e-5, "bf16": 1e-2}  # relative Frobenius error (cuBLAS fp32; on
 
 
 def qkv_text(dtype: str, m: int, k: int, n: int) -> str:
+    """q, k, v of x (m x k) by three parameter weights (k x n), all three returned."""
     x, w, y = (f"tensor<{a}x{b}x{dtype}>" for a, b in ((m, k), (k, n), (m, n)))
     lines = [
         f"func.func @qkv(%x: {x}, %wq: {w} {{tgc.param}}, %wk: {w} {{tgc.param}}, "

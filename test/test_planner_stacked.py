@@ -19,6 +19,7 @@ import secrets
 import ml_dtypes
 import numpy as np
 import pytest
+from test_plan_views import qkv_text
 from test_planner_split_view import stand_in  # noqa: F401 (the fixture)
 
 import tgc
@@ -69,17 +70,6 @@ func.func @qkv(%x: {x}, %wq: {w} {{tgc.param}}, %wk: {w} {{tgc.param}}, %wv: {w}
   func.return %q, %k, %v : {x}, {x}, {x}
 }}
 """
-
-
-def three_matmuls_text(rows: int = 64, d: int = 32, dtype: str = "f32") -> str:
-    x, w = f"tensor<{rows}x{d}x{dtype}>", f"tensor<{d}x{d}x{dtype}>"
-    lines = [
-        f"func.func @qkv(%x: {x}, %wq: {w} {{tgc.param}}, %wk: {w} {{tgc.param}}, "
-        f"%wv: {w} {{tgc.param}}) -> ({x}, {x}, {x}) {{"
-    ]
-    lines += [f"  %{n} = atomic.matmul %x, %w{n} : ({x}, {w}) -> {x}" for n in "qkv"]
-    lines += [f"  func.return %q, %k, %v : {x}, {x}, {x}", "}"]
-    return "\n".join(lines)
 
 
 def _plan(text: str, dtype: str, backends: tuple[str, ...]):
@@ -143,7 +133,7 @@ def test_on_the_device_the_concat_region_reads_the_weights_by_value(stand_in):  
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_optimize_then_select_kernels_on_three_matmuls_sharing_x(stand_in, dtype):  # noqa: F811
-    module = tgc.parse(three_matmuls_text(dtype=dtype), "qkv.tg")
+    module = tgc.parse(qkv_text(dtype, 64, 32, 32), "qkv.tg")
     PassManager.from_text("optimize").run(module)
     func = module.funcs[0]
     assert any(op.name == "atomic.concat" for op in func.body.ops), str(func)  # stacked
