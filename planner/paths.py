@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from tgc.builtin import FuncOp
 from tgc.ir import Block, Operation, Value
 from tgc.planner.cost import CachedCosts, CostSource
-from tgc.fixed import PARAM, VARIES, combine_states
+from tgc.fixed import PARAM, VARIES, combine_states, is_param_argument
 from tgc.planner.fixed import ONCE_WEIGHT
 from tgc.planner.options import DECOMPOSE, BlockOptions, Option, PlanContext, copy_kernel
 
@@ -282,10 +282,7 @@ def plan_cost(plan: Plan, costs: CostSource | CachedCosts) -> float:
     types: dict[tuple, object] = {((), a): a.type for a in plan.block.args}
     parent = plan.block.region.parent if plan.block.region is not None else None
     is_func = isinstance(parent, FuncOp)
-    state = {
-        ((), a): PARAM if is_func and parent.is_param(i) else VARIES
-        for i, a in enumerate(plan.block.args)
-    }
+    state = {((), a): PARAM if is_param_argument(a) else VARIES for a in plan.block.args}
     for k in kernels:
         found = combine_states(state[key] for key in k.inputs)
         for key, t in zip(k.outputs, k.types_out):
