@@ -104,15 +104,6 @@ def usage_error(args, backends: list[str]) -> str | None:
     return None
 
 
-def module_instances(args, costs: object = None) -> list:
-    """The instances of the function `args` names (planner/profile.py `instances`), the
-    likely winners first when `costs` (a CostSource) is given."""
-    from tgc.planner.profile import instances
-
-    func, ctx = planning_function(args)
-    return instances(func, ctx, costs)
-
-
 def planning_function(args) -> tuple:
     """The function as select-kernels plans it, and the planning context of `args`."""
     from tgc.parser import parse_module
