@@ -299,6 +299,12 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
         )
     if pingpong and not overlap:
         raise TgcError("attention template parameters: pingpong needs overlap=true")
+    q_in_registers = params.get("q_in_registers", False)
+    if not isinstance(q_in_registers, bool):
+        raise TgcError(
+            "attention template parameters: q_in_registers must be true or false, "
+            f"not {q_in_registers!r}"
+        )
     stages = 3 if pingpong else 2  # K and V buffers each (the template says why ping-pong needs 3)
     nq = (common["seq_q"] + 127) // 128
     shared_bytes = 2 * (128 * d + 2 * stages * bn * d)  # Q, then K and V `stages` times each
@@ -311,6 +317,7 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
         nq=nq,
         overlap=overlap,
         pingpong=pingpong,
+        q_in_registers=q_in_registers,
         stages=stages,
         min_blocks=2 if (d, bn) == (64, 64) else 1,
         shared_bytes=shared_bytes,
@@ -325,6 +332,7 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
         "wgmma": True,
         "overlap": overlap,
         "pingpong": pingpong,
+        "q_in_registers": q_in_registers,
     }
     return source, grid, (256, 1, 1), shared_bytes, chosen
 

@@ -263,6 +263,11 @@ def test_wgmma_pingpong_is_off_by_default_and_takes_turns_through_named_barriers
         (heads_text(1, 2, 65, 65, 64, 64), {"pingpong": "yes"}, "pingpong must be true or false"),
         (
             heads_text(1, 2, 65, 65, 64, 64),
+            {"q_in_registers": 1},
+            "q_in_registers must be true or false, not 1",
+        ),
+        (
+            heads_text(1, 2, 65, 65, 64, 64),
             {"pingpong": True, "overlap": False},
             "pingpong needs overlap=true",
         ),
@@ -303,6 +308,14 @@ def test_a_kernel_that_needs_sm_90a_is_built_for_it_and_refused_elsewhere():
         (
             heads_text(2, 3, 1000, 1000, 128, 128, "f16", False, True, "heads"),
             {"pingpong": True, "block_n": 128},
+        ),
+        (
+            heads_text(2, 3, 1000, 1000, 64, 64, "bf16", True, False, "heads"),
+            {"q_in_registers": True},
+        ),
+        (
+            heads_text(2, 3, 1000, 1000, 128, 128, "f16", False, True, "heads"),
+            {"q_in_registers": True, "pingpong": True},
         ),
     ],
 )
@@ -554,6 +567,13 @@ WGMMA_VARIANTS = [
     ((1, 2, 1030, 1030, 64, 64, "heads", True, True), {"pingpong": True, "block_n": 128}),
     ((1, 2, 1030, 1030, 128, 128, "heads", False, True), {"pingpong": True}),
     ((1, 2, 200, 333, 128, 128, "flat", True, False), {"pingpong": True, "block_n": 128}),
+    # Q in registers (S's A operand): both head dims, both schedules, ping-pong, a mask.
+    ((2, 3, 63, 63, 64, 64, "heads", False, True), {"q_in_registers": True}),
+    ((1, 2, 1030, 1030, 64, 64, "heads", True, True), {"q_in_registers": True}),
+    ((1, 2, 777, 777, 64, 64, "qkv", False, True), {"q_in_registers": True, "block_n": 128}),
+    ((1, 2, 1030, 1030, 128, 128, "heads", False, True), {"q_in_registers": True}),
+    ((1, 2, 200, 333, 128, 128, "flat", True, False), {"q_in_registers": True, "overlap": False}),
+    ((1, 2, 1030, 1030, 64, 64, "heads", False, True), {"q_in_registers": True, "pingpong": True}),
 ]
 
 
