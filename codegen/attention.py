@@ -199,6 +199,7 @@ def _tensor_core_kernel(att: Operation, ops: dict[str, dict], common: dict, para
     """attention_tc.cu.j2: 32 * warps threads per block of 16 * rows * warps queries."""
     d, dv = common["d"], common["dv"]
     rows, q_in_registers, bn, warps = _tc_layout(d, dv, params)
+    group = _head_group(common, params)
     bm = 16 * rows * warps
     nq = (common["seq_q"] + bm - 1) // bm
     # Q [bm][d + 8], K [2][bn][d + 8], V [2][bn][dv + 8], 2-byte elements.
@@ -215,6 +216,7 @@ def _tensor_core_kernel(att: Operation, ops: dict[str, dict], common: dict, para
         nq=nq,
         shared_bytes=shared_bytes,
         q_in_registers=q_in_registers,
+        group=group,
     )
     grid = (common["nb"] * nq, 1, 1)
     block = (32 * warps, 1, 1)
@@ -224,6 +226,7 @@ def _tensor_core_kernel(att: Operation, ops: dict[str, dict], common: dict, para
         "tensor_cores": True,
         "rows_per_warp": rows,
         "warps": warps,
+        "head_group": group,
     }
     if d == dv and d in (64, 128):
         chosen["wgmma"] = False  # the other skeleton that runs it: tuning may try it (sm_90a)
@@ -231,6 +234,25 @@ def _tensor_core_kernel(att: Operation, ops: dict[str, dict], common: dict, para
 
 
 LOG2E = 1.4426950408889634
+
+# The bytes of K and V the blocks in flight should share (the default `head_group` keeps a
+# group's K and V within this): a quarter of an H100's 50 MB L2, so a group and the next one
+# both fit while blocks move from one to the other.
+L2_GROUP_BYTES = 12 << 20
+
+
+def _head_group(common: dict, params: dict) -> int:
+    """How many heads (batch entries) the tensor-core kernels' blocks take in turn (template
+    parameter `head_group`): all query tiles of a group's heads run before the next group's,
+    so K and V are read from DRAM about once. The default fills L2_GROUP_BYTES."""
+    kv_bytes = common["seq_k"] * (common["d"] + common["dv"]) * 2
+    default = max(1, min(common["nb"], L2_GROUP_BYTES // kv_bytes))
+    group = params.get("head_group", default)
+    if not isinstance(group, int) or isinstance(group, bool) or group < 1:
+        raise TgcError(
+            f"attention template parameters: head_group must be a positive integer, not {group!r}"
+        )
+    return min(group, common["nb"])
 
 
 def _tensor_core_arguments(att: Operation, ops: dict[str, dict], common: dict) -> dict:
@@ -306,6 +328,7 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
             f"not {q_in_registers!r}"
         )
     stages = 3 if pingpong else 2  # K and V buffers each (the template says why ping-pong needs 3)
+    group = _head_group(common, params)
     nq = (common["seq_q"] + 127) // 128
     shared_bytes = 2 * (128 * d + 2 * stages * bn * d)  # Q, then K and V `stages` times each
     step = {"k": d * 16, "n": 128}  # bytes between V's core matrices along keys, head dim
@@ -318,6 +341,7 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
         overlap=overlap,
         pingpong=pingpong,
         q_in_registers=q_in_registers,
+        group=group,
         stages=stages,
         min_blocks=2 if (d, bn) == (64, 64) else 1,
         shared_bytes=shared_bytes,
@@ -333,6 +357,7 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
         "overlap": overlap,
         "pingpong": pingpong,
         "q_in_registers": q_in_registers,
+        "head_group": group,
     }
     return source, grid, (256, 1, 1), shared_bytes, chosen
 

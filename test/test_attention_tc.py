@@ -184,6 +184,24 @@ def test_the_default_block_shape_is_the_fastest_measured_for_its_head_dim(d, cau
     assert k.block == (32 * warps, 1, 1) and k.params["block_m"] == 16 * rows * warps
 
 
+@pytest.mark.parametrize("wgmma", [False, True])
+def test_blocks_take_heads_in_groups_that_fit_l2(wgmma):
+    """`head_group`: by default as many heads as L2_GROUP_BYTES of K and V hold (512 KB each at
+    S 2048, D 64), never more than there are; a value sets it, and a bad one is an error."""
+    from tgc.codegen.attention import L2_GROUP_BYTES
+
+    extra = {"wgmma": True} if wgmma else {}
+    big = generate_kernel(attention_region(heads_text(8, 16, 2048, 2048, 64, 64)), extra)
+    assert big.params["head_group"] == L2_GROUP_BYTES // (2048 * 128 * 2) < 8 * 16
+    assert "G = %d;" % big.params["head_group"] in big.source
+    fused = attention_region(heads_text(2, 3, 65, 65, 64, 64))
+    assert generate_kernel(fused, extra).params["head_group"] == 6  # all 6 fit: one group
+    assert generate_kernel(fused, {**extra, "head_group": 4}).params["head_group"] == 4
+    for bad in (0, True, "4"):
+        with pytest.raises(TgcError, match="head_group must be a positive integer"):
+            generate_kernel(fused, {**extra, "head_group": bad})
+
+
 def test_template_parameters_choose_keys_per_tile_and_warps():
     """`block_n` sets the keys of a shared-memory tile and `warps` the warps of a block (its
     queries 16 * rows_per_warp * warps): the grid, the threads and the shared memory follow."""
@@ -514,7 +532,8 @@ PARAM_SHAPES = [
 def test_every_tile_shape_matches_float64(
     b, h, sq, sk, d, dv, layout, mask, causal, rows, block_n, warps
 ):
-    params = {"rows_per_warp": rows, "block_n": block_n, "warps": warps}
+    # Heads in groups of 4 (of 6 or 2): a last group smaller than the others, or one group.
+    params = {"rows_per_warp": rows, "block_n": block_n, "warps": warps, "head_group": 4}
     text = heads_text(b, h, sq, sk, d, dv, "bf16", causal, mask, layout)
     got, want, runner = run_gpu(text, sq + block_n + warps, q_gain=2.0, params=params)
     (kernel,) = runner.plan.kernels
@@ -574,6 +593,9 @@ WGMMA_VARIANTS = [
     ((1, 2, 1030, 1030, 128, 128, "heads", False, True), {"q_in_registers": True}),
     ((1, 2, 200, 333, 128, 128, "flat", True, False), {"q_in_registers": True, "overlap": False}),
     ((1, 2, 1030, 1030, 64, 64, "heads", False, True), {"q_in_registers": True, "pingpong": True}),
+    # Heads in groups: 4 then 2 of 6; one head a group.
+    ((2, 3, 300, 300, 64, 64, "heads", True, True), {"head_group": 4}),
+    ((2, 3, 200, 333, 128, 128, "flat", False, False), {"head_group": 1}),
 ]
 
 

@@ -328,6 +328,7 @@ TUNABLE: dict[str, dict[str, tuple]] = {
         "wgmma": (False, True),
         "overlap": (True, False),
         "pingpong": (False, True),
+        "head_group": (1, 4, 16, 64),
     },
 }
 REGION_PARAM = "region"  # the one-value parameter naming the region (module doc)
