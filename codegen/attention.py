@@ -235,18 +235,16 @@ def _tensor_core_kernel(att: Operation, ops: dict[str, dict], common: dict, para
 
 LOG2E = 1.4426950408889634
 
-# The bytes of K and V the blocks in flight should share (the default `head_group` keeps a
-# group's K and V within this): a quarter of an H100's 50 MB L2, so a group and the next one
-# both fit while blocks move from one to the other.
-L2_GROUP_BYTES = 12 << 20
-
 
 def _head_group(common: dict, params: dict) -> int:
     """How many heads (batch entries) the tensor-core kernels' blocks take in turn (template
-    parameter `head_group`): all query tiles of a group's heads run before the next group's,
-    so K and V are read from DRAM about once. The default fills L2_GROUP_BYTES."""
-    kv_bytes = common["seq_k"] * (common["d"] + common["dv"]) * 2
-    default = max(1, min(common["nb"], L2_GROUP_BYTES // kv_bytes))
+    parameter `head_group`): all query tiles of a group's heads run, heaviest first, before
+    the next group's, so the blocks in flight share K and V in L2. The default is every head
+    in one group: the heaviest query tiles of all heads first. Groups that fit L2 (24 heads at
+    B8 H16 S2048 D64) read DRAM a third as much but ran 11% slower on an H100 (2026-11-23,
+    bench/results/attention_tc-groups-*.md): the long causal tiles left for the end of each
+    group cost more than the DRAM traffic saved. Tuning tries smaller groups."""
+    default = common["nb"]
     group = params.get("head_group", default)
     if not isinstance(group, int) or isinstance(group, bool) or group < 1:
         raise TgcError(

@@ -185,18 +185,15 @@ def test_the_default_block_shape_is_the_fastest_measured_for_its_head_dim(d, cau
 
 
 @pytest.mark.parametrize("wgmma", [False, True])
-def test_blocks_take_heads_in_groups_that_fit_l2(wgmma):
-    """`head_group`: by default as many heads as L2_GROUP_BYTES of K and V hold (512 KB each at
-    S 2048, D 64), never more than there are; a value sets it, and a bad one is an error."""
-    from tgc.codegen.attention import L2_GROUP_BYTES
-
+def test_blocks_take_heads_in_groups_of_every_head_unless_told(wgmma):
+    """`head_group`: by default every head in one group (the heaviest query tiles of all heads
+    first); a value sets it, capped at the heads there are, and a bad one is an error."""
     extra = {"wgmma": True} if wgmma else {}
-    big = generate_kernel(attention_region(heads_text(8, 16, 2048, 2048, 64, 64)), extra)
-    assert big.params["head_group"] == L2_GROUP_BYTES // (2048 * 128 * 2) < 8 * 16
-    assert "G = %d;" % big.params["head_group"] in big.source
     fused = attention_region(heads_text(2, 3, 65, 65, 64, 64))
-    assert generate_kernel(fused, extra).params["head_group"] == 6  # all 6 fit: one group
+    assert generate_kernel(fused, extra).params["head_group"] == 6  # 2 x 3 heads
     assert generate_kernel(fused, {**extra, "head_group": 4}).params["head_group"] == 4
+    assert "G = 6;" in generate_kernel(fused, {**extra, "head_group": 64}).source
+    assert "G = 4;" in generate_kernel(fused, {**extra, "head_group": 4}).source
     for bad in (0, True, "4"):
         with pytest.raises(TgcError, match="head_group must be a positive integer"):
             generate_kernel(fused, {**extra, "head_group": bad})
