@@ -328,7 +328,8 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
     stages = 3 if pingpong else 2  # K and V buffers each (the template says why ping-pong needs 3)
     group = _head_group(common, params)
     nq = (common["seq_q"] + 127) // 128
-    shared_bytes = 2 * (128 * d + 2 * stages * bn * d)  # Q, then K and V `stages` times each
+    # Q, then K and V `stages` times each, then 16 bytes for the softmax's ordering store.
+    shared_bytes = 2 * (128 * d + 2 * stages * bn * d) + 16
     step = {"k": d * 16, "n": 128}  # bytes between V's core matrices along keys, head dim
     source = render(
         "attention_wgmma.cu.j2",

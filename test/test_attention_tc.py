@@ -227,7 +227,7 @@ def test_wgmma_is_off_by_default_and_a_parameter_turns_it_on():
     assert "fence.proxy.async.shared::cta" in k.source
     assert k.arch_features == "sm_90a" and k.block == (256, 1, 1)
     assert k.grid == (2 * -(-300 // 128), 1, 1) and k.params["block_n"] == 64
-    assert k.shared_bytes == 2 * (128 * 64 + 4 * 64 * 64)
+    assert k.shared_bytes == 2 * (128 * 64 + 4 * 64 * 64) + 16  # Q, K, V, the sink word
     assert "__launch_bounds__(256, 2)" in k.source  # two blocks an SM: at most 128 registers
     wide = generate_kernel(fused, {"wgmma": True, "block_n": 128})
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in wide.source  # Q K^T
@@ -245,6 +245,10 @@ def test_wgmma_overlaps_the_softmax_with_p_v_unless_told_not_to():
     k = generate_kernel(fused, {"wgmma": True})
     assert k.params["overlap"] is True
     assert "wgmma.wait_group.sync.aligned 1;" in k.source
+    # The softmax ends in a shared-memory store of its row sums before P V's wait: the order
+    # ptxas keeps (without it the wait was scheduled before the softmax).
+    for body in (k.source, generate_kernel(fused, {"wgmma": True, "pingpong": True}).source):
+        assert body.count("softmax(j * BN);\n      softmax_done();\n      wgmma_wait0();") == 1
     serial = generate_kernel(fused, {"wgmma": True, "overlap": False})
     assert serial.params["overlap"] is False
     assert "wgmma.wait_group.sync.aligned 1;" not in serial.source
@@ -258,12 +262,12 @@ def test_wgmma_pingpong_is_off_by_default_and_takes_turns_through_named_barriers
     fused = attention_region(heads_text(1, 2, 300, 300, 64, 64, "bf16", True))
     plain = generate_kernel(fused, {"wgmma": True})
     assert plain.params["pingpong"] is False and "bar.sync %0" not in plain.source
-    assert plain.shared_bytes == 2 * (128 * 64 + 4 * 64 * 64)
+    assert plain.shared_bytes == 2 * (128 * 64 + 4 * 64 * 64) + 16
     k = generate_kernel(fused, {"wgmma": True, "pingpong": True})
     assert k.params["pingpong"] is True
     assert "bar.sync %0, 256;" in k.source and "bar.arrive %0, 256;" in k.source
     assert "__syncthreads();" not in k.source and "__syncthreads();" in plain.source
-    assert k.shared_bytes == 2 * (128 * 64 + 6 * 64 * 64)
+    assert k.shared_bytes == 2 * (128 * 64 + 6 * 64 * 64) + 16
     assert "__launch_bounds__(256, 2)" in k.source  # 64 KiB a block: still two an SM
 
 
