@@ -320,16 +320,18 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
     if pingpong and not overlap:
         raise TgcError("attention template parameters: pingpong needs overlap=true")
     q_in_registers = params.get("q_in_registers", False)
-    if not isinstance(q_in_registers, bool):
-        raise TgcError(
-            "attention template parameters: q_in_registers must be true or false, "
-            f"not {q_in_registers!r}"
-        )
+    swizzle = params.get("swizzle", False)
+    for name, value in (("q_in_registers", q_in_registers), ("swizzle", swizzle)):
+        if not isinstance(value, bool):
+            raise TgcError(
+                f"attention template parameters: {name} must be true or false, not {value!r}"
+            )
     stages = 3 if pingpong else 2  # K and V buffers each (the template says why ping-pong needs 3)
     group = _head_group(common, params)
     nq = (common["seq_q"] + 127) // 128
-    # Q, then K and V `stages` times each, then 16 bytes for the softmax's ordering store.
-    shared_bytes = 2 * (128 * d + 2 * stages * bn * d) + 16
+    # Q, then K and V `stages` times each, then 16 bytes for the softmax's ordering store; and
+    # with swizzling up to 1023 bytes to align Q to 1024.
+    shared_bytes = 2 * (128 * d + 2 * stages * bn * d) + 16 + (1024 if swizzle else 0)
     step = {"k": d * 16, "n": 128}  # bytes between V's core matrices along keys, head dim
     source = render(
         "attention_wgmma.cu.j2",
@@ -340,6 +342,7 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
         overlap=overlap,
         pingpong=pingpong,
         q_in_registers=q_in_registers,
+        swizzle=swizzle,
         group=group,
         stages=stages,
         min_blocks=2 if (d, bn) == (64, 64) else 1,
@@ -356,6 +359,7 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
         "overlap": overlap,
         "pingpong": pingpong,
         "q_in_registers": q_in_registers,
+        "swizzle": swizzle,
         "head_group": group,
     }
     return source, grid, (256, 1, 1), shared_bytes, chosen

@@ -285,6 +285,7 @@ def test_wgmma_pingpong_is_off_by_default_and_takes_turns_through_named_barriers
             {"q_in_registers": 1},
             "q_in_registers must be true or false, not 1",
         ),
+        (heads_text(1, 2, 65, 65, 64, 64), {"swizzle": "on"}, "swizzle must be true or false"),
         (
             heads_text(1, 2, 65, 65, 64, 64),
             {"pingpong": True, "overlap": False},
@@ -335,6 +336,11 @@ def test_a_kernel_that_needs_sm_90a_is_built_for_it_and_refused_elsewhere():
         (
             heads_text(2, 3, 1000, 1000, 128, 128, "f16", False, True, "heads"),
             {"q_in_registers": True, "pingpong": True},
+        ),
+        (heads_text(2, 3, 1000, 1000, 64, 64, "bf16", True, False, "heads"), {"swizzle": True}),
+        (
+            heads_text(2, 3, 1000, 1000, 128, 128, "f16", False, True, "heads"),
+            {"swizzle": True, "q_in_registers": True, "pingpong": True},
         ),
     ],
 )
@@ -594,6 +600,15 @@ WGMMA_VARIANTS = [
     ((1, 2, 1030, 1030, 128, 128, "heads", False, True), {"q_in_registers": True}),
     ((1, 2, 200, 333, 128, 128, "flat", True, False), {"q_in_registers": True, "overlap": False}),
     ((1, 2, 1030, 1030, 64, 64, "heads", False, True), {"q_in_registers": True, "pingpong": True}),
+    # 128-byte swizzled shared memory: both head dims (D 128: two column blocks, LBO), Q in
+    # registers or not, 128-key tiles, ping-pong, a mask, GPT-2's strided qkv rows.
+    ((2, 3, 63, 63, 64, 64, "heads", False, True), {"swizzle": True}),
+    ((1, 2, 1030, 1030, 64, 64, "heads", True, True), {"swizzle": True, "q_in_registers": True}),
+    ((1, 2, 777, 777, 64, 64, "qkv", False, True), {"swizzle": True, "block_n": 128}),
+    ((1, 2, 1030, 1030, 128, 128, "heads", False, True), {"swizzle": True}),
+    ((1, 2, 200, 333, 128, 128, "flat", True, False), {"swizzle": True, "q_in_registers": True}),
+    ((1, 2, 1030, 1030, 64, 64, "heads", False, True), {"swizzle": True, "pingpong": True}),
+    ((1, 2, 1030, 1030, 128, 128, "heads", True, True), {"swizzle": True, "pingpong": True}),
     # Heads in groups: 4 then 2 of 6; one head a group.
     ((2, 3, 300, 300, 64, 64, "heads", True, True), {"head_group": 4}),
     ((2, 3, 200, 333, 128, 128, "flat", False, False), {"head_group": 1}),

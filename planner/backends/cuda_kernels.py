@@ -329,6 +329,7 @@ TUNABLE: dict[str, dict[str, tuple]] = {
         "overlap": (True, False),
         "pingpong": (False, True),
         "head_group": (1, 4, 16, 64),
+        "swizzle": (False, True),
     },
 }
 REGION_PARAM = "region"  # the one-value parameter naming the region (module doc)
