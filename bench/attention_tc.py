@@ -71,8 +71,9 @@ def cases(only: set[str]) -> list[Case]:
     return [c for c in found if all(word in c.name.split() for word in only)]
 
 
-def kernels_of(case: Case, params: dict | None = None):
-    """The plan's kernels for `case` (placed by the `cuda` route), without a GPU."""
+def kernels_of(case: Case, params: dict | None = None, arch: str | None = None):
+    """The plan's kernels for `case` (placed by the `cuda` route) for a GPU of `arch`, without
+    a GPU."""
     import tgc
     from tgc.codegen.plan import build_plan
     from tgc.parser import parse_module
@@ -81,7 +82,7 @@ def kernels_of(case: Case, params: dict | None = None):
     tgc.load_all()
     module = parse_module(case.text())
     PassManager.from_text("cuda").run(module)
-    return build_plan(module.funcs[0], {"*": params} if params else None).kernels
+    return build_plan(module.funcs[0], {"*": params} if params else None, arch=arch).kernels
 
 
 def dry_run(selected: list[Case], arch: str, params: dict) -> int:
@@ -91,12 +92,21 @@ def dry_run(selected: list[Case], arch: str, params: dict) -> int:
     nvcc = "nvcc"
 
     def build(case: Case) -> str:
-        (k,) = kernels_of(case, params)
+        (k,) = kernels_of(case, params, arch)
         with tempfile.TemporaryDirectory(prefix="tgc-attention-tc-") as tmp:
             src = Path(tmp) / "k.cu"
             src.write_text(prelude() + "\n" + k.source)
             proc = subprocess.run(
-                [nvcc, "-cubin", f"-arch={arch}", "-O3", "-std=c++17", "-o", f"{tmp}/k.cubin", src],
+                [
+                    nvcc,
+                    "-cubin",
+                    *k.nvcc_target(arch),
+                    "-O3",
+                    "-std=c++17",
+                    "-o",
+                    f"{tmp}/k.cubin",
+                    src,
+                ],
                 capture_output=True,
                 text=True,
                 check=False,

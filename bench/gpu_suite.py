@@ -93,13 +93,14 @@ def copy_bandwidth(stream) -> float:
 
 
 def tgc_runner(text: str, pipeline: str = "", params: dict | None = None):
-    from tgc.runtime.cuda_executor import CudaPlanRunner
+    from tgc.runtime.cuda_executor import CudaPlanRunner, device_arch
 
-    return CudaPlanRunner(tgc_plan(text, pipeline, params))
+    return CudaPlanRunner(tgc_plan(text, pipeline, params, device_arch()))
 
 
-def tgc_plan(text: str, pipeline: str = "", params: dict | None = None):
-    """The plan the fixed `cuda` route makes of `text` (no GPU needed: a CPU test runs it)."""
+def tgc_plan(text: str, pipeline: str = "", params: dict | None = None, arch: str | None = None):
+    """The plan the fixed `cuda` route makes of `text` for a GPU of `arch` (tgc-run's: the
+    device's; no GPU needed: a CPU test runs it)."""
     import tgc
     from tgc.codegen.plan import build_plan
     from tgc.parser import parse_module
@@ -117,7 +118,7 @@ def tgc_plan(text: str, pipeline: str = "", params: dict | None = None):
     }
     route = "cuda{" + " ".join(f"{k}={v}" for k, v in options.items()) + "}"
     PassManager.from_text(f"{pipeline},{route}" if pipeline else route).run(module)
-    return build_plan(module.funcs[0], {"*": params} if params else None)
+    return build_plan(module.funcs[0], {"*": params} if params else None, arch=arch)
 
 
 # -- --backend auto: tgc-profile, then select-kernels on the measurements (issue 7, item 6) ---------

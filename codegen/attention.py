@@ -72,7 +72,7 @@ def generate_attention(fused: FusedOp, params: dict, symbol: str) -> KernelSourc
         shape=f"q {q.type.shape} k {k.type.shape} v {v.type.shape}"
         + (f" mask {mask[0].type.shape}" if mask else ""),
     )
-    if params.get("wgmma", False):
+    if params.get("wgmma", _wgmma_by_default(att, ops, common, params)):
         make = _wgmma_kernel
     elif _tensor_core_fits(att, ops):
         make = _tensor_core_kernel
@@ -98,6 +98,27 @@ def generate_attention(fused: FusedOp, params: dict, symbol: str) -> KernelSourc
     if make is _wgmma_kernel:
         ks.arch_features = "sm_90a"
     return ks
+
+
+# The GPU a kernel is for (template parameter `arch`, as nvcc names it; none: any sm_80 or
+# later). On sm_90 the wgmma kernel is the default where it runs: at B8 H16 S2048 D64 causal
+# bf16 it took 0.200 ms (344 TFLOP/s, 91% of SDPA's speed) against the mma.sync kernel's 0.308
+# on an H100, 2026-11-23 (bench/results/attention_tc-wgmma-*.md); at D128 1.75 against 1.84 ms.
+WGMMA_ARCHS = ("sm_90",)
+
+
+def _wgmma_by_default(att: Operation, ops: dict[str, dict], common: dict, params: dict) -> bool:
+    arch = params.get("arch")
+    if arch is not None and not (isinstance(arch, str) and arch.startswith("sm_")):
+        raise TgcError(
+            f"attention template parameters: arch names a GPU as nvcc does (sm_90), not {arch!r}"
+        )
+    return arch in WGMMA_ARCHS and _wgmma_fits(att, ops, common)
+
+
+def _wgmma_fits(att: Operation, ops: dict[str, dict], common: dict) -> bool:
+    """bf16/f16 operands the tensor-core kernel takes, head dims d = d_v of 64 or 128."""
+    return _tensor_core_fits(att, ops) and common["d"] == common["dv"] in (64, 128)
 
 
 def _f32_kernel(att: Operation, ops: dict[str, dict], common: dict, params: dict):
@@ -287,19 +308,22 @@ WGMMA_V_OFFSETS = ("k", "n")
 
 
 def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: dict):
-    """attention_wgmma.cu.j2 (template parameter `wgmma`, default false): two warpgroups of 64
-    queries, wgmma for Q K^T (both from shared memory) and P V (P from registers), key tiles of
-    `block_n` (64, the default, or 128) keys. With `overlap` (default true) S of tile j and P V
+    """attention_wgmma.cu.j2 (template parameter `wgmma`; the default where `arch` is sm_90):
+    two warpgroups of 64 queries, wgmma for Q K^T (Q from registers with `q_in_registers`,
+    default true without ping-pong, else from shared memory) and P V (P from registers), key tiles of `block_n`
+    (64, the default, or 128) keys, shared memory 128-byte swizzled (`swizzle`, default true:
+    whole-row copies without bank conflicts). With `overlap` (default true) S of tile j and P V
     of tile j - 1 are in flight together and the softmax of tile j overlaps P V. With `pingpong`
     (default false; needs overlap) the two warpgroups run half a tile apart, named barriers
     taking turns, so one's softmax overlaps the other's wgmmas; K and V get 3 buffers each.
-    bf16/f16 whose tensor-core kernel would run, with d = d_v, 64 or 128; sm_90a only. Two blocks share an SM
-    at head dim 64 with 64-key tiles (128 registers a thread; the launch bounds say so). Off by
-    default: its first form (no overlap) ran at 54% of SDPA's speed against the mma.sync
-    kernel's 60% at B8 H16 S2048 D64 causal (bench/results/attention_tc-wgmma-*.md); tuning
-    tries it."""
+    bf16/f16 whose tensor-core kernel would run, with d = d_v, 64 or 128; sm_90a only. Two
+    blocks share an SM at head dim 64 with 64-key tiles (128 registers a thread; the launch
+    bounds say so). What made it fast (bench/results/attention_tc-wgmma-*.md): swizzled
+    shared memory (the unswizzled layout's copies were bank-conflicted or took twice the L2
+    requests), scores without mask checks away from the edges, whole-tile copies and
+    descriptors with constant offsets: 0.343 to 0.200 ms at B8 H16 S2048 D64 causal."""
     elem, d, dv = att.operands[0].type.element_type, common["d"], common["dv"]
-    if not _tensor_core_fits(att, ops) or d != dv or d not in (64, 128):
+    if not _wgmma_fits(att, ops, common):
         raise TgcError(
             "attention template parameters: wgmma needs bf16/f16 operands the tensor-core kernel "
             f"takes and head dims d = d_v of 64 or 128 (got {elem}, {d} and {dv})"
@@ -319,8 +343,10 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
         )
     if pingpong and not overlap:
         raise TgcError("attention template parameters: pingpong needs overlap=true")
-    q_in_registers = params.get("q_in_registers", False)
-    swizzle = params.get("swizzle", False)
+    # Q in registers by default, but with ping-pong (three K and V buffers) and a mask at head
+    # dim 64 the 128 registers of two blocks an SM would spill.
+    q_in_registers = params.get("q_in_registers", not pingpong)
+    swizzle = params.get("swizzle", True)
     for name, value in (("q_in_registers", q_in_registers), ("swizzle", swizzle)):
         if not isinstance(value, bool):
             raise TgcError(

@@ -220,9 +220,13 @@ def build_plan(
     library_matmul: bool = True,
     names: NameAllocator | None = None,
     returned_views: bool = True,
+    arch: str | None = None,
 ) -> Plan:
     """The plan of a function already placed on the device (by the `place-on-device` pass).
     `kernel_params` maps a kernel's IR name (or "*", every kernel) to template parameters.
+    `arch` (nvcc's name of the GPU the plan is for, "sm_90") is every kernel's template
+    parameter `arch` unless its parameters give one: generators choose their defaults for it
+    (on sm_90 the attention kernel is the wgmma one). None: kernels for any sm_80 or later.
     Kernel symbols come from `names` (one allocator per translation unit; by default a fresh
     one), so kernels whose IR names sanitise alike still get distinct symbols.
 
@@ -237,6 +241,9 @@ def build_plan(
     require_placed(func)
     refuse_zero_size(func)
     kernel_params = kernel_params or {}
+    if arch is not None:
+        kernel_params = {key: {"arch": arch, **value} for key, value in kernel_params.items()}
+        kernel_params.setdefault("*", {"arch": arch})
     names = names if names is not None else module_names()
     body = func.body
     ret = body.last

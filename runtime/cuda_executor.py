@@ -320,6 +320,7 @@ def run_on_cuda(func: FuncOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
     from tgc.runtime.interpreter import check_inputs
 
     inputs = check_inputs(func, inputs, "native")
-    runner = CudaPlanRunner(build_plan(func))
+    # Kernels for this GPU: on sm_90 the attention kernel is the wgmma one.
+    runner = CudaPlanRunner(build_plan(func, arch=device_arch()))
     runner.poison()
     return runner.run(inputs)

@@ -227,7 +227,7 @@ def test_wgmma_is_off_by_default_and_a_parameter_turns_it_on():
     assert "fence.proxy.async.shared::cta" in k.source
     assert k.arch_features == "sm_90a" and k.block == (256, 1, 1)
     assert k.grid == (2 * -(-300 // 128), 1, 1) and k.params["block_n"] == 64
-    assert k.shared_bytes == 2 * (128 * 64 + 4 * 64 * 64) + 16  # Q, K, V, the sink word
+    assert k.shared_bytes == 2 * (128 * 64 + 4 * 64 * 64) + 16 + 1024  # Q, K, V, sink, alignment
     assert "__launch_bounds__(256, 2)" in k.source  # two blocks an SM: at most 128 registers
     wide = generate_kernel(fused, {"wgmma": True, "block_n": 128})
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in wide.source  # Q K^T
@@ -236,6 +236,52 @@ def test_wgmma_is_off_by_default_and_a_parameter_turns_it_on():
         attention_region(heads_text(1, 2, 65, 65, 128, 128, "f16")), {"wgmma": True}
     )
     assert k128.params["block_n"] == 64 and "m64n128k16.f32.f16.f16" in k128.source
+
+
+@pytest.mark.parametrize(
+    "text, arch, wgmma",
+    [
+        (heads_text(1, 2, 300, 300, 64, 64, "bf16", True), "sm_90", True),
+        (heads_text(1, 2, 300, 300, 128, 128, "f16"), "sm_90", True),
+        (heads_text(1, 2, 300, 300, 64, 64, "bf16", True), "sm_80", False),
+        (heads_text(1, 2, 300, 300, 64, 64, "bf16", True), None, False),
+        (heads_text(1, 2, 300, 300, 80, 80, "bf16"), "sm_90", False),  # head dim 80
+        (heads_text(1, 2, 300, 300, 64, 64, "f32"), "sm_90", False),
+    ],
+)
+def test_the_wgmma_kernel_is_the_default_for_sm_90_where_it_runs(text, arch, wgmma):
+    """`arch`: on sm_90 the wgmma kernel (swizzled, Q in registers) unless it cannot run the
+    region; elsewhere, or with no arch, the portable kernels; `wgmma` still overrides."""
+    fused = attention_region(text)
+    k = generate_kernel(fused, {"arch": arch} if arch else {})
+    assert k.params.get("wgmma", False) is wgmma
+    assert ("wgmma.mma_async" in k.source) is wgmma
+    if wgmma:
+        assert k.params["swizzle"] and k.params["q_in_registers"] and k.arch_features == "sm_90a"
+        assert not generate_kernel(fused, {"arch": arch, "wgmma": False}).params["wgmma"]
+
+
+def test_a_plan_for_sm_90_runs_the_wgmma_kernel():
+    """build_plan's `arch` reaches every kernel's parameters, under those given ("*" or by name),
+    which still win."""
+    from tgc.codegen.plan import build_plan
+
+    module = parse_module(heads_text(1, 2, 300, 300, 64, 64, "bf16", True))
+    PassManager.from_text("cuda").run(module)
+    func = module.funcs[0]
+
+    def wgmma(params=None, arch=None) -> bool:
+        (k,) = build_plan(func, params, arch=arch).kernels
+        return bool(k.params.get("wgmma")) and "wgmma.mma_async" in k.source
+
+    assert wgmma(arch="sm_90") and not wgmma() and not wgmma(arch="sm_80")
+    assert wgmma({"*": {"block_n": 128}}, arch="sm_90")
+    assert not wgmma({"*": {"wgmma": False}}, arch="sm_90")
+
+
+def test_a_bad_arch_is_an_error():
+    with pytest.raises(TgcError, match="arch names a GPU as nvcc does"):
+        generate_kernel(attention_region(heads_text(1, 2, 65, 65, 64, 64)), {"arch": 90})
 
 
 def test_wgmma_overlaps_the_softmax_with_p_v_unless_told_not_to():
@@ -262,12 +308,12 @@ def test_wgmma_pingpong_is_off_by_default_and_takes_turns_through_named_barriers
     fused = attention_region(heads_text(1, 2, 300, 300, 64, 64, "bf16", True))
     plain = generate_kernel(fused, {"wgmma": True})
     assert plain.params["pingpong"] is False and "bar.sync %0" not in plain.source
-    assert plain.shared_bytes == 2 * (128 * 64 + 4 * 64 * 64) + 16
+    assert plain.shared_bytes == 2 * (128 * 64 + 4 * 64 * 64) + 16 + 1024
     k = generate_kernel(fused, {"wgmma": True, "pingpong": True})
     assert k.params["pingpong"] is True
     assert "bar.sync %0, 256;" in k.source and "bar.arrive %0, 256;" in k.source
     assert "__syncthreads();" not in k.source and "__syncthreads();" in plain.source
-    assert k.shared_bytes == 2 * (128 * 64 + 6 * 64 * 64) + 16
+    assert k.shared_bytes == 2 * (128 * 64 + 6 * 64 * 64) + 16 + 1024
     assert "__launch_bounds__(256, 2)" in k.source  # 64 KiB a block: still two an SM
 
 
