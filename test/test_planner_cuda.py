@@ -1346,3 +1346,32 @@ def test_attention_reads_its_heads_as_strided_views_of_one_buffer(stand_in):
     (want,) = run_function(reference, inputs, "f64")
     (got,) = run_plan(planned, inputs)
     assert rel_error(got, want) <= 1e-5
+
+
+def test_region_kernels_for_sm_90_measure_the_wgmma_attention_first(stand_in):
+    """Registered for an sm_90 GPU, a region kernel names its `arch` (one value) and offers the
+    generator's defaults for it first: for bf16 attention at head dim 64, the wgmma kernel; for
+    no arch (the stand-in), the portable one."""
+    text = _heads_text(b=1, s=130, h=2, d=64).replace("xf32>", "xbf16>")
+    _, func = parse(text)
+
+    def attention_params() -> dict:
+        regions = [
+            m
+            for ms in options_by_root(func).values()
+            for m in ms
+            if m.kernel.name == "cuda.attention"
+        ]
+        assert regions
+        return ck.template_params(regions[0].kernel.params)
+
+    portable = attention_params()
+    assert "arch" not in portable and portable["wgmma"][0] is False
+    ck.TARGET["arch"] = "sm_90"  # as register(..., arch="sm_90") sets it
+    try:
+        hopper = attention_params()
+    finally:
+        ck.TARGET["arch"] = None
+    assert hopper["arch"] == ("sm_90",)
+    assert hopper["wgmma"][0] is True and hopper["swizzle"][0] is True
+    assert set(hopper["wgmma"]) == {True, False}  # tuning may still try the mma.sync kernel

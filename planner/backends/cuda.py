@@ -51,7 +51,7 @@ from tgc.dialects.kernel import CallOp, FusedOp
 from tgc.ir import Operation
 from tgc.planner.backends import Backend, Space, Template
 from tgc.planner.backends import cuda_kernels as planner_side
-from tgc.runtime.cuda_executor import context, load_kernels
+from tgc.runtime.cuda_executor import context, device_arch, load_kernels
 from tgc.runtime.cuda_timing import time_queued
 from tgc.types import TensorType
 
@@ -375,9 +375,9 @@ SPACE = Space("cuda", to_host, from_host, time_queued)
 
 
 def register() -> None:
-    """Register the CUDA backend (idempotent)."""
+    """Register the CUDA backend (idempotent), its region kernels made for this GPU."""
     context()
-    planner_side.register(BACKEND, SPACE, _cublas_host_run, _lt_host_run)
+    planner_side.register(BACKEND, SPACE, _cublas_host_run, _lt_host_run, arch=device_arch())
 
 
 def unregister() -> None:

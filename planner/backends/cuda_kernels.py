@@ -289,12 +289,13 @@ _REGION_KERNELS: dict[tuple, Kernel | None] = {}
 
 
 def region_kernel(region: KernelRegion) -> Kernel | None:
-    """The generated kernel of `region` (cached per structural key), or None when the code
-    generator cannot make it."""
+    """The generated kernel of `region` (cached per structural key and target GPU), or None
+    when the code generator cannot make it."""
     key = region_key(region)
-    if key not in _REGION_KERNELS:
-        _REGION_KERNELS[key] = _make_region_kernel(region, key)
-    return _REGION_KERNELS[key]
+    cached = (key, TARGET["arch"])
+    if cached not in _REGION_KERNELS:
+        _REGION_KERNELS[cached] = _make_region_kernel(region, key)
+    return _REGION_KERNELS[cached]
 
 
 # The template parameters tuning searches (`tgc-profile --tune`), per template: name -> values.
@@ -333,6 +334,11 @@ TUNABLE: dict[str, dict[str, tuple]] = {
     },
 }
 REGION_PARAM = "region"  # the one-value parameter naming the region (module doc)
+# The GPU region kernels are made for (`register`'s `arch`, nvcc's name: "sm_90"), or None
+# (kernels for any sm_80 or later; tests' stand-in devices). A region kernel's `arch` is a
+# one-value parameter, so the generator's defaults for that GPU are the ones measured first
+# (on sm_90 the wgmma attention kernel) and its measurements say which GPU they were for.
+TARGET: dict[str, str | None] = {"arch": None}
 
 
 def template_params(params: dict) -> dict:
@@ -346,13 +352,16 @@ def _make_region_kernel(region: KernelRegion, key: tuple) -> Kernel | None:
     fused = fused_from_block(
         func.body, list(func.function_type.results), region.kind, "plan_region", func.loc
     )
+    arch = TARGET["arch"]
     try:
-        chosen = generate_kernel(fused).params
+        chosen = generate_kernel(fused, {"arch": arch} if arch else None).params
     except (TgcError, KeyError):  # no C code for an op on this type, an unsupported shape...
         return None
     text = print_op(func)
     digest = hashlib.blake2b(repr(key).encode(), digest_size=8).hexdigest()
     params: dict[str, tuple] = {REGION_PARAM: (digest,)}
+    if arch:
+        params["arch"] = (arch,)
     for name, values in TUNABLE.get(fused.attr("template"), {}).items():
         if name in chosen:
             params[name] = (chosen[name], *(v for v in values if v != chosen[name]))
@@ -803,12 +812,15 @@ def host_array(array, t: TensorType | None = None) -> np.ndarray:
 # -- registration -------------------------------------------------------------------------------------
 
 
-def register(backend: Backend, space: Space, cublas_run=None, lt_run=None) -> None:
+def register(
+    backend: Backend, space: Space, cublas_run=None, lt_run=None, arch: str | None = None
+) -> None:
     """Register the planner side of the CUDA backend with `backend` and `space` (the device's,
     or a test's stand-in): the templates, the cuBLAS and cuBLASLt kernels (their host runs,
     for checking them, from `cublas_run` and `lt_run(kernel name)`), the view kernels, the
-    fused-kernel hook.
+    fused-kernel hook; region kernels are made for a GPU of `arch` (TARGET).
     Idempotent."""
+    TARGET["arch"] = arch
     for template in TEMPLATE_OF_KIND.values():
         register_template(template)
     if CUBLAS_GEMM not in KERNELS:
@@ -827,6 +839,7 @@ def register(backend: Backend, space: Space, cublas_run=None, lt_run=None) -> No
 
 def unregister() -> None:
     """Remove what `register` added (tests)."""
+    TARGET["arch"] = None
     for template in TEMPLATE_OF_KIND.values():
         TEMPLATES.pop(template.name, None)
     KERNELS.pop(CUBLAS_GEMM, None)
