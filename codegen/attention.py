@@ -263,8 +263,9 @@ def _head_group(common: dict, params: dict) -> int:
     the next group's, so the blocks in flight share K and V in L2. The default is every head
     in one group: the heaviest query tiles of all heads first. Groups that fit L2 (24 heads at
     B8 H16 S2048 D64) read DRAM a third as much but ran 11% slower on an H100 (2026-11-23,
-    bench/results/attention_tc-groups-*.md): the long causal tiles left for the end of each
-    group cost more than the DRAM traffic saved. Tuning tries smaller groups."""
+    bench/results/attention_tc-wgmma-*.md, "Session 2026-11-23 evening"): the long causal
+    tiles left for the end of each group cost more than the DRAM traffic saved. Tuning tries
+    smaller groups."""
     default = common["nb"]
     group = params.get("head_group", default)
     if not isinstance(group, int) or isinstance(group, bool) or group < 1:
