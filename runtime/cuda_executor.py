@@ -74,6 +74,9 @@ def _release() -> None:
 
 
 def device_arch() -> str:
+    """nvcc's name of the GPU ("sm_90"); its context is made current first (tgc-run plans for
+    it before any runner exists)."""
+    context()
     major, minor = cuda.Context.get_device().compute_capability()
     return f"sm_{major}{minor}"
 
