@@ -313,10 +313,11 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
     two warpgroups of 64 queries, wgmma for Q K^T (Q from registers with `q_in_registers`,
     default true without ping-pong, else from shared memory) and P V (P from registers), key
     tiles of `block_n` (64, the default, or 128) keys, shared memory 128-byte swizzled
-    (`swizzle`, default true: whole-row copies without bank conflicts). With `overlap` (default true) S of tile j and P V
-    of tile j - 1 are in flight together and the softmax of tile j overlaps P V. With `pingpong`
-    (default false; needs overlap) the two warpgroups run half a tile apart, named barriers
-    taking turns, so one's softmax overlaps the other's wgmmas; K and V get 3 buffers each.
+    (`swizzle`, default true: whole-row copies without bank conflicts). With `overlap`
+    (default true) S of tile j and P V of tile j - 1 are in flight together and the softmax of
+    tile j overlaps P V. With `pingpong` (default false; needs overlap) the two warpgroups run
+    half a tile apart, named barriers taking turns, so one's softmax overlaps the other's
+    wgmmas; K and V get 3 buffers each.
     bf16/f16 whose tensor-core kernel would run, with d = d_v, 64 or 128; sm_90a only. Two
     blocks share an SM at head dim 64 with 64-key tiles (128 registers a thread; the launch
     bounds say so). What made it fast (bench/results/attention_tc-wgmma-*.md): swizzled
