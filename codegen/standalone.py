@@ -39,8 +39,12 @@ from tgc.ir import Value
 from tgc.types import TensorType
 
 
-def emit_standalone_cuda(module: ModuleOp, source_name: str = "<module>") -> str:
-    """The .cu of a placed module (matmuls as generated kernels: no cuBLAS call may be left)."""
+def emit_standalone_cuda(
+    module: ModuleOp, source_name: str = "<module>", arch: str | None = None
+) -> str:
+    """The .cu of a placed module (matmuls as generated kernels: no cuBLAS call may be left),
+    its kernels for a GPU of `arch` (build_plan's; None: any sm_80 or later). Where a kernel
+    needs its architecture's own features (sm_90a's wgmma), the header says how to build it."""
     for func in module.funcs:
         require_placed(func)
         refuse_zero_size(func)
@@ -51,15 +55,18 @@ def emit_standalone_cuda(module: ModuleOp, source_name: str = "<module>") -> str
         for f in module.funcs
     ]
     kernels: list[str] = []
+    features: set[str] = set()
     funcs = []
     for seed, (func, entry) in enumerate(zip(module.funcs, entries)):
         # The caller owns each output's memory: a returned view is copied into it.
-        plan = build_plan(func, library_matmul=False, names=names, returned_views=False)
+        plan = build_plan(func, library_matmul=False, names=names, returned_views=False, arch=arch)
         kernels += [k.source for k in plan.kernels]
+        features |= {k.arch_features for k in plan.kernels if k.arch_features}
         funcs.append(_function_data(func, plan, seed * 1000, entry, names))
     return render(
         "standalone.cu.j2",
         source_name=comment_text(source_name),
+        target=sorted(features)[0] if features else None,
         prelude=prelude("standalone"),
         kernels=kernels,
         funcs=funcs,

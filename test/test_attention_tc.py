@@ -487,6 +487,20 @@ def test_standalone_file_compiles_and_traps_below_sm80(tmp_path):
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_standalone_file_for_sm_90_compiles_with_its_wgmma_kernels(tmp_path):
+    """`arch="sm_90"` (tgc-translate --arch): both attention kernels are the wgmma one, and the
+    file, with its main, compiles for sm_90a as its header says."""
+    text = heads_text(2, 2, 70, 70, 64, 64, "bf16", True, True, "qkv")
+    second = heads_text(1, 2, 33, 33, 128, 128, "f16").replace("@att", "@att2")
+    module = parse_module(text + "\n" + second)
+    PassManager.from_text("cuda-standalone").run(module)
+    source = emit_standalone_cuda(module, "att", arch="sm_90")
+    assert source.count("fused attention on Hopper's tensor cores") == 2
+    assert "-gencode=arch=compute_90a,code=sm_90a" in source.split("#include")[0]
+    nvcc(tmp_path, source, "-gencode=arch=compute_90a,code=sm_90a", "-DTGC_STANDALONE_MAIN")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_bench_dry_run_generates_and_compiles():
     """bench/attention_tc.py --dry-run: every kernel of the benchmark generated and compiled,
     no GPU needed."""

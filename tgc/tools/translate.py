@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 import tgc
+from tgc.diagnostics import TgcError
 from tgc.tools._common import EXIT_OK, guarded, read_input
 from tgc.tools.opt import write_output
 
@@ -26,6 +28,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
         help=f"pipeline to run first (for cuda the default is '{CUDA_PIPELINE}'; a pipeline given "
         "here must end in placed IR, e.g. 'cuda-standalone{attention-kernel=false}')",
     )
+    ap.add_argument(
+        "--arch",
+        default=None,
+        help="the GPU the .cu is for, as nvcc names it (e.g. sm_90: the attention kernel is then "
+        "the wgmma one, which needs sm_90a); default: kernels for any sm_80 or later",
+    )
     ap.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
     return ap
 
@@ -35,6 +43,8 @@ def run(args) -> int:
     from tgc.pass_manager import PassManager, parse_pipeline
     from tgc.verifier import verify
 
+    if args.arch is not None and not re.fullmatch(r"sm_\d+", args.arch):
+        raise TgcError(f"--arch: '{args.arch}' is not a GPU as nvcc names one (e.g. sm_90)")
     text, name = read_input(args.input)
     module = parse_module(text, name)
     verify(module)
@@ -48,7 +58,7 @@ def run(args) -> int:
 
     pipeline = args.passes if args.passes is not None else CUDA_PIPELINE
     PassManager(parse_pipeline(pipeline)).run(module)
-    write_output(args.output, emit_standalone_cuda(module))
+    write_output(args.output, emit_standalone_cuda(module, arch=args.arch))
     return EXIT_OK
 
 
