@@ -200,32 +200,36 @@ def test_qkv_row_returning_its_products_times_one_batched_gemm_and_no_copies(dty
 
 @pytest.mark.parametrize("dtype", gpu_suite.LOW_DTYPES)
 def test_attention_rows_are_one_kernel_each(dtype):
-    """Each attention row times one fused kernel (no decomposition into GEMMs and softmax)."""
+    """Each attention row times one fused kernel (no decomposition into GEMMs and softmax):
+    planned for an H100 as the GPU run plans them, the wgmma kernel."""
     rows = full_size("attn", dtype)
     assert len(rows) == 2 * len(gpu_suite.ATTENTION_SHAPES)
     for w in rows:
-        plan = gpu_suite.tgc_plan(w.text, w.pipeline)
+        plan = gpu_suite.tgc_plan(w.text, w.pipeline, arch="sm_90")
         assert step_kinds(plan, range(len(plan.steps))) == ["Launch"], w.name
+        assert plan.kernels[0].params["wgmma"], w.name
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_nvcc_compiles_every_kernel_of_the_low_precision_rows(tmp_path):
-    """Each distinct kernel the bf16/f16 rows' plans hold (every variant) compiles for sm_90
-    with the executor's options, so that the GPU run does not stop at nvcc."""
+    """Each distinct kernel the bf16/f16 rows' plans hold (every variant, planned for sm_90 as
+    the GPU run plans them) compiles for it with the executor's options, so that the GPU run
+    does not stop at nvcc."""
     from tgc.codegen.render import prelude
 
     sources = {}
     for kind, dtype in ALL_ROWS:
         for w in full_size(kind, dtype):
             for params in w.variants or [None]:
-                for k in gpu_suite.tgc_plan(w.text, w.pipeline, params).kernels:
-                    sources.setdefault(k.source, f"{w.name}, {params or 'defaults'}: {k.name}")
+                for k in gpu_suite.tgc_plan(w.text, w.pipeline, params, "sm_90").kernels:
+                    label = f"{w.name}, {params or 'defaults'}: {k.name}"
+                    sources.setdefault(k.source, (label, k.nvcc_target("sm_90")))
 
     def build(item):
-        i, (source, label) = item
+        i, (source, (label, target)) = item
         src = tmp_path / f"k{i}.cu"
         src.write_text(prelude() + "\n" + source)
-        cmd = [NVCC, "-cubin", "-arch=sm_90", "-O3", "-std=c++17", "-o", f"{src}.cubin", str(src)]
+        cmd = [NVCC, "-cubin", *target, "-O3", "-std=c++17", "-o", f"{src}.cubin", str(src)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         return None if proc.returncode == 0 else f"{label}:\n{proc.stderr[-2000:]}"
 
