@@ -35,7 +35,7 @@ import math
 import numpy as np
 
 from tgc.codegen.cuda_ops import STORAGE_CTYPE
-from tgc.codegen.render import KernelSource, kernel_label, render
+from tgc.codegen.render import KernelSource, is_gpu_arch, kernel_label, render
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import FusedOp
 from tgc.ir import Operation, Value
@@ -109,7 +109,7 @@ WGMMA_ARCHS = ("sm_90",)
 
 def _wgmma_by_default(att: Operation, ops: dict[str, dict], common: dict, params: dict) -> bool:
     arch = params.get("arch")
-    if arch is not None and not (isinstance(arch, str) and arch.startswith("sm_")):
+    if arch is not None and not is_gpu_arch(arch):
         raise TgcError(
             f"attention template parameters: arch names a GPU as nvcc does (sm_90), not {arch!r}"
         )

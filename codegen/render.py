@@ -7,6 +7,7 @@ A template family (elementwise.py, row_reduction.py, matmul.py, attention.py) tu
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -62,6 +63,12 @@ def module_names() -> NameAllocator:
 def kernel_label(op: FusedOp) -> str:
     """The IR name of a kernel as diagnostics show it (one line, printable)."""
     return display_name(str(op.attr("name")))
+
+
+def is_gpu_arch(arch: object) -> bool:
+    """Whether `arch` names a GPU as nvcc does ("sm_90"): the template parameter `arch` and
+    tgc-translate's --arch both take one."""
+    return isinstance(arch, str) and re.fullmatch(r"sm_\d+", arch) is not None
 
 
 @dataclass

@@ -279,9 +279,11 @@ def test_a_plan_for_sm_90_runs_the_wgmma_kernel():
     assert not wgmma({"*": {"wgmma": False}}, arch="sm_90")
 
 
-def test_a_bad_arch_is_an_error():
+@pytest.mark.parametrize("arch", [90, "sm_9x", "sm_"])
+def test_a_bad_arch_is_an_error(arch):
+    """The same test as tgc-translate's --arch (render.is_gpu_arch)."""
     with pytest.raises(TgcError, match="arch names a GPU as nvcc does"):
-        generate_kernel(attention_region(heads_text(1, 2, 65, 65, 64, 64)), {"arch": 90})
+        generate_kernel(attention_region(heads_text(1, 2, 65, 65, 64, 64)), {"arch": arch})
 
 
 def test_wgmma_overlaps_the_softmax_with_p_v_unless_told_not_to():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 
 import tgc
@@ -39,11 +38,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
+    from tgc.codegen.render import is_gpu_arch
     from tgc.parser import parse_module
     from tgc.pass_manager import PassManager, parse_pipeline
     from tgc.verifier import verify
 
-    if args.arch is not None and not re.fullmatch(r"sm_\d+", args.arch):
+    if args.arch is not None and not is_gpu_arch(args.arch):
         raise TgcError(f"--arch: '{args.arch}' is not a GPU as nvcc names one (e.g. sm_90)")
     text, name = read_input(args.input)
     module = parse_module(text, name)
