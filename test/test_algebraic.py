@@ -775,3 +775,45 @@ def test_work_is_about_linear():
 
     small, large = calls(12), calls(48)
     assert large / small < 5, f"12 blocks: {small} calls, 48 blocks: {large} calls"
+
+
+# -- crashes found -------------------------------------------------------------------------------
+
+DEAD_SHARERS = """\
+func.func @g(%a0: tensor<2x1xf64>, %a1: tensor<1xf64>, %w: tensor<1x1xf64>) -> tensor<2x1xf64> {
+  %0 = atomic.neg %a0 : (tensor<2x1xf64>) -> tensor<2x1xf64>
+  %1 = atomic.neg %0 : (tensor<2x1xf64>) -> tensor<2x1xf64>
+  %2 = atomic.neg %a0 : (tensor<2x1xf64>) -> tensor<2x1xf64>
+  %3 = hl.linear %a0, %w : (tensor<2x1xf64>, tensor<1x1xf64>) -> tensor<2x1xf64>
+  %4 = atomic.add %a0, %a0 : (tensor<2x1xf64>, tensor<2x1xf64>) -> tensor<2x1xf64>
+  %5 = atomic.add %a0, %1 : (tensor<2x1xf64>, tensor<2x1xf64>) -> tensor<2x1xf64>
+  %6 = atomic.neg %a0 : (tensor<2x1xf64>) -> tensor<2x1xf64>
+  %7 = hl.linear %2, %w : (tensor<2x1xf64>, tensor<1x1xf64>) -> tensor<2x1xf64>
+  %8 = hl.linear %a0, %w : (tensor<2x1xf64>, tensor<1x1xf64>) -> tensor<2x1xf64>
+  func.return %8 : tensor<2x1xf64>
+}
+"""
+
+
+def test_dead_matmuls_sharing_a_weight_are_not_merged(tmp_path, capsys):
+    """Issue 27: two dead matmuls (%3, %7) and a live one (%8) share %w; the merge offered the
+    dead pair alone, whose anchor (first user) is None: `internal error: KeyError: None`."""
+    from tgc.tools.opt import main
+
+    src = tmp_path / "dead.tg"
+    src.write_text(DEAD_SHARERS)
+    assert main([str(src), "-p", "lower-hl,algebraic"]) == 0
+    assert "error" not in capsys.readouterr().err
+    module = parse_module(DEAD_SHARERS, "dead.tg")
+    func = module.funcs[0]
+    rng = np.random.default_rng()
+    inputs = [rng.standard_normal(a.type.shape) for a in func.args]
+    (want,) = run_function(func, inputs, "f64")
+    PassManager.from_text("lower-hl,algebraic").run(module)
+    (got,) = run_function(module.funcs[0], inputs, "f64")
+    np.testing.assert_allclose(got, want, rtol=RTOL)
+    # no move reads the dead matmuls (they are dce's)
+    ops = list(module.funcs[0].body.ops)
+    dead = {i for i, op in enumerate(ops) if op.name == "atomic.matmul" and not op.results[0].uses}
+    assert len(dead) == 2
+    assert not any(dead & set(m.indices) for m in find_moves(module.funcs[0], RULES, WEIGHTS))

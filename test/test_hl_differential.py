@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import HealthCheck, example, given, note, settings
 from hypothesis import strategies as st
 
 import tgc
@@ -263,8 +263,38 @@ def replay(text: str, seed: int, pipeline: str) -> None:
 PIPELINES = ["lower-hl", "optimize", "lower-hl,canonicalize,cse,dce", "lower-hl,algebraic"]
 EXAMPLES = 300  # per pipeline
 
+# Cases this test once found, (text, seed), replayed first on every run (each pipeline) so that a
+# found failure stays found: add the `replay(...)` note of a new failure here.
+PAST_FAILURES = [
+    # issue 27: dead matmuls sharing %w made `algebraic` crash (KeyError: None in find_moves)
+    (
+        "// scale 1.0 bound 1.0\n"
+        "func.func @g(%a0: tensor<2x1xf64>, %a1: tensor<1xf64>, %w: tensor<1x1xf64>)"
+        " -> tensor<2x1xf64> {\n"
+        "  %0 = atomic.neg %a0 : (tensor<2x1xf64>) -> tensor<2x1xf64>\n"
+        "  %1 = atomic.neg %0 : (tensor<2x1xf64>) -> tensor<2x1xf64>\n"
+        "  %2 = atomic.neg %a0 : (tensor<2x1xf64>) -> tensor<2x1xf64>\n"
+        "  %3 = hl.linear %a0, %w : (tensor<2x1xf64>, tensor<1x1xf64>) -> tensor<2x1xf64>\n"
+        "  %4 = atomic.add %a0, %a0 : (tensor<2x1xf64>, tensor<2x1xf64>) -> tensor<2x1xf64>\n"
+        "  %5 = atomic.add %a0, %1 : (tensor<2x1xf64>, tensor<2x1xf64>) -> tensor<2x1xf64>\n"
+        "  %6 = atomic.neg %a0 : (tensor<2x1xf64>) -> tensor<2x1xf64>\n"
+        "  %7 = hl.linear %2, %w : (tensor<2x1xf64>, tensor<1x1xf64>) -> tensor<2x1xf64>\n"
+        "  %8 = hl.linear %a0, %w : (tensor<2x1xf64>, tensor<1x1xf64>) -> tensor<2x1xf64>\n"
+        "  func.return %8 : tensor<2x1xf64>\n"
+        "}\n",
+        0,
+    ),
+]
+
+
+def _with_past_failures(test):
+    for text, seed in reversed(PAST_FAILURES):
+        test = example(text=text, seed=seed)(test)
+    return test
+
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
+@_with_past_failures
 @settings(
     max_examples=EXAMPLES,
     deadline=None,

@@ -375,6 +375,7 @@ def _find_merge(op: Operation, ctx: Context) -> Found:
             if i == side
             and user.name == MATMUL
             and user.block is op.block
+            and user.results[0].uses  # a dead matmul is dce's business, and has no anchor
             and _merge_key(user, side, ctx.fixed) == key
         ]
         members = sorted(dict.fromkeys(members), key=index.__getitem__)
@@ -406,6 +407,7 @@ def _find_merge(op: Operation, ctx: Context) -> Found:
         in_place = [m for m in members if not is_result(m.results[0])]
         if 2 <= len(in_place) < len(members):
             found.append(((anchor(in_place), *in_place), side))
+        assert all(f[0][0] is not None for f in found), "a merge group without an anchor"
     return found
 
 
