@@ -74,6 +74,7 @@ from tgc.types import TensorType
 MIN_RUNS = 5
 MAX_RUNS = 1000
 MIN_TIME = 0.05  # seconds of timed calls per instance (after warm-up)
+MIN_SECONDS = 1e-9  # the shortest time recorded (a call faster than the clock)
 ULPS = 8  # the result type's rounding the check allows besides the stated error
 NATIVE_FACTOR = 4  # ... and this many times the op-by-op evaluation's own error
 
@@ -444,11 +445,13 @@ def _failure(inst: Instance, message: str, error: float | None, origin: str) -> 
 
 
 def _success(inst: Instance, timing: Timing, error: float, origin: str) -> Measurement:
+    # A time is a positive number (the database refuses others): a call faster than the
+    # clock's resolution is recorded at a nanosecond.
     return Measurement(
         **_base(inst, origin),
         status=OK,
-        median=timing.median,
-        min=timing.min,
+        median=max(timing.median, MIN_SECONDS),
+        min=max(timing.min, MIN_SECONDS),
         spread=timing.spread,
         runs=timing.runs,
         max_error=error,
@@ -469,11 +472,10 @@ def unknown(insts: list[Instance], db: Database | None) -> list[Instance]:
         # Kernels of one name are told apart by their source hash: every generated region of a
         # template is a "cuda.elementwise" (keyed by name alone, all but the first region
         # looked unknown, and each run measured them again).
+        # Looked up by these keys, not by row ids (a concurrent prune may reuse an id).
         ids = (kernel.name, kernel.source_hash, device.fingerprint)
         if ids not in known:
-            device_id = db.device_id(device)
-            kernel_id = db.kernel_id(kernel) if device_id is not None else None
-            known[ids] = set() if kernel_id is None else db.known(kernel_id, device_id)
+            known[ids] = db.known_instances(kernel, device)
         if (inst.signature, params_text(inst.params), inst.attrs_key) not in known[ids]:
             out.append(inst)
     return out

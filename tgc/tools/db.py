@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 
@@ -72,9 +73,11 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 
 def _open(args, readonly: bool = True):
+    """The database of `args`; checked (`PRAGMA quick_check`) even for reading, so a corrupt
+    file is one line here rather than a wrong listing."""
     from tgc.planner.db import Database, resolve_path
 
-    return Database.open(resolve_path(getattr(args, "db", None)), readonly=readonly)
+    return Database.open(resolve_path(getattr(args, "db", None)), readonly=readonly, check=True)
 
 
 def _describe_device(backend: str, d: dict) -> str:
@@ -247,55 +250,128 @@ def cmd_export(args) -> int:
     return EXIT_OK
 
 
+MAX_INT_DIGITS = 18  # an integer in an export: runs, bytes, a parameter value
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(text.lstrip('-'))} digits (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def load_export(text: str):
+    """An export's JSON, its nesting and integers bounded (ValueError saying what is wrong)."""
+    from tgc.planner.db import MAX_JSON_DEPTH
+
+    depth = 0
+    for token in _JSON_TOKENS.finditer(text):  # bracket depth outside strings, before the
+        ch = token.group()  # recursive parser sees it
+        if ch in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH + 2:  # the file's own object and lists hold the records
+                raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH + 2}")
+        elif ch in "]}":
+            depth -= 1
+    return json.loads(text, parse_int=_parse_int, parse_constant=_no_constant)
+
+
 def import_records(data, source: str) -> list:
-    """The Measurements of an exported file; TgcError naming what is wrong with it."""
-    from tgc.planner.db import ORIGINS, DeviceInfo, KernelInfo, Measurement
+    """The Measurements of an exported file; TgcError naming the first bad record (and then
+    nothing is imported)."""
+    from tgc.planner.db import ORIGINS, DeviceInfo, KernelInfo, Measurement, measurement_problem
+
+    def bad(what: str) -> TgcError:
+        return TgcError(f"'{source}' is not a valid tgc-db export: {what}; nothing was imported")
 
     if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
         raise TgcError(f'\'{source}\' is not a tgc-db export (no "format": "{EXPORT_FORMAT}")')
     if data.get("version") != EXPORT_VERSION:
         raise TgcError(
-            f"'{source}' is export version {data.get('version')}; this tgc reads {EXPORT_VERSION}"
+            f"'{source}' is export version {_shown(data.get('version'))}; this tgc reads "
+            f"{EXPORT_VERSION}"
         )
-    try:
-        devices = {
-            d["fingerprint"]: DeviceInfo(d["fingerprint"], d["backend"], d["description"])
-            for d in data["devices"]
-        }
-        kernels = {
-            (k["name"], k["source_hash"]): KernelInfo(
-                k["name"], k["backend"], k["source_hash"], k["params"]
-            )
-            for k in data["kernels"]
-        }
-        out = []
-        for i, r in enumerate(data["measurements"]):
+    for part in ("devices", "kernels", "measurements"):
+        if not isinstance(data.get(part), list):
+            raise bad(f'"{part}" is not a list')
+    devices, kernels = {}, {}
+    for i, d in enumerate(data["devices"]):
+        try:
+            devices[d["fingerprint"]] = DeviceInfo(d["fingerprint"], d["backend"], d["description"])
+        except (KeyError, TypeError) as e:
+            raise bad(f"device {i}: {_error(e)}") from None
+    for i, k in enumerate(data["kernels"]):
+        try:
+            info = KernelInfo(k["name"], k["backend"], k["source_hash"], k["params"])
+            kernels[(info.name, info.source_hash)] = info
+        except (KeyError, TypeError) as e:
+            raise bad(f"kernel {i}: {_error(e)}") from None
+    out = []
+    for i, r in enumerate(data["measurements"]):
+        try:
+            if not isinstance(r, dict):
+                raise TypeError("not a JSON object")
             fields = {k: v for k, v in r.items() if k not in ("kernel", "device")}
             for k in FLOAT_FIELDS:
                 if isinstance(fields.get(k), str):
-                    fields[k] = float(fields[k])
-            m = Measurement(kernels[tuple(r["kernel"])], devices[r["device"]], **fields)
-            if m.status not in ("ok", "failed") or m.origin not in ORIGINS:
-                raise ValueError(f"record {i}: status '{m.status}', origin '{m.origin}'")
-            if m.ok and not (isinstance(m.median, (int, float)) and m.median >= 0):
-                raise ValueError(f"record {i}: a successful record needs a median time")
-            m.origin = "import"
-            out.append(m)
-    except (KeyError, TypeError, ValueError) as e:
-        raise TgcError(
-            f"'{source}' is not a valid tgc-db export: {type(e).__name__}: {e}"
-        ) from None
+                    if fields[k] not in ("inf", "Infinity"):
+                        raise ValueError(f"{k} is {_shown(fields[k])}, not a number")
+                    fields[k] = math.inf
+            key = r["kernel"]
+            if not (
+                isinstance(key, list) and len(key) == 2 and all(isinstance(x, str) for x in key)
+            ):
+                raise ValueError(f"kernel is {_shown(key)}, not [name, source hash]")
+            if tuple(key) not in kernels:
+                raise ValueError(f"kernel {_shown(key)} is not among the file's kernels")
+            if not isinstance(r["device"], str) or r["device"] not in devices:
+                raise ValueError(f"device {_shown(r['device'])} is not among the file's devices")
+            m = Measurement(kernels[tuple(key)], devices[r["device"]], **fields)
+        except (KeyError, TypeError, ValueError) as e:
+            raise bad(f"record {i}: {_error(e)}") from None
+        if m.origin not in ORIGINS:
+            raise bad(f"record {i}: origin is {_shown(m.origin)}, not one of {', '.join(ORIGINS)}")
+        problem = measurement_problem(m)
+        if problem is not None:
+            raise bad(f"record {i} ({_shown(m.kernel.name)[1:-1]}): {problem}")
+        m.origin = "import"
+        out.append(m)
     return out
 
 
+def _shown(value) -> str:
+    text = ascii(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _error(e: Exception) -> str:
+    if isinstance(e, KeyError):
+        return f"no {_shown(e.args[0])}"
+    text = " ".join(str(e).split())
+    if isinstance(e, TypeError) and "unexpected keyword argument" in text:
+        return "unknown field " + text.rsplit("argument", 1)[-1].strip()
+    return text if text.isprintable() else ascii(text)
+
+
 def cmd_import(args) -> int:
+    import os
+    import stat
+
     try:
+        if not stat.S_ISREG(os.stat(args.file).st_mode):
+            raise TgcError(f"could not read '{args.file}': not a regular file")
         with open(args.file, encoding="utf-8") as f:
-            data = json.load(f)
+            data = load_export(f.read())
     except FileNotFoundError:
         raise TgcError(f"could not open '{args.file}': no such file or directory") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TgcError(f"could not read '{args.file}' as JSON: {e}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise TgcError(f"could not read '{args.file}' as JSON: {_error(e)}") from None
     records = import_records(data, args.file)
     with _open(args, readonly=False) as db:
         stored = db.record_all(records, keep_newer=True)
@@ -309,19 +385,25 @@ def cmd_import(args) -> int:
 # -- prune -------------------------------------------------------------------------------------------
 
 
-def stale_kernel_ids(db) -> list[int]:
-    """Kernel versions of backends loaded here that no registered kernel has any more."""
+def current_kernels() -> tuple[set[str], set[tuple[str, str]]]:
+    """The backends loaded here and (name, source hash) of every kernel they register."""
     from tgc.planner import load_backends
     from tgc.planner.backends import BACKENDS
     from tgc.planner.db import kernel_info
     from tgc.planner.kernel import KERNELS
 
     load_backends()
-    current = {(k.name, kernel_info(k).source_hash) for k in KERNELS.values()}
+    return set(BACKENDS), {(k.name, kernel_info(k).source_hash) for k in KERNELS.values()}
+
+
+def stale_kernel_ids(db, here: tuple | None = None) -> list[int]:
+    """Kernel versions of backends loaded here that no registered kernel has any more (row
+    ids: read them inside the transaction that uses them)."""
+    backends, current = here or current_kernels()
     return [
         i
         for i, name, backend, source, _ in db.kernels()
-        if backend in BACKENDS and (name, source) not in current
+        if backend in backends and (name, source) not in current
     ]
 
 
@@ -331,8 +413,10 @@ def cmd_prune(args) -> int:
             f"tgc-db: error: --older-than needs DAYS >= 0, got {args.older_than}", file=sys.stderr
         )
         return 2
-    with _open(args, readonly=False) as db:
-        stale = stale_kernel_ids(db)
+    here = current_kernels()  # before the transaction: loading backends takes a while
+
+    def condition(db) -> tuple[str, list]:
+        stale = stale_kernel_ids(db, here)
         conditions, values = [], []
         if stale:
             conditions.append(f"kernel_id IN ({','.join('?' * len(stale))})")
@@ -342,15 +426,21 @@ def cmd_prune(args) -> int:
         if args.older_than is not None:
             conditions.append("created < ?")
             values.append(time.time() - args.older_than * 86400)
-        if not conditions:
+        return " OR ".join(conditions), values
+
+    with _open(args, readonly=args.dry_run) as db:
+        if args.dry_run:
+            where, values = condition(db)
+            if not where:
+                print("nothing to prune")
+                return EXIT_OK
+            print(f"would prune {db.count(where, values)} record(s)")
+            return EXIT_OK
+        if not condition(db)[0]:
             print("nothing to prune")
             return EXIT_OK
-        where = " OR ".join(conditions)
-        if args.dry_run:
-            count = db.con.execute(f"SELECT COUNT(*) FROM measurements WHERE {where}", values)
-            print(f"would prune {count.fetchone()[0]} record(s)")
-            return EXIT_OK
-        gone = db.delete(where, values)
+        # the ids of stale kernels are read again inside the deleting transaction
+        gone = db.delete(condition)
     print(f"pruned {gone} record(s)")
     return EXIT_OK
 

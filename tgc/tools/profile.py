@@ -157,14 +157,18 @@ def run(args) -> int:
     func, ctx = planning_function(args)  # bad input is reported before a file is created
     path = resolve_path(args.db)
     if args.dry_run:
+        # Plans, as tgc-plan would: a database that cannot be used, or damaged records in it,
+        # are said once and planning goes on without them.
+        from tgc.planner.estimate import DatabaseCostSource
+
+        costs = DatabaseCostSource(path)
+        insts = instances(func, ctx, costs)
+        db = costs.db
         try:
-            db = Database.open(path, readonly=True)
+            todo = unknown(insts, db)
         except DatabaseUnavailable as e:
-            if "no measurement database at" not in e.message:
-                raise
-            db = None
-        insts = instances(func, ctx, current_costs(db))
-        todo = unknown(insts, db)
+            costs.give_up(e.message)
+            todo = unknown(insts, None)
         for inst in todo:
             print(inst.describe())
         print(
