@@ -67,12 +67,14 @@ class CostSource(Protocol):
 
 @dataclass(frozen=True)
 class Device:
-    """What a backend's kernels run on: memory bandwidth (bytes/s), peak fp32 rate (flop/s) and
-    the fixed cost of one call (launch, dispatch), in seconds."""
+    """What a backend's kernels run on: memory bandwidth (bytes/s), peak fp32 rate (flop/s),
+    the fixed cost of one call (launch, dispatch), in seconds, and the peak rate of its matrix
+    units on 16-bit operands (flop/s; 0: it has none, 16-bit products run at `peak_flops`)."""
 
     bandwidth: float
     peak_flops: float
     launch: float
+    matrix_flops: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,32 @@ LINKS: dict[tuple[str | None, str | None], Link] = {
     (None, "cuda"): Link(bandwidth=25e9, latency=10e-6),  # PCIe 4 x16, pageable memory
     ("cuda", None): Link(bandwidth=25e9, latency=10e-6),
 }
+# The GPU route's default cost source (planner/route.py): an H100's HBM3, fp32 and bf16 matrix
+# rates, and how close each family of kernels comes to them (docs/planner.md, "The default cost
+# source"): what the fixed CUDA route knew, that cuBLAS runs a plain matmul faster than a
+# generated one and that a generated kernel launches for less than a PyTorch call.
+GPU_DEVICES: dict[str, Device] = {
+    "numpy": DEVICES["numpy"],
+    "torch-cpu": DEVICES["torch-cpu"],
+    "cuda": Device(bandwidth=3e12, peak_flops=50e12, launch=5e-6, matrix_flops=790e12),
+    "torch-cuda": Device(bandwidth=3e12, peak_flops=50e12, launch=10e-6, matrix_flops=790e12),
+}
+# kernel name (a generated family's template name) -> the share of the device's rate it reaches
+# on products (attention and matmuls); every other kernel: 1.
+GPU_EFFICIENCY: dict[str, float] = {
+    "cuda.cublas.gemm": 0.8,
+    "cuda.cublaslt.linear": 0.8,
+    "cuda.cublaslt.linear_gelu": 0.8,
+    "cuda.cublaslt.linear_residual": 0.8,
+    "torch-cuda.atomic.matmul": 0.8,
+    "torch-cuda.hl.linear": 0.8,
+    "cuda.matmul": 0.3,
+    "cuda.attention": 0.45,
+    "torch-cuda.hl.attention": 0.45,
+}
+# The ops whose work runs on matrix units where the operands are 16-bit (so does the work of a
+# kernel named in an efficiency table: those are products).
+MATRIX_OPS = frozenset({"atomic.matmul", "hl.linear", "hl.attention"})
 ROOFLINE_UNCERTAINTY = 1.0  # a roofline estimate is good to a factor of about two
 # A kernel whose results are views of its operands (`Kernel.view`) launches nothing and moves
 # nothing: what it costs is the executor's host work of making the views, about a microsecond.
@@ -110,9 +138,24 @@ class RooflineCostSource:
         self,
         devices: Mapping[str, Device] | None = None,
         links: Mapping[tuple[str | None, str | None], Link] | None = None,
+        efficiency: Mapping[str, float] | None = None,
     ) -> None:
         self.devices = dict(DEVICES if devices is None else devices)
         self.links = dict(LINKS if links is None else links)
+        self.efficiency = dict(efficiency or {})
+
+    @classmethod
+    def gpu_defaults(cls) -> RooflineCostSource:
+        """The GPU route's default cost source (GPU_DEVICES, GPU_EFFICIENCY)."""
+        return cls(GPU_DEVICES, efficiency=GPU_EFFICIENCY)
+
+    def _rate(self, kernel, device: Device, operand_types) -> float:
+        """The flop/s `kernel` reaches: the matrix units' for a product of 16-bit operands,
+        else the fp32 peak, times the kernel's efficiency."""
+        product = kernel.op in MATRIX_OPS or kernel.name in self.efficiency
+        narrow = any(t.element_type in ("f16", "bf16") for t in operand_types)
+        rate = device.matrix_flops if product and narrow and device.matrix_flops else 0.0
+        return (rate or device.peak_flops) * self.efficiency.get(kernel.name, 1.0)
 
     def cost(self, kernel, operand_types, result_types, params) -> Cost:
         moved = sum(t.nbytes for t in operand_types) + sum(t.nbytes for t in result_types)
@@ -129,7 +172,8 @@ class RooflineCostSource:
         if device is None:
             raise LookupError(f"no device is described for backend '{kernel.backend}'")
         flops = kernel_flops(kernel, tuple(operand_types), tuple(result_types))
-        seconds = device.launch + max(moved / device.bandwidth, flops / device.peak_flops)
+        rate = self._rate(kernel, device, operand_types)
+        seconds = device.launch + max(moved / device.bandwidth, flops / rate)
         return Cost(seconds, "roofline", ROOFLINE_UNCERTAINTY)
 
 

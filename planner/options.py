@@ -201,6 +201,16 @@ def _build_decomposition(op: Operation, key: tuple) -> Decomposition | None:
 
 MatchFn = Callable[[Operation, list[Kernel] | None], list[Match]]
 
+# A constant's value is known on the host whatever backends a plan is limited to. On device
+# backends alone no kernel runs a constant that no generated kernel recomputes by value (one that
+# is not a splat, such as GPT-2's position ids, or one read whole, by a GEMM or as a result), so
+# such a plan fails (issue 22). `PlanContext(host_constants=True)` makes the numpy backend's
+# constant kernel an option whatever the backends, and the host a space: the value is made
+# there and copied to where it is read. Not the default: the host as one more space multiplies
+# the placements the solver enumerates for every shared value (a GPT-2 block planned on the
+# cuda family alone is then no longer solved exactly within the budget).
+HOST_CONSTANT = "numpy.atomic.constant"
+
 
 def _default_match(op: Operation, kernels: list[Kernel] | None) -> list[Match]:
     return matches_at(op, kernels)
@@ -219,8 +229,12 @@ class PlanContext:
         match: MatchFn = _default_match,
         decompose: bool = True,
         backends: Iterable[str] | None = None,
+        generated: bool = True,
+        host_constants: bool = False,
     ) -> None:
         self.kernels = kernels
+        self.host_constants = host_constants  # HOST_CONSTANT whatever the backends (above)
+        self.generated = generated  # whether the fused-kernel hook's regions are options
         self.tolerance = tolerance
         self.match = match
         self.decompose = decompose
@@ -232,20 +246,22 @@ class PlanContext:
         """Whether the options at an op are the registered kernels' matches there (and its
         decomposition) alone: no injected matcher and no fused-kernel provider, so how far an
         option reaches is known from the kernels' reference graphs (what block reuse needs)."""
-        return self.match is _default_match and not FUSED_OPTIONS
+        return self.match is _default_match and not (self.generated and FUSED_OPTIONS)
 
     def allows(self, kernel: Kernel) -> bool:
         """Whether `kernel` may be an option: on an allowed backend, within the tolerance."""
-        backend_ok = self.backends is None or kernel.backend in self.backends
-        return backend_ok and kernel.max_rel_error <= self.tolerance
+        return self._on_allowed_backend(kernel) and kernel.max_rel_error <= self.tolerance
+
+    def _on_allowed_backend(self, kernel: Kernel) -> bool:
+        if self.backends is None or kernel.backend in self.backends:
+            return True
+        return self.host_constants and kernel.name == HOST_CONSTANT
 
     def spaces(self) -> set[str | None]:
         """The memory spaces of the kernels considered (copies excluded)."""
         pool = KERNELS.values() if self.kernels is None else self.kernels
         return {
-            BACKEND_SPACE[k.backend]
-            for k in pool
-            if not is_copy(k) and (self.backends is None or k.backend in self.backends)
+            BACKEND_SPACE[k.backend] for k in pool if not is_copy(k) and self._on_allowed_backend(k)
         }
 
     def options_at(self, op: Operation) -> list[Option]:
@@ -254,7 +270,7 @@ class PlanContext:
         matches = [m for m in matches if self.allows(m.kernel)]
         matches.sort(key=lambda m: (len(m.ops), m.kernel.name))
         out = [Option(KERNEL, op, m.ops, m.inputs, m.outputs, m) for m in matches]
-        for provider in FUSED_OPTIONS:
+        for provider in FUSED_OPTIONS if self.generated else ():
             for m in provider(op):
                 if self.allows(m.kernel):
                     out.append(Option(FUSED, op, m.ops, m.inputs, m.outputs, m))

@@ -126,12 +126,14 @@ def select_kernels(
     reuse: bool = True,
     canonicalize: bool = True,
     backends: tuple[str, ...] | None = None,
+    generated: bool = True,
 ) -> Selection:
     """Plan `func` and replace its body by the plan (see the module doc); returns the
     Selection. `backends` (family names: numpy, cuda, torch) loads those backends and limits
     the kernels considered to theirs (None: every backend that loads here); `kernels` limits
     them to a pool (None: every registered one; nothing more is loaded) and `match` replaces
-    the matcher (tests)."""
+    the matcher (tests). `generated` False: no generated fused kernel is an option (the plan
+    of library kernels alone, planner/route.py)."""
     from tgc.planner import kernel_backends, load_backends
 
     load_backends(backends if kernels is None else ("numpy",))
@@ -139,9 +141,9 @@ def select_kernels(
         prepare(func)
     allowed = None if backends is None else kernel_backends(backends)
     ctx = (
-        PlanContext(kernels, tolerance, backends=allowed)
+        PlanContext(kernels, tolerance, backends=allowed, generated=generated)
         if match is None
-        else PlanContext(kernels, tolerance, match, backends=allowed)
+        else PlanContext(kernels, tolerance, match, backends=allowed, generated=generated)
     )
     costs = CachedCosts(cost_source or RooflineCostSource())
     selection = plan_function(func, ctx, costs, reuse)

@@ -29,6 +29,11 @@ NUMPY_DTYPES: dict[str, np.dtype] = {
 }
 ELEMENT_TYPE_OF_DTYPE = {dt: name for name, dt in NUMPY_DTYPES.items()}
 
+# How far a result may be from its float64 reference, by element type: relative to the largest
+# finite magnitude of the reference (at least 1). `tgc-run --check` compares so, and the GPU
+# route plans within it (planner/route.py). Integers and i1 compare exactly.
+CHECK_TOLERANCE = {"f64": 1e-9, "f32": 2e-4, "f16": 2e-2, "bf16": 3e-2}
+
 # Bytes per element, used by cost models and codegen.
 ELEMENT_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i1": 1, "i8": 1, "i32": 4, "i64": 8}
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 
 try:
@@ -105,6 +106,8 @@ class DeviceArray:
         """`value` itself, or a zero-copy view of an object with `__cuda_array_interface__`."""
         if isinstance(value, DeviceArray):
             return value
+        if hasattr(value, "data_ptr") and hasattr(value, "is_contiguous"):
+            return cls._of_tensor(value)
         interface = getattr(value, "__cuda_array_interface__", None)
         if interface is None:
             raise TypeError(f"not a device value: {type(value).__name__}")
@@ -114,6 +117,15 @@ class DeviceArray:
         if strides is not None and tuple(strides) != _contiguous(shape, dtype.itemsize):
             raise TypeError("a device value must be contiguous")
         return cls(interface["data"][0], shape, dtype, value)
+
+    @classmethod
+    def _of_tensor(cls, tensor) -> DeviceArray:
+        """A PyTorch CUDA tensor, read directly: its interface refuses bf16."""
+        if not tensor.is_contiguous():
+            raise TypeError("a device value must be contiguous")
+        name = str(tensor.dtype).removeprefix("torch.")
+        dtype = np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+        return cls(tensor.data_ptr(), tuple(tensor.shape), dtype, tensor)
 
     @property
     def __cuda_array_interface__(self) -> dict:

@@ -6,8 +6,10 @@ the reductions, matmul (transpose attributes), hl.tanh/sigmoid/relu/silu, hl.gel
 approximations), hl.softmax/log_softmax, hl.mean, hl.layernorm (`F.layer_norm` over the dims
 from `axis` to the end), hl.rmsnorm (`F.rms_norm`, where torch has it), hl.linear and
 hl.attention (`F.scaled_dot_product_attention`: scale, causal, additive mask). They accept f32
-and f64 values (i1 for a comparison's result and a select's condition): the stated errors are
-for those. Each kernel's `max_rel_error` is its normwise distance from the op's numpy meaning
+and f64 values (i1 for a comparison's result and a select's condition), and on torch-cuda f16
+and bf16 too (what the GPU route plans models in: the library's own kernels beside tgc's); the
+stated errors are for f32 and f64, and a 16-bit kernel is allowed its type's rounding on top, as
+every kernel is (planner/profile.py checks each measured instance so). Each kernel's `max_rel_error` is its normwise distance from the op's numpy meaning
 in the same element type (planner/kernel.py), by class:
 
 - 0 for correctly rounded IEEE operations (add, sub, mul, div, neg, abs, recip, max, min,
@@ -39,6 +41,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import ml_dtypes
 import numpy as np
 
 try:
@@ -54,8 +57,16 @@ from tgc.planner.kernel import KERNELS, Kernel, register_kernel
 from tgc.types import TensorType
 
 FLOATS = ("f32", "f64")
-TORCH_DTYPE = {"f32": torch.float32, "f64": torch.float64, "i1": torch.bool}
+CUDA_FLOATS = ("f16", "bf16", "f32", "f64")  # torch-cuda's: PyTorch's 16-bit GPU kernels
+TORCH_DTYPE = {
+    "f16": torch.float16,
+    "bf16": torch.bfloat16,
+    "f32": torch.float32,
+    "f64": torch.float64,
+    "i1": torch.bool,
+}
 ELEMENT_TYPE = {v: k for k, v in TORCH_DTYPE.items()}
+BF16 = np.dtype(ml_dtypes.bfloat16)
 
 EXACT, ULPS, SUMS = 0.0, 1e-6, 1e-5  # see the module docstring
 
@@ -194,16 +205,18 @@ _BOOLEAN_RESULT = {"atomic.cmp"}
 _BOOLEAN_OPERAND_0 = {"atomic.where"}
 
 
-def _types_accepted(op_name: str) -> Callable:
+def _types_accepted(op_name: str, floats: tuple[str, ...]) -> Callable:
+    listed = ", ".join(floats)
+
     def constraint(types) -> str | None:
         operands, results = types
         for i, t in enumerate(operands):
             boolean = op_name in _BOOLEAN_OPERAND_0 and i == 0
-            if t.element_type not in (("i1",) if boolean else FLOATS):
-                return f"takes f32 and f64 values, not {t.element_type}"
+            if t.element_type not in (("i1",) if boolean else floats):
+                return f"takes {listed} values, not {t.element_type}"
         for t in results:
-            if t.element_type not in (("i1",) if op_name in _BOOLEAN_RESULT else FLOATS):
-                return f"gives f32 and f64 values, not {t.element_type}"
+            if t.element_type not in (("i1",) if op_name in _BOOLEAN_RESULT else floats):
+                return f"gives {listed} values, not {t.element_type}"
         return None
 
     return constraint
@@ -232,18 +245,36 @@ def tensor_run(op_name: str, fn: TensorFn) -> Callable:
 
 def from_numpy(array) -> torch.Tensor:
     """A host array as a CPU tensor sharing its memory (a copy only where torch cannot share:
-    read-only or negatively strided arrays, such as constants)."""
+    read-only or negatively strided arrays, such as constants). bf16 (ml_dtypes' dtype, which
+    torch does not know) goes through its bits."""
     array = np.asarray(array)
     if not array.flags.writeable:
         array = array.copy()
+    bf16 = array.dtype == BF16
+    if bf16:
+        array = array.view(np.int16)
     try:
-        return torch.from_numpy(array)
+        tensor = torch.from_numpy(array)
     except ValueError:  # negative strides
-        return torch.from_numpy(np.ascontiguousarray(array))
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+    return tensor.view(torch.bfloat16) if bf16 else tensor
 
 
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    return tensor.detach().cpu().numpy()
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(BF16)
+    return tensor.numpy()
+
+
+class _Bits:
+    """A bf16 device value described as int16 (torch reads no bf16 from the interface)."""
+
+    def __init__(self, value) -> None:
+        interface = dict(value.__cuda_array_interface__)
+        interface["typestr"] = "<i2"
+        self.__cuda_array_interface__ = interface
+        self.value = value  # kept alive while the tensor lives
 
 
 def as_cuda_tensor(value) -> torch.Tensor:
@@ -258,6 +289,8 @@ def as_cuda_tensor(value) -> torch.Tensor:
         and tuple(owner.shape) == tuple(value.shape)
     ):
         return owner
+    if np.dtype(value.__cuda_array_interface__["typestr"]) == BF16:
+        return torch.as_tensor(_Bits(value), device="cuda").view(torch.bfloat16)
     return torch.as_tensor(value, device="cuda")
 
 
@@ -293,7 +326,7 @@ def make_kernels(backend: str) -> list[Kernel]:
             backend,
             op=op_name,
             run=host_run(op_name, fn, device),
-            constraints=_types_accepted(op_name),
+            constraints=_types_accepted(op_name, CUDA_FLOATS if device == "cuda" else FLOATS),
             max_rel_error=error,
             doc=f"{op_name} by PyTorch on {device}",
         )

@@ -68,6 +68,24 @@ def guarded(tool: str, body: Callable[[], int], debug: bool) -> int:
         return EXIT_INPUT
 
 
+def non_negative_float(metavar: str) -> Callable[[str], float]:
+    """An argparse type: a finite non-negative number, refused as "METAVAR must be a
+    non-negative number, got '...'" (a usage error, exit 2)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not 0 <= value < float("inf"):
+            raise argparse.ArgumentTypeError(
+                f"{metavar} must be a non-negative number, got '{text}'"
+            )
+        return value
+
+    return parse
+
+
 def non_negative_int(metavar: str) -> Callable[[str], int]:
     """An argparse type: a non-negative integer, refused as "METAVAR must be a non-negative
     integer, got '...'" (a usage error, exit 2)."""

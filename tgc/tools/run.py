@@ -12,24 +12,22 @@ import numpy as np
 
 import tgc
 from tgc.diagnostics import TgcError
+from tgc.planner.route import DEFAULT_MEASURE_BUDGET
+from tgc.types import CHECK_TOLERANCE
 from tgc.tools._common import (
     EXIT_OK,
     PLANNING_PIPELINE,
     add_planner_backends,
     add_planning_db,
     guarded,
+    non_negative_float,
     non_negative_int,
     read_input,
 )
 
-# The route of --backend cuda when -p does not give one: it ends in placed IR.
-CUDA_PIPELINE = "cuda"
 # The route of --backend auto when -p does not give one: it ends in planned IR.
 AUTO_PIPELINE = f"{PLANNING_PIPELINE},select-kernels"
 
-# Tolerances of --check, by element type: relative to the largest finite magnitude of the
-# reference (at least 1). Integers and i1 compare exactly.
-CHECK_TOLERANCE = {"f64": 1e-9, "f32": 2e-4, "f16": 2e-2, "bf16": 3e-2}
 
 CHECK_RULE = (
     "a result passes when it holds NaN exactly where the float64 reference does, the same "
@@ -77,8 +75,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
         "--backend",
         choices=["numpy", "cuda", "auto"],
         default="numpy",
-        help="cuda: run the 'cuda' pipeline (unless -p is given; it must end in placed IR, e.g. "
-        "'cuda{attention-kernel=false}'), then the placed function on the GPU; auto: run "
+        help="cuda: the GPU route (planner/route.py): 'lower-for-planning' (or -p), kernel "
+        "instances the measurement database does not know measured (see --measure-budget), "
+        "select-kernels over tgc's CUDA kernels, cuBLAS and PyTorch's, the plan timed whole "
+        "beside the plan of library kernels alone, the fastest run on the GPU; auto: run "
         f"'{AUTO_PIPELINE}' (unless -p is given; it must end in planned IR, e.g. "
         "'lower-hl,select-kernels{tolerance=1e-4}'), then the planned function on the kernels "
         "it chose, on every backend that loads here (numpy, torch, cuda; see "
@@ -86,6 +86,20 @@ def build_arg_parser() -> argparse.ArgumentParser:
     )
     add_planner_backends(ap, "--backend auto: plan")
     add_planning_db(ap, "select-kernels")
+    ap.add_argument(
+        "--measure-budget",
+        type=non_negative_float("SECONDS"),
+        default=None,
+        metavar="S",
+        help="--backend cuda: seconds of measuring kernel instances on first use (default "
+        f"{DEFAULT_MEASURE_BUDGET:g}); they are recorded in the database (--db, else the one "
+        "in the user cache directory), so the next run measures nothing",
+    )
+    ap.add_argument(
+        "--no-measure",
+        action="store_true",
+        help="--backend cuda: measure nothing; plan from what the database knows",
+    )
     ap.add_argument(
         "--precision",
         choices=["native", "f64"],
@@ -97,7 +111,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
         "--passes",
         default=None,
         help="pipeline to run before executing (default: none; with --backend cuda: "
-        f"'{CUDA_PIPELINE}'; with --backend auto: '{AUTO_PIPELINE}')",
+        f"'{PLANNING_PIPELINE}', then the route plans; with --backend auto: '{AUTO_PIPELINE}')",
     )
     ap.add_argument(
         "--check",
@@ -170,20 +184,27 @@ def _stats(f: np.ndarray) -> str:
     return f" mean={f.mean():.6g} std={f.std():.6g} min={f.min():.6g} max={f.max():.6g}"
 
 
-def execute(func, inputs, backend: str, precision: str) -> list[np.ndarray]:
-    if backend == "auto":
+def execute(func, inputs, args) -> list[np.ndarray]:
+    if args.backend == "auto":
         from tgc.planner.executor import run_plan
 
         return run_plan(func, inputs)
-    if backend == "cuda":
-        try:
-            from tgc.runtime.cuda_executor import run_on_cuda
-        except ImportError as e:
-            raise TgcError(f"the cuda backend is not available here: {e}") from None
-        return run_on_cuda(func, inputs)
+    if args.backend == "cuda":
+        from tgc.planner.route import RouteOptions, compile_function
+
+        options = RouteOptions(
+            db=args.db or None,
+            measure=not args.no_measure,
+            measure_budget=(
+                DEFAULT_MEASURE_BUDGET if args.measure_budget is None else args.measure_budget
+            ),
+        )
+        compiled = compile_function(func, options)
+        print(f"tgc-run: {compiled.report.summary()}", file=sys.stderr)
+        return compiled.run_host(inputs)
     from tgc.runtime.interpreter import run_function
 
-    return run_function(func, inputs, precision)
+    return run_function(func, inputs, args.precision)
 
 
 def make_output_dir(path: str) -> None:
@@ -215,7 +236,7 @@ def run(args) -> int:
 
     passes = args.passes
     if passes is None:
-        passes = {"cuda": CUDA_PIPELINE, "auto": AUTO_PIPELINE}.get(args.backend, "")
+        passes = {"cuda": PLANNING_PIPELINE, "auto": AUTO_PIPELINE}.get(args.backend, "")
     pipeline = parse_pipeline(passes)
     if args.db is not None:
         from tgc.planner.db import resolve_path
@@ -238,15 +259,11 @@ def run(args) -> int:
     reference_module = parse_module(text, name) if args.check else None
     PassManager(pipeline).run(module)
     func = select_function(module, args.func)
-    if args.backend == "cuda":
-        from tgc.codegen.plan import require_placed
-
-        require_placed(func)  # before the GPU is touched: a -p that stops short of placed IR
     if args.backend == "auto":
         from tgc.planner.executor import require_planned
 
         require_planned(func)  # a -p that stops short of planned IR
-    results = execute(func, inputs, args.backend, args.precision)
+    results = execute(func, inputs, args)
     if args.check:
         expected = run_function(select_function(reference_module, args.func), inputs, "f64")
         for i, (got, want, t) in enumerate(zip(results, expected, func.function_type.results)):
@@ -330,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.planner_backends is not None and args.backend != "auto":
         parser.error("--planner-backends needs --backend auto (it chooses the planner's backends)")
+    if (args.no_measure or args.measure_budget is not None) and args.backend != "cuda":
+        parser.error("--measure-budget and --no-measure need --backend cuda")
     with np.errstate(all="ignore"):  # non-finite values are reported, not warned about
         return guarded("tgc-run", lambda: run(args), args.debug)
 

@@ -1,0 +1,361 @@
+"""The GPU route: how every program reaches the GPU (`tgc-run --backend cuda`, the Python API,
+the benchmarks). There is one: the planner's.
+
+`compile_module(module, func_name, options)` makes a `CompiledFunction` in six steps:
+
+1. `lower-for-planning` (passes/optimize.py): the program the planner plans, every kernel the
+   fusion pass could make among its options;
+2. the function's arguments and results move to device memory: its callers' values live there;
+3. **measuring on first use**, as cuDNN's benchmark mode and TensorRT's timing cache do: the
+   kernel instances its plans could use that the measurement database does not know are
+   measured, within `measure_budget` seconds, and recorded (one default database in the user's
+   cache, shared by every tool; `RouteOptions.db` another). First the library's own kernel at
+   every op (cuBLAS, cuBLASLt, PyTorch's), the heaviest op first, so that no heavy op is planned
+   on a guess where a measurement was possible; then the planner's likely winners
+   (planner/profile.py `instances`). A second run of the same program measures nothing;
+4. `select-kernels` with the costs measured, else estimated from other measurements, else the
+   default cost source: a roofline with the GPU's matrix units and per-family efficiencies
+   (`RooflineCostSource.gpu_defaults`), under which, with no measurement at all, the plan is
+   what the fixed CUDA route made;
+5. **the whole plan is checked**: a plan's time on a GPU is not the sum of its kernels' (launch
+   overlap, host work, caches), so the plan is timed whole beside the plan of library kernels
+   alone (what PyTorch eager would run) and the plan of the default costs, on random inputs,
+   and the fastest runs. So tgc is never slower than the library kernels it can call;
+6. the chosen plan runs as a `PlannedFunction` (planner/executor.py).
+
+The planning tolerance is by element type (`plan_tolerance`): a kernel's stated error may be as
+large as `tgc-run --check`'s tolerance for the function's narrowest float type, and never needs
+to be under 1e-5 (the stated errors are for f32).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+from tgc.builtin import FuncOp
+from tgc.diagnostics import TgcError
+from tgc.builtin import ModuleOp
+from tgc.planner import kernel_backends, load_backends
+from tgc.planner.backends import SPACES
+from tgc.planner.cost import CachedCosts, CostSource, RooflineCostSource
+from tgc.planner.executor import PlannedFunction
+from tgc.planner.options import PlanContext
+from tgc.planner.profile import MIN_TIME
+from tgc.types import CHECK_TOLERANCE, FLOAT_TYPES
+
+DEVICE = "cuda"
+# The backend families the route plans with: tgc's generated kernels and cuBLAS (cuda), PyTorch's
+# kernels on the GPU (torch, where it imports), and numpy for what only the host runs.
+FAMILIES = ("numpy", "cuda", "torch")
+# Kernels that are a library's own (the all-library plan and the first to be measured): every
+# torch-cuda kernel and cuBLAS / cuBLASLt.
+LIBRARY_PREFIXES = ("torch-cuda.", "cuda.cublas.", "cuda.cublaslt.")
+KERNEL_TOLERANCE = 1e-5  # the stated errors of kernels are for f32: no plan needs less
+DEFAULT_MEASURE_BUDGET = 30.0  # seconds of first-use measuring per compile
+
+
+@dataclass(frozen=True)
+class RouteOptions:
+    """How the route plans. `db`: the measurement database (None: the default one, in the
+    user's cache directory); `measure`: measure unknown instances on first use, within
+    `measure_budget` seconds; `tolerance`: the largest stated kernel error allowed (None: by
+    element type, `plan_tolerance`); `whole_plan_check`: time the candidate plans whole and run
+    the fastest; `progress`: a progress bar on stderr while measuring; `min_time`: seconds of
+    timed calls per kernel instance and per candidate plan."""
+
+    db: str | None = None
+    measure: bool = True
+    measure_budget: float = DEFAULT_MEASURE_BUDGET
+    tolerance: float | None = None
+    whole_plan_check: bool = True
+    progress: bool = True
+    min_time: float = MIN_TIME
+
+
+@dataclass
+class RouteReport:
+    """What compiling did: seconds spent lowering, measuring and planning, how many instances
+    were measured (and failed), the whole-plan candidates' times (ms) and the one chosen."""
+
+    lower_s: float = 0.0
+    measure_s: float = 0.0
+    plan_s: float = 0.0
+    check_s: float = 0.0
+    measured: int = 0
+    failed: int = 0
+    unmeasured: int = 0  # unknown instances the budget (or --no-measure) left
+    candidates: dict[str, float] = field(default_factory=dict)
+    chosen: str = "planned"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def first_use_s(self) -> float:
+        return self.lower_s + self.measure_s + self.plan_s + self.check_s
+
+    def summary(self) -> str:
+        parts = [f"planned in {self.first_use_s:.2f} s"]
+        if self.measured or self.failed:
+            parts.append(f"measured {self.measured} kernel instance(s) in {self.measure_s:.1f} s")
+        if self.unmeasured:
+            parts.append(f"{self.unmeasured} left unmeasured")
+        if self.candidates:
+            times = ", ".join(f"{k} {v:.4f} ms" for k, v in self.candidates.items())
+            parts.append(f"whole plans: {times}; running '{self.chosen}'")
+        return "; ".join(parts)
+
+
+class CompiledFunction:
+    """A function planned for the GPU: called with device values (anything exposing
+    `__cuda_array_interface__`, a PyTorch CUDA tensor included) in argument order, it queues
+    the plan's kernels and returns the results in device memory. `run_host` takes and returns
+    numpy arrays."""
+
+    def __init__(self, planned: PlannedFunction, report: RouteReport) -> None:
+        self.planned = planned
+        self.report = report
+
+    @property
+    def func(self) -> FuncOp:
+        return self.planned.func
+
+    def __call__(self, values: list) -> list:
+        return self.planned(list(values))
+
+    def run_host(self, inputs: list) -> list:
+        from tgc.runtime.interpreter import check_inputs
+
+        func = self.func
+        values = [
+            _space(arg.type.encoding).from_host(value, arg.type)
+            for arg, value in zip(func.body.args, check_inputs(func, inputs, "native"))
+        ]
+        results = self(values)
+        types = func.function_type.results
+        return [_space(t.encoding).to_host(x) for t, x in zip(types, results)]
+
+
+# -- the steps ---------------------------------------------------------------------------------
+
+
+def compile_module(
+    module: ModuleOp, func_name: str | None = None, options: RouteOptions = RouteOptions()
+) -> CompiledFunction:
+    """Lower, measure, plan and check `module`'s function `func_name` (the only one when None)
+    for the GPU (module doc). `module` is lowered in place."""
+    from tgc.pass_manager import PassManager
+    from tgc.runtime.interpreter import select_function
+
+    start = time.perf_counter()
+    PassManager.from_text("lower-for-planning").run(module)
+    func = select_function(module, func_name)
+    lower_s = time.perf_counter() - start
+    compiled = compile_function(func, options)
+    compiled.report.lower_s = lower_s
+    return compiled
+
+
+def compile_function(func: FuncOp, options: RouteOptions = RouteOptions()) -> CompiledFunction:
+    """Steps 2-6 of the module doc on a function in the form the planner plans (after
+    `lower-for-planning`, or as written). `func` itself is put in canonical form with its
+    values in device memory; the compiled function runs a planned copy of it."""
+    from tgc.planner.db import resolve_path
+    from tgc.planner.select import prepare
+
+    load_backends(("cuda",), required=True)
+    load_backends(FAMILIES)  # torch where it imports
+    report = RouteReport()
+    move_signature_to_device(func)
+    prepare(func)
+    tolerance = plan_tolerance(func) if options.tolerance is None else options.tolerance
+    db_path = resolve_path(options.db)
+    start = time.perf_counter()
+    if options.measure:
+        measure_first_use(func, tolerance, db_path, options, report)
+    else:
+        report.unmeasured = len(_unknown(func, tolerance, db_path))
+    report.measure_s = time.perf_counter() - start
+    start = time.perf_counter()
+    candidates = {"planned": _plan(func, tolerance, _costs(db_path))}
+    if options.whole_plan_check:
+        candidates["library"] = _plan(func, tolerance, _costs(db_path), generated=False)
+        candidates["default"] = _plan(func, tolerance, RooflineCostSource.gpu_defaults())
+    report.plan_s = time.perf_counter() - start
+    start = time.perf_counter()
+    chosen = _choose(candidates, report, options.min_time) if len(candidates) > 1 else "planned"
+    report.chosen = chosen
+    report.check_s = time.perf_counter() - start
+    return CompiledFunction(candidates[chosen], report)
+
+
+def plan_tolerance(func: FuncOp) -> float:
+    """The largest stated kernel error a plan of `func` may use (module doc)."""
+    ftype = func.function_type
+    floats = [
+        t.element_type for t in (*ftype.inputs, *ftype.results) if t.element_type in FLOAT_TYPES
+    ]
+    if not floats:
+        return KERNEL_TOLERANCE
+    return max(KERNEL_TOLERANCE, min(CHECK_TOLERANCE[e] for e in floats))
+
+
+def move_signature_to_device(func: FuncOp) -> None:
+    """Arguments and results typed in device memory: the plan keeps them there."""
+    for arg in func.body.args:
+        arg.type = arg.type.with_encoding(DEVICE)
+    ftype = func.function_type
+    func.attributes["function_type"] = type(ftype)(
+        tuple(t.with_encoding(DEVICE) for t in ftype.inputs),
+        tuple(t.with_encoding(DEVICE) for t in ftype.results),
+    )
+
+
+def is_library(kernel) -> bool:
+    return kernel.name.startswith(LIBRARY_PREFIXES)
+
+
+def _context(tolerance: float, generated: bool = True) -> PlanContext:
+    return PlanContext(tolerance=tolerance, backends=kernel_backends(FAMILIES), generated=generated)
+
+
+def _costs(db_path: str) -> CostSource:
+    from tgc.planner.estimate import DatabaseCostSource
+
+    return DatabaseCostSource(db_path, fallback=RooflineCostSource.gpu_defaults())
+
+
+def _instances(func: FuncOp, tolerance: float, db_path: str):
+    """Every kernel instance the plans of `func` could use, in the order first use measures
+    them: library kernels by the weight of their op (heaviest first), then the rest in the
+    profiler's order (likely winners first)."""
+    from tgc.planner.profile import instances
+
+    costs = CachedCosts(_costs(db_path))
+    found = instances(func, _context(tolerance), costs)
+    defaults = CachedCosts(RooflineCostSource.gpu_defaults())
+
+    def weight(inst) -> float:
+        try:
+            return defaults.cost(inst.kernel, inst.operand_types, inst.result_types).seconds
+        except LookupError:
+            return 0.0
+
+    library = sorted((i for i in found if is_library(i.kernel)), key=lambda i: -weight(i))
+    return library + [i for i in found if not is_library(i.kernel)]
+
+
+def _unknown(func: FuncOp, tolerance: float, db_path: str) -> list:
+    from tgc.planner.db import Database, DatabaseUnavailable
+    from tgc.planner.profile import unknown
+
+    insts = _instances(_scratch(func), tolerance, db_path)
+    try:
+        with Database.open(db_path, readonly=True) as db:
+            return unknown(insts, db)
+    except DatabaseUnavailable:
+        return insts
+
+
+def measure_first_use(
+    func: FuncOp, tolerance: float, db_path: str, options: RouteOptions, report: RouteReport
+) -> None:
+    """Measure, within the budget, the instances of `func`'s plans the database does not know
+    (module doc, step 3), into the database at `db_path`."""
+    from tgc.planner.db import Database, DatabaseUnavailable
+    from tgc.planner.profile import Profiler
+
+    insts = _instances(_scratch(func), tolerance, db_path)
+    try:
+        db = Database.open(db_path)
+    except DatabaseUnavailable as e:
+        report.notes.append(f"not measuring: {e.message}")
+        print(f"tgc: warning: not measuring: {e.message}", file=sys.stderr)
+        return
+    with db:
+        profiler = Profiler(db, options.measure_budget, options.min_time, options.progress)
+        result = profiler.run(insts)
+    report.measured, report.failed, report.unmeasured = result.measured, result.failed, result.left
+
+
+def _scratch(func: FuncOp) -> FuncOp:
+    """A copy of `func` to walk or plan (planning changes the function it plans)."""
+    from tgc.passes.algebraic.graph import clone_func
+
+    return clone_func(func)
+
+
+def _plan(func: FuncOp, tolerance: float, costs: CostSource, generated: bool = True):
+    """A copy of `func` planned with `costs` (generated False: no generated kernel), made
+    ready to run; None when no plan exists within the tolerance."""
+    from tgc.planner.fixed import mark_once
+    from tgc.planner.materialise import materialise
+    from tgc.planner.select import plan_function
+
+    copy = _scratch(func)
+    cached = CachedCosts(costs)
+    try:
+        selection = plan_function(copy, _context(tolerance, generated), cached)
+    except TgcError:
+        if generated:
+            raise
+        return None  # some op has no library kernel: there is no all-library plan
+    materialise(copy, selection, cached)
+    mark_once(copy)
+    return PlannedFunction(copy)
+
+
+def _choose(candidates: dict, report: RouteReport, min_time: float = MIN_TIME) -> str:
+    """The fastest of the candidate plans, each timed whole on the same random inputs."""
+    from tgc.planner.profile import SYNCHRONIZE, time_call
+    from tgc.runtime.interpreter import random_inputs
+
+    first = candidates["planned"]
+    func = first.func
+    space = _space(DEVICE)
+    inputs = [space.from_host(x, a.type) for x, a in zip(random_inputs(func, 0), func.body.args)]
+    sync = SYNCHRONIZE.get(DEVICE, lambda: None)
+    times: dict[str, float] = {}
+    seen: dict[str, str] = {}
+    for name, planned in candidates.items():
+        if planned is None:
+            continue
+        text = _plan_text(planned.func)
+        if text in seen:  # the same plan as an earlier candidate: its time
+            times[name] = times[seen[text]]
+            continue
+        seen[text] = name
+        try:
+            timing = time_call(lambda p=planned: p(inputs), sync, min_time, space.time_queued)
+        except TgcError as e:
+            report.notes.append(f"the {name} plan did not run: {e.message}")
+            continue
+        times[name] = timing.median
+    report.candidates = {k: v * 1e3 for k, v in times.items()}
+    return min(times, key=lambda k: (times[k], k != "planned")) if times else "planned"
+
+
+def _plan_text(func: FuncOp) -> str:
+    """The kernels a plan calls, in order (what tells two candidate plans apart)."""
+    from tgc.printer import print_op
+
+    return "\n".join(print_op(op) for op in func.body.ops)
+
+
+def _space(name: str | None):
+    space = SPACES.get(name)
+    if space is None:
+        raise TgcError(f"no backend that can hold values in {name or 'host'} memory is loaded")
+    return space
+
+
+__all__ = [
+    "DEFAULT_MEASURE_BUDGET",
+    "CompiledFunction",
+    "RouteOptions",
+    "RouteReport",
+    "compile_function",
+    "compile_module",
+    "is_library",
+    "plan_tolerance",
+]

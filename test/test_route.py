@@ -1,0 +1,166 @@
+"""The GPU route (planner/route.py) on the stand-in device of test_planner_cuda.py: no GPU needed.
+
+What is checked: the route measures on first use into the database and a second compile of the
+same program measures nothing; library kernels are measured first, the heaviest op first; the
+whole-plan check runs the fastest candidate; the planning tolerance follows the element types;
+with --no-measure nothing is written; results match float64.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_planner_cuda import stand_in as _stand_in_device  # noqa: F401  (a fixture)
+
+import tgc
+from tgc.planner import route
+from tgc.planner.cost import RooflineCostSource
+from tgc.runtime.interpreter import random_inputs, run_function
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+QUICK = route.RouteOptions(measure_budget=60.0, progress=False, min_time=0.002)
+
+
+@pytest.fixture
+def stand_in(_stand_in_device, monkeypatch):  # noqa: F811
+    """The stand-in device, its timings said to be the stand-in's (no GPU to describe), and
+    the torch backends left out (their torch-cuda needs a GPU)."""
+    from tgc.planner import db
+
+    monkeypatch.setitem(db.FINGERPRINTS, "cuda", lambda: {"gpu": "stand-in"})
+    monkeypatch.setattr(route, "FAMILIES", ("numpy", "cuda"))
+    db.device_info.cache_clear()
+    yield _stand_in_device
+    db.device_info.cache_clear()
+
+
+def _compile(text: str, db: Path, **options):
+    module = tgc.parse(text)
+    opts = route.RouteOptions(**{**QUICK.__dict__, "db": str(db), **options})
+    return route.compile_module(module, None, opts)
+
+
+def _records(db: Path) -> int:
+    with sqlite3.connect(db) as con:
+        return con.execute("SELECT count(*) FROM measurements").fetchone()[0]
+
+
+@pytest.mark.parametrize("example", ["mlp", "gelu_scale"])
+def test_first_use_measures_and_the_second_compile_measures_nothing(example, stand_in, tmp_path):
+    db = tmp_path / "m.sqlite"
+    text = (EXAMPLES / f"{example}.tg").read_text()
+    first = _compile(text, db)
+    assert first.report.measured > 0 and first.report.unmeasured == 0
+    recorded = _records(db)
+    assert recorded >= first.report.measured
+    second = _compile(text, db)
+    assert second.report.measured == 0 and second.report.unmeasured == 0
+    assert _records(db) == recorded
+    tgc.verify(second.func)  # the planned function: copies where the signature needs them
+    reference = tgc.parse(text).funcs[0]
+    inputs = random_inputs(reference, 3)
+    want = run_function(reference, inputs, "f64")
+    got = second.run_host(inputs)
+    for g, w in zip(got, want):
+        scale = max(float(np.max(np.abs(w))), 1.0)
+        assert float(np.max(np.abs(np.asarray(g, np.float64) - w))) <= 2e-4 * scale
+
+
+def test_no_measure_writes_nothing_and_counts_what_it_left(stand_in, tmp_path):
+    db = tmp_path / "m.sqlite"
+    compiled = _compile((EXAMPLES / "mlp.tg").read_text(), db, measure=False)
+    assert compiled.report.measured == 0
+    assert compiled.report.unmeasured > 0
+    assert not db.exists()
+
+
+def test_a_budget_of_zero_measures_nothing_and_says_what_is_left(stand_in, tmp_path):
+    db = tmp_path / "m.sqlite"
+    compiled = _compile((EXAMPLES / "mlp.tg").read_text(), db, measure_budget=0.0)
+    assert compiled.report.measured == 0 and compiled.report.unmeasured > 0
+    assert "left unmeasured" in compiled.report.summary()
+
+
+def test_library_kernels_are_measured_first_the_heaviest_first(stand_in, tmp_path):
+    module = tgc.parse((EXAMPLES / "gpt2_block.tg").read_text())
+    tgc.run_pipeline(module, "lower-for-planning")
+    func = module.funcs[0]
+    route.move_signature_to_device(func)
+    insts = route._instances(func, 1e-5, str(tmp_path / "none.sqlite"))
+    library = [route.is_library(i.kernel) for i in insts]
+    assert any(library) and not all(library)
+    first_other = library.index(False)
+    assert all(library[:first_other]) and not any(library[first_other:])
+    defaults = RooflineCostSource.gpu_defaults()
+    weights = [
+        defaults.cost(i.kernel, i.operand_types, i.result_types, {}).seconds
+        for i in insts[:first_other]
+    ]
+    assert weights == sorted(weights, reverse=True)
+
+
+class _Sleeper:
+    """A stand-in for a planned function: each call takes `seconds`."""
+
+    def __init__(self, func, seconds: float) -> None:
+        self.func, self.seconds, self.calls = func, seconds, 0
+
+    def __call__(self, values):
+        self.calls += 1
+        time.sleep(self.seconds)
+        return []
+
+
+def test_the_whole_plan_check_runs_the_fastest_candidate(stand_in):
+    func = tgc.parse((EXAMPLES / "softmax.tg").read_text()).funcs[0]
+    route.move_signature_to_device(func)
+    report = route.RouteReport()
+    slow, fast = _Sleeper(func, 0.004), _Sleeper(func, 0.0005)
+    # two different plans (their text tells them apart): the faster one wins
+    other = (EXAMPLES / "softmax.tg").read_text().replace("{axis = -1}", "{axis = 0}")
+    fast.func = tgc.parse(other).funcs[0]
+    route.move_signature_to_device(fast.func)
+    chosen = route._choose({"planned": slow, "library": fast, "default": None}, report)
+    assert chosen == "library"
+    assert set(report.candidates) == {"planned", "library"}
+    assert report.candidates["library"] < report.candidates["planned"]
+    assert slow.calls > 1 and fast.calls > 1
+
+
+def test_a_candidate_with_the_same_plan_is_not_timed_again(stand_in):
+    func = tgc.parse((EXAMPLES / "softmax.tg").read_text()).funcs[0]
+    route.move_signature_to_device(func)
+    report = route.RouteReport()
+    planned, same = _Sleeper(func, 0.0005), _Sleeper(func, 0.0)
+    assert route._choose({"planned": planned, "default": same}, report) == "planned"
+    assert same.calls == 0
+    assert report.candidates["default"] == report.candidates["planned"]
+
+
+@pytest.mark.parametrize(
+    "types, tolerance",
+    [
+        ("tensor<4xbf16>", 3e-2),
+        ("tensor<4xf16>", 2e-2),
+        ("tensor<4xf32>", 2e-4),
+        ("tensor<4xf64>", 1e-5),
+        ("tensor<4xi64>", 1e-5),
+    ],
+)
+def test_the_planning_tolerance_follows_the_element_type(types, tolerance):
+    func = tgc.parse(
+        f"func.func @f(%x: {types}) -> {types} {{\n  func.return %x : {types}\n}}"
+    ).funcs[0]
+    assert route.plan_tolerance(func) == tolerance
+
+
+def test_the_signature_moves_to_the_device():
+    func = tgc.parse((EXAMPLES / "mlp.tg").read_text()).funcs[0]
+    route.move_signature_to_device(func)
+    assert all(a.type.encoding == "cuda" for a in func.body.args)
+    ftype = func.function_type
+    assert all(t.encoding == "cuda" for t in (*ftype.inputs, *ftype.results))
