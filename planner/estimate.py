@@ -116,8 +116,10 @@ class Curve:
             keep = np.ones(len(self), dtype=bool)
             keep[i] = False
             guess = self._fit_at(self.bytes[i], self.flops[i], keep)
-            errors.append(abs(guess - self.seconds[i]) / self.seconds[i])
-        return max(float(np.median(errors)), MIN_ERROR)
+            with np.errstate(all="ignore"):
+                errors.append(abs(guess - self.seconds[i]) / self.seconds[i])
+        error = float(np.median(errors))
+        return max(error, MIN_ERROR) if math.isfinite(error) else ONE_POINT_ERROR
 
     def _fit_at(self, nbytes: float, flops: float, keep: np.ndarray) -> float:
         idx = np.flatnonzero(keep)
