@@ -109,6 +109,27 @@ class Emitter:
         return load_expression(self.arg_ptrs[arg], linear_offset(t.shape, coords), t.element_type)
 
     def value(self, v: Value, coords: Coords) -> str:
+        """The C name of `v` at `coords`, emitting what computes it on first use.
+
+        Iterative: each value is computed by a generator (`_steps`) that yields the (operand,
+        coordinates) it needs and is sent back their names, and this loop runs those generators
+        on an explicit stack, so a chain of 10,000 elementwise ops needs no Python recursion.
+        The statements come out in the order a recursive walk would emit them."""
+        stack: list = []
+        gen = self._steps(v, coords)
+        sent: str | None = None
+        while True:
+            try:
+                request = gen.send(sent)
+            except StopIteration as done:
+                if not stack:
+                    return done.value
+                gen, sent = stack.pop(), done.value
+                continue
+            stack.append(gen)
+            gen, sent = self._steps(*request), None
+
+    def _steps(self, v: Value, coords: Coords):
         coords = canon(v.type.shape, coords)
         found = self.lookup(v, coords)
         if found is not None:
@@ -119,11 +140,13 @@ class Emitter:
             if v in self.arg_ptrs or v.defining_op is None:
                 name = self.define(v, self.load(v, coords))
             else:
-                name = self.compute(v, coords)
+                name = yield from self._compute(v, coords)
         self.remember(v, coords, name)
         return name
 
-    def compute(self, v: Value, coords: Coords) -> str:
+    def _compute(self, v: Value, coords: Coords):
+        """A generator: yields (operand, coords) for each operand value it needs (sent back its
+        name) and returns the name of `v` at `coords`."""
         op = v.defining_op
         shape = v.type.shape
         name = op.name
@@ -137,15 +160,15 @@ class Emitter:
             return f"(({COMPUTE_CTYPE[v.type.element_type]}) {coords[axis]})"
         index_map = VIEW_INDEX_MAPS.get(name)
         if index_map is not None:
-            return self.value(op.operands[0], index_map(self, op, v, coords))
+            return (yield (op.operands[0], index_map(self, op, v, coords)))
         if name == "atomic.concat":
-            return self.concat(op, v, coords)
+            return (yield from self._concat(op, v, coords))
         if name == "atomic.gather":
-            return self.gather(op, v, coords)
+            return (yield from self._gather(op, v, coords))
         if has_code(op):
-            operands = [
-                self.value(x, broadcast_coords(x.type.shape, shape, coords)) for x in op.operands
-            ]
+            operands = []
+            for x in op.operands:
+                operands.append((yield (x, broadcast_coords(x.type.shape, shape, coords))))
             return self.define(v, expression(op, operands, [x.type for x in op.operands]))
         raise TgcError(f"'{name}' cannot be generated inside this kernel", op.loc)
 
@@ -158,7 +181,7 @@ class Emitter:
         self.emit(f"const idx_t {flat} = {linear_offset(dst, coords)};")
         return delinearize(flat, src)
 
-    def concat(self, op, v: Value, coords: Coords) -> str:
+    def _concat(self, op, v: Value, coords: Coords):
         """Each piece is computed only in its own branch (its loads stay in bounds)."""
         axis = op.attr("axis") % len(coords)
         name = self.fresh()
@@ -171,19 +194,20 @@ class Emitter:
             keyword = "if" if i == 0 else "else if"
             self.emit("else {" if last else f"{keyword} ({coords[axis]} < {start + size}) {{")
             self.push()
-            self.emit(f"{name} = {self.value(x, inner)};")
+            piece = yield (x, inner)
+            self.emit(f"{name} = {piece};")
             self.pop()
             self.emit("}")
             start += size
         return name
 
-    def gather(self, op, v: Value, coords: Coords) -> str:
+    def _gather(self, op, v: Value, coords: Coords):
         table, indices = op.operands
         axis = op.attr("axis") % table.type.rank
         k = indices.type.rank
-        index = self.value(indices, coords[axis : axis + k])
+        index = yield (indices, coords[axis : axis + k])
         inner = coords[:axis] + (f"((idx_t) {index})",) + coords[axis + k :]
-        return self.value(table, inner)
+        return (yield (table, inner))
 
 
 # -- the index map of each view op ------------------------------------------------------------------
