@@ -20,6 +20,7 @@ import tgc
 from tgc.diagnostics import TgcError
 from tgc.importers._weights import DEFAULT_INLINE_LIMIT
 from tgc.tools._common import EXIT_OK, guarded, non_negative_int
+from tgc.tools._outputs import check_output, same_file
 from tgc.tools.opt import write_output
 
 TORCH_SUFFIX = ".pt2"  # a program saved by torch.export.save; anything else is read as ONNX
@@ -101,8 +102,7 @@ def is_torch_program(path: str) -> bool:
 
 def run(args) -> int:
     to_file = args.output != "-"
-    if to_file and not Path(args.output).parent.is_dir():  # before anything is written
-        raise TgcError(f"could not write output file '{args.output}': its folder does not exist")
+    check_output(args.output, [args.input])  # before anything is read or written
     weights_dir = f"{Path(args.output).stem}.weights" if to_file else None
     if is_torch_program(args.input):
         module = import_torch(args, weights_dir)
@@ -110,7 +110,7 @@ def run(args) -> int:
         module = import_onnx(args, weights_dir)
     text = tgc.print_ir(module)
     if to_file:
-        write_weights(module, Path(args.output).parent)
+        write_weights(module, Path(args.output).parent, args.input)
     write_output(args.output, text)
     return EXIT_OK
 
@@ -153,17 +153,23 @@ def import_torch(args, weights_dir: str | None):
         )
 
 
-def write_weights(module, folder: Path) -> None:
-    """Write every file-backed constant under `folder` (before the .tg that refers to them)."""
+def write_weights(module, folder: Path, source: str = "-") -> None:
+    """Write every file-backed constant under `folder` (before the .tg that refers to them),
+    each target checked first: none may be the model read, or anything but a regular file."""
     from tgc import datafiles
 
-    for attr in datafiles.file_constants(module):
+    attrs = list(datafiles.file_constants(module))
+    for attr in attrs:
         target = folder / attr.file
+        if source != "-" and same_file(target, source):
+            raise TgcError(f"refusing to write weights file '{target}': it is the input '{source}'")
         if target.is_symlink() or (target.exists() and not target.is_file()):
             raise TgcError(
                 f"cannot write weights file '{target}': something that is not a regular file is "
                 "in the way"
             )
+    for attr in attrs:
+        target = folder / attr.file
         try:
             datafiles.write(attr, folder)
         except (OSError, datafiles.DataFileError) as e:

@@ -8,6 +8,7 @@ import sys
 import tgc
 from tgc.diagnostics import TgcError
 from tgc.tools._common import EXIT_OK, guarded, read_input
+from tgc.tools._outputs import check_output
 from tgc.tools.opt import write_output
 
 EMITTERS = ("dot", "cuda")
@@ -45,9 +46,11 @@ def run(args) -> int:
 
     if args.arch is not None and not is_gpu_arch(args.arch):
         raise TgcError(f"--arch: '{args.arch}' is not a GPU as nvcc names one (e.g. sm_90)")
+    check_output(args.output, [args.input])
     text, name = read_input(args.input)
     module = parse_module(text, name)
     verify(module)
+    check_output(args.output, _data_files(module, args.input))
     if args.emit == "dot":
         from tgc.codegen.dot import emit_dot
 
@@ -60,6 +63,22 @@ def run(args) -> int:
     PassManager(parse_pipeline(pipeline)).run(module)
     write_output(args.output, emit_standalone_cuda(module, arch=args.arch))
     return EXIT_OK
+
+
+def _data_files(module, source: str) -> list:
+    """The .npy files the module's dense_file constants read (inputs too)."""
+    from pathlib import Path
+
+    from tgc import datafiles
+
+    base = Path.cwd() if source == "-" else Path(source).parent
+    out = []
+    for attr in datafiles.file_constants(module):
+        try:
+            out.append(datafiles.resolve(base, attr.file))
+        except datafiles.DataFileError:
+            continue  # the parser has refused such a path already
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
