@@ -84,6 +84,7 @@ __all__ = [
     "OK",
     "ORIGINS",
     "SCHEMA_VERSION",
+    "SQLITE_ERRORS",
     "SQLITE_HEADER",
     "Database",
     "DatabaseUnavailable",
@@ -111,6 +112,11 @@ POLL_S = 0.05  # one wait inside sqlite; Ctrl-C is seen between two
 WAIT_NOTICE_S = 1.0  # a wait longer than this is said on stderr
 SQLITE_HEADER = b"SQLite format 3\x00"
 MAX_JSON_DEPTH = 32  # of a stored or imported JSON value (descriptions, parameters)
+
+
+# What a damaged file can raise from sqlite3: its errors, and an error message quoting bytes of
+# the file that are not UTF-8 (the module decodes sqlite's messages).
+SQLITE_ERRORS = (sqlite3.Error, UnicodeDecodeError)
 
 
 class DatabaseUnavailable(TgcError):
@@ -373,7 +379,7 @@ class Database:
         try:
             if con.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
                 con.execute("PRAGMA journal_mode = DELETE")
-        except sqlite3.OperationalError:
+        except SQLITE_ERRORS:
             pass  # another connection has it open: it stays in WAL mode for now
 
     def _transaction(self, body: Callable[[], Any]) -> Any:
@@ -390,7 +396,7 @@ class Database:
                 if con.in_transaction:
                     con.execute("ROLLBACK")
                 raise
-        except sqlite3.Error as e:
+        except SQLITE_ERRORS as e:
             raise _unavailable(self.path, e) from None
         return result
 
@@ -398,7 +404,7 @@ class Database:
         """Rows of a query, waited for patiently; sqlite errors as DatabaseUnavailable."""
         try:
             return _patiently(self.path, lambda: self.con.execute(sql, tuple(args)).fetchall())
-        except sqlite3.Error as e:
+        except SQLITE_ERRORS as e:
             raise _unavailable(self.path, e) from None
 
     @property
@@ -776,12 +782,13 @@ def _judge(con: sqlite3.Connection, path: str, check: bool, readonly: bool) -> i
         if check:
             problems = _patiently(path, lambda: con.execute("PRAGMA quick_check(1)").fetchall())
             if problems != [("ok",)]:
-                first = " ".join(str(problems[0][0]).split()) if problems else "no answer"
+                first = str(problems[0][0]) if problems else "no answer"
                 raise _corrupt(path, first)
-    except sqlite3.DatabaseError as e:
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
         if isinstance(e, sqlite3.OperationalError) and "readonly" in str(e).replace(" ", ""):
             raise _unavailable(path, e) from None
-        raise _corrupt(path, str(e) or type(e).__name__) from None
+        reason = "text that is not UTF-8" if isinstance(e, UnicodeDecodeError) else str(e)
+        raise _corrupt(path, reason or type(e).__name__) from None
     if readonly and 0 < version < SCHEMA_VERSION:
         raise DatabaseUnavailable(
             f"'{path}' has schema {version}; open it for writing once (any tgc-profile or "
@@ -790,7 +797,14 @@ def _judge(con: sqlite3.Connection, path: str, check: bool, readonly: bool) -> i
     return version
 
 
+def _printable(text: str) -> str:
+    """`text` on one line: control characters (sqlite quotes damaged bytes) escaped."""
+    text = " ".join(text.split())
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def _corrupt(path: str, reason: str) -> DatabaseUnavailable:
+    reason = _printable(reason)
     reason = reason if len(reason) <= 100 else reason[:97] + "..."
     return DatabaseUnavailable(
         f"'{path}' is a corrupt SQLite database ({reason}); it is left as it is"
@@ -820,11 +834,18 @@ def _connect(target: str, path: str, uri: bool = False) -> sqlite3.Connection:
         con = sqlite3.connect(
             target, timeout=POLL_S, isolation_level=None, uri=uri, check_same_thread=False
         )
-    except sqlite3.Error as e:
+    except SQLITE_ERRORS as e:
         raise _unavailable(path, e) from None
+    con.text_factory = _text  # damaged text decodes, marked, rather than raising
     return con
 
 
-def _unavailable(path: str, e: sqlite3.Error) -> DatabaseUnavailable:
-    reason = " ".join((str(e) or type(e).__name__).split())
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
+
+
+def _unavailable(path: str, e: Exception) -> DatabaseUnavailable:
+    if isinstance(e, UnicodeDecodeError):
+        return _corrupt(path, "text that is not UTF-8")
+    reason = _printable(str(e) or type(e).__name__)
     return DatabaseUnavailable(f"cannot use measurement database '{path}': {reason}")

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import sqlite3
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
@@ -45,6 +44,7 @@ from tgc.planner.cost import Cost, CostSource, RooflineCostSource, kernel_flops
 from tgc.planner.db import (
     FAILED,
     OK,
+    SQLITE_ERRORS,
     Database,
     DatabaseUnavailable,
     DeviceInfo,
@@ -274,7 +274,7 @@ class DatabaseCostSource:
         if db is not None:
             try:
                 found = self._lookup(db, kernel, operand_types, result_types, params)
-            except (sqlite3.Error, DatabaseUnavailable) as e:
+            except (*SQLITE_ERRORS, DatabaseUnavailable) as e:
                 self.give_up(_reason(self.path, e))
                 found = None
             if found is not None:
@@ -352,7 +352,7 @@ class DatabaseCostSource:
             if keys is None:
                 return None
             rows = self._instance_rows(db, keys, signature_of(operand_types, result_types))
-        except (sqlite3.Error, DatabaseUnavailable) as e:
+        except (*SQLITE_ERRORS, DatabaseUnavailable) as e:
             self.give_up(_reason(self.path, e))
             return None
         return best_params(kernel, rows)
