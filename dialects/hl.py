@@ -69,6 +69,10 @@ def _scalar(b: Builder, like: Value, value) -> Value:
     return b.atomic.constant(value=DenseAttr.splat(value, t.with_encoding(None)), result_type=t)
 
 
+def _cast(b: Builder, x: Value, element_type: str) -> Value:
+    return b.atomic.cast(x, result_type=x.type.with_element_type(element_type))
+
+
 # -- registration: no decomposition may contain its own op ----------------------------------------
 
 _LOADED = False  # set at the end of this module; ops registered later are checked at once
@@ -556,8 +560,16 @@ class AttentionOp(HLOp):
         seq_q, scores, -inf) with row and col from atomic.iota; hl.softmax; matmul with v.
         No row is fully masked by the causal mask: the verifier requires seq_q <= seq_k, so key
         0 is allowed for every query (an additive mask of -inf can still mask a whole row, as in
-        the numpy meaning)."""
+        the numpy meaning).
+
+        In f16 and bf16 the operands are first cast to f32 and the result cast back, as the
+        meaning computes (16-bit floats are evaluated in f32, rounded once at the end): an f16
+        score above 65504 (one q element at 65504 against a key element of 2) would be inf and
+        its softmax NaN, and bf16 scores rounded to 8 bits would change the softmax by percents."""
         q, k, v, *mask = self.operands
+        narrow = q.type.element_type in ("f16", "bf16")
+        if narrow:
+            q, k, v, *mask = (_cast(b, x, "f32") for x in (q, k, v, *mask))
         scores = b.atomic.matmul(q, k, transpose_b=True)
         if self.scale() != 1.0:
             scores = b.atomic.mul(scores, _scalar(b, q, self.scale()))
@@ -572,7 +584,8 @@ class AttentionOp(HLOp):
                 row = b.atomic.add(row, _scalar(b, row, seq_k - seq_q))
             allowed = b.atomic.cmp(col, row, pred="le")
             scores = b.atomic.where(allowed, scores, _scalar(b, q, -math.inf))
-        return [b.atomic.matmul(b.hl.softmax(scores, axis=-1), v)]
+        out = b.atomic.matmul(b.hl.softmax(scores, axis=-1), v)
+        return [_cast(b, out, self.results[0].type.element_type) if narrow else out]
 
 
 _LOADED = True

@@ -289,6 +289,50 @@ def test_lowered_is_finite_in_narrow_types(dtype, rtol, op, attributes):
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=rtol, atol=rtol * big)
 
 
+@pytest.mark.parametrize("pipeline", ["lower-hl", "optimize"])
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("attributes", [{}, {"causal": True}, {"mask": True}])
+def test_attention_in_16_bits_agrees_with_its_meaning(dtype, attributes, pipeline):
+    """Issue 23, item 9: the meaning computes 16-bit attention in f32 (rounded once at the end);
+    the decomposition did it in the 16-bit type, so one q element at 65504 (the largest f16)
+    made scores of inf and a NaN output (f16), and scores of magnitude ~100 rounded to 8 bits
+    moved the softmax by percents (bf16). Both sides in the narrow type, native precision,
+    against float64: |got - want| <= tol * max(1, max |want|), tol 2e-2 (f16) or 3e-2 (bf16),
+    the --check tolerances; fresh random inputs every run."""
+    types = [f"2x8x16x{dtype}"] * 3 + ([f"8x8x{dtype}"] if attributes.get("mask") else [])
+    attrs = {k: v for k, v in attributes.items() if k != "mask"}
+    rng = np.random.default_rng()
+    np_type = np.float16 if dtype == "f16" else None
+    raw = [rng.standard_normal(tensor(t).shape) * 3 for t in types]
+    if dtype == "f16":
+        raw[0][0, 3, 5] = 65504.0  # the largest f16
+        raw[1][:, :, 5] = rng.uniform(1.0, 2.0, raw[1].shape[:2])  # that q row meets large keys
+    else:  # scores near 64 a few units apart: bf16 rounds them to steps of 0.5
+        raw[0][0, 3] = 16.0
+        raw[1][0] = 1.0 + 0.1 * rng.standard_normal(raw[1].shape[1:])
+    module = build("attention", types, dtype, **attrs)
+    func = module.funcs[0]
+    inputs = [
+        x.astype(np_type) if np_type else _to_bf16(x, a.type.dtype) for x, a in zip(raw, func.args)
+    ]
+    (want,) = run_function(func, inputs, "f64")
+    (meaning,) = run_function(func, inputs)
+    (got,) = run_function(
+        lower(build("attention", types, dtype, **attrs), pipeline).funcs[0], inputs
+    )
+    tol = 2e-2 if dtype == "f16" else 3e-2
+    big = max(1.0, float(np.max(np.abs(want))))
+    assert np.all(np.isfinite(want))
+    for out in (meaning, got):
+        out = np.asarray(out, dtype=np.float64)
+        assert np.all(np.isfinite(out)), out[~np.isfinite(out)]
+        np.testing.assert_allclose(out, want, rtol=0, atol=tol * big)
+
+
+def _to_bf16(x: np.ndarray, dtype) -> np.ndarray:
+    return x.astype(np.float32).astype(dtype)
+
+
 # Ops with a numeric case above; a new hl op must get one.
 COVERED = {f"hl.{op}" for op, _ in UNARY} | {
     "hl.softmax",
