@@ -10,9 +10,10 @@ the benchmarks). There is one: the planner's.
    kernel instances its plans could use that the measurement database does not know are
    measured, within `measure_budget` seconds, and recorded (one default database in the user's
    cache, shared by every tool; `RouteOptions.db` another). First the library's own kernel at
-   every op (cuBLAS, cuBLASLt, PyTorch's), the heaviest op first, so that no heavy op is planned
-   on a guess where a measurement was possible; then the planner's likely winners
-   (planner/profile.py `instances`). A second run of the same program measures nothing;
+   every product (cuBLAS, cuBLASLt, PyTorch's matmul, linear and SDPA), the heaviest first, so
+   that no heavy op is planned on a guess where a measurement was possible; then the planner's
+   likely winners (planner/profile.py `instances`). A second run of the same program measures
+   nothing;
 4. `select-kernels` with the costs measured, else estimated from other measurements, else the
    default cost source: a roofline with the GPU's matrix units and per-family efficiencies
    (`RooflineCostSource.gpu_defaults`), under which, with no measurement at all, the plan is
@@ -39,16 +40,24 @@ from tgc.diagnostics import TgcError
 from tgc.builtin import ModuleOp
 from tgc.planner import kernel_backends, load_backends
 from tgc.planner.backends import SPACES
-from tgc.planner.cost import CachedCosts, CostSource, RooflineCostSource
+from tgc.planner.cost import (
+    GPU_EFFICIENCY,
+    MATRIX_OPS,
+    CachedCosts,
+    CostSource,
+    RooflineCostSource,
+)
 from tgc.planner.executor import PlannedFunction
 from tgc.planner.options import PlanContext
 from tgc.planner.profile import MIN_TIME
 from tgc.types import CHECK_TOLERANCE, FLOAT_TYPES
 
 DEVICE = "cuda"
-# The backend families the route plans with: tgc's generated kernels and cuBLAS (cuda), PyTorch's
-# kernels on the GPU (torch, where it imports), and numpy for what only the host runs.
-FAMILIES = ("numpy", "cuda", "torch")
+# The backend families the route loads: tgc's generated kernels and cuBLAS (cuda) and PyTorch's
+# (torch, where it imports); of those it plans with the device's kernels alone, constants made
+# on the host and copied where they are read (PlanContext's host_constants).
+FAMILIES = ("cuda", "torch")
+DEVICE_BACKENDS = frozenset({"cuda", "torch-cuda"})
 # Kernels that are a library's own (the all-library plan and the first to be measured): every
 # torch-cuda kernel and cuBLAS / cuBLASLt.
 LIBRARY_PREFIXES = ("torch-cuda.", "cuda.cublas.", "cuda.cublaslt.")
@@ -215,8 +224,16 @@ def is_library(kernel) -> bool:
     return kernel.name.startswith(LIBRARY_PREFIXES)
 
 
+def is_product(kernel) -> bool:
+    """Whether the kernel's work is a matrix product (a matmul, a linear layer, attention)."""
+    return kernel.op in MATRIX_OPS or kernel.name in GPU_EFFICIENCY
+
+
 def _context(tolerance: float, generated: bool = True) -> PlanContext:
-    return PlanContext(tolerance=tolerance, backends=kernel_backends(FAMILIES), generated=generated)
+    backends = kernel_backends(FAMILIES) & DEVICE_BACKENDS
+    return PlanContext(
+        tolerance=tolerance, backends=backends, generated=generated, host_constants=True
+    )
 
 
 def _costs(db_path: str) -> CostSource:
@@ -227,8 +244,9 @@ def _costs(db_path: str) -> CostSource:
 
 def _instances(func: FuncOp, tolerance: float, db_path: str):
     """Every kernel instance the plans of `func` could use, in the order first use measures
-    them: library kernels by the weight of their op (heaviest first), then the rest in the
-    profiler's order (likely winners first)."""
+    them: the library's products (cuBLAS, cuBLASLt, PyTorch's matmul, linear and attention) by
+    their weight, heaviest first, then the rest in the profiler's order (likely winners
+    first)."""
     from tgc.planner.profile import instances
 
     costs = CachedCosts(_costs(db_path))
@@ -241,8 +259,9 @@ def _instances(func: FuncOp, tolerance: float, db_path: str):
         except LookupError:
             return 0.0
 
-    library = sorted((i for i in found if is_library(i.kernel)), key=lambda i: -weight(i))
-    return library + [i for i in found if not is_library(i.kernel)]
+    first = [i for i in found if is_library(i.kernel) and is_product(i.kernel)]
+    chosen = {id(i) for i in first}
+    return sorted(first, key=lambda i: -weight(i)) + [i for i in found if id(i) not in chosen]
 
 
 def _unknown(func: FuncOp, tolerance: float, db_path: str) -> list:
