@@ -817,3 +817,87 @@ def test_dead_matmuls_sharing_a_weight_are_not_merged(tmp_path, capsys):
     dead = {i for i, op in enumerate(ops) if op.name == "atomic.matmul" and not op.results[0].uses}
     assert len(dead) == 2
     assert not any(dead & set(m.indices) for m in find_moves(module.funcs[0], RULES, WEIGHTS))
+
+
+# -- infinities and NaN: the inexact rules run only under fast-math --------------------------------
+
+INEXACT = {
+    # rule: (function, inputs where the rewritten function gives ±inf for the original's NaN)
+    "distribute-mul": (
+        """func.func @f(%x: tensor<3xf64>, %a: tensor<3xf64>, %b: tensor<3xf64>) -> tensor<3xf64> {
+  %0 = atomic.mul %x, %a : (tensor<3xf64>, tensor<3xf64>) -> tensor<3xf64>
+  %1 = atomic.mul %x, %b : (tensor<3xf64>, tensor<3xf64>) -> tensor<3xf64>
+  %2 = atomic.add %0, %1 : (tensor<3xf64>, tensor<3xf64>) -> tensor<3xf64>
+  func.return %2 : tensor<3xf64>
+}""",
+        [[-np.inf, 1.0, 2.0], [2.0, 1.0, 3.0], [-1.0, 1.0, 4.0]],
+    ),
+    "distribute-matmul-left": (
+        """func.func @f(%a: tensor<1x1xf64>, %b: tensor<1x8xf64>, %c: tensor<1x8xf64>) -> tensor<1x8xf64> {
+  %0 = atomic.matmul %a, %b : (tensor<1x1xf64>, tensor<1x8xf64>) -> tensor<1x8xf64>
+  %1 = atomic.matmul %a, %c : (tensor<1x1xf64>, tensor<1x8xf64>) -> tensor<1x8xf64>
+  %2 = atomic.add %0, %1 : (tensor<1x8xf64>, tensor<1x8xf64>) -> tensor<1x8xf64>
+  func.return %2 : tensor<1x8xf64>
+}""",
+        [[[-np.inf]], [[2.0] * 8], [[-1.0] * 8]],
+    ),
+    "reorder-matmul-chain": (
+        """func.func @f(%a: tensor<64x1xf64>, %b: tensor<1x2xf64>, %c: tensor<2x1xf64>) -> tensor<64x1xf64> {
+  %0 = atomic.matmul %a, %b : (tensor<64x1xf64>, tensor<1x2xf64>) -> tensor<64x2xf64>
+  %1 = atomic.matmul %0, %c : (tensor<64x2xf64>, tensor<2x1xf64>) -> tensor<64x1xf64>
+  func.return %1 : tensor<64x1xf64>
+}""",
+        [[[np.inf]] * 64, [[2.0, 1.0]], [[1.0], [-1.0]]],
+    ),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(INEXACT))
+def test_inexact_rules_need_fast_math(rule):
+    """Issue 23, item 9: distributing and reassociating turn a NaN into ±inf on inf inputs
+    (x = -inf, a = 2, b = -1: x*a + x*b is NaN, x*(a+b) is -inf). They are marked inexact and
+    run only under fast-math (the pass's default, documented); with fast-math=false the pass
+    leaves the function alone and the results stay bit for bit."""
+    assert not {r.name: r for r in RULES}[rule].exact
+    text, raw = INEXACT[rule]
+    inputs = [np.array(x, dtype=np.float64) for x in raw]
+    (want,) = run_function(parse_module(text, "f.tg").funcs[0], inputs, "f64")
+    assert np.isnan(want).any()
+
+    strict = parse_module(text, "f.tg")
+    PassManager.from_text("algebraic{fast-math=false}").run(strict)
+    assert print_op(strict) == print_op(parse_module(text, "f.tg"))
+    (got,) = run_function(strict.funcs[0], inputs, "f64")
+    np.testing.assert_array_equal(got, want)  # NaN where NaN
+
+    fast = parse_module(text, "f.tg")
+    stats = PassManager.from_text("algebraic", pass_statistics=True)
+    stats.run(fast)
+    (changed,) = run_function(fast.funcs[0], inputs, "f64")
+    assert print_op(fast) != print_op(parse_module(text, "f.tg")), "the rule did not fire"
+    assert np.isinf(changed[np.isnan(want)]).any()  # the documented difference
+    finite = [np.random.default_rng().standard_normal(x.shape) for x in inputs]
+    (a,) = run_function(parse_module(text, "f.tg").funcs[0], finite, "f64")
+    (b,) = run_function(fast.funcs[0], finite, "f64")
+    np.testing.assert_allclose(b, a, rtol=RTOL, atol=1e-12)  # exact up to rounding otherwise
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_without_fast_math_results_are_bit_exact_on_inf_and_nan(seed):
+    """Random graphs with inf, -inf and NaN planted in their inputs: algebraic{fast-math=false}
+    keeps every result bit for bit (NaN where NaN, the same infinities)."""
+    graph = RandomGraph(3000 + seed)
+    func = graph.build(RandomGraph.TEMPLATES, int(graph.rng.integers(2, 9)))
+    rng = np.random.default_rng(seed)
+    inputs = random_inputs(func, seed)
+    for x in inputs:
+        flat = x.reshape(-1)
+        picks = rng.integers(0, flat.size, max(1, flat.size // 8))
+        flat[picks] = rng.choice([np.inf, -np.inf, np.nan], picks.size)
+    with np.errstate(all="ignore"):
+        expected = run_function(func, inputs, "f64")
+        PassManager.from_text("algebraic{fast-math=false}").run(func.parent_op)
+        got = run_function(func, inputs, "f64")
+    for w, g in zip(expected, got):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+        np.testing.assert_array_equal(np.isinf(g) * np.sign(g), np.isinf(w) * np.sign(w))

@@ -43,7 +43,13 @@ class Algebraic(Pass):
     Contract: every function result keeps its type and its value in exact arithmetic (floating
     point may round differently, as reassociation does); rewritten ops take the location of the
     op they replace; ops made dead by a rewrite are erased, no other op is touched; a window is
-    only changed when its cost strictly drops, so the cost never grows; deterministic. With
+    only changed when its cost strictly drops, so the cost never grows; deterministic.
+
+    Infinities and NaN: distributivity and matmul-chain reordering are exact in real arithmetic,
+    not on inf/NaN (x = -inf, a = 2, b = -1: x*a + x*b is NaN, x*(a+b) is -inf). Unlike
+    canonicalize, this pass allows them by default (`fast-math=true`): they are what it is for,
+    and the default pipelines rely on them. `algebraic{fast-math=false}` keeps only the rules
+    exact on every input (merges, stacks, transposes), bit for bit on NaN and infinities. With
     --pass-statistics: one counter per rule applied, the cost of each function before and after,
     and the search effort.
     """
@@ -58,6 +64,7 @@ class Algebraic(Pass):
     byte_cost: float = 3.3e-13
     launch_cost: float = 3e-6
     rules: tuple[str, ...] = ()
+    fast_math: bool = True
 
     def __post_init__(self) -> None:
         unknown = [r for r in self.rules if r not in RULE_NAMES]
@@ -70,7 +77,11 @@ class Algebraic(Pass):
 
     def run_on_func(self, func: FuncOp, stats: PassStatistics) -> None:
         weights = CostWeights(self.flop_cost, self.byte_cost, self.launch_cost)
-        rules = tuple(r for r in RULES if not self.rules or r.name in self.rules)
+        rules = tuple(
+            r
+            for r in RULES
+            if (not self.rules or r.name in self.rules) and (self.fast_math or r.exact)
+        )
         block = func.body
         before = describe(block.ops, weights)
         rewriter = Rewriter()

@@ -59,6 +59,10 @@ class Rule:
     anchors: frozenset[str]
     find: Callable[[Operation, Context], Found]
     apply: Callable[[Rewriter, tuple[Operation, ...], object], None]
+    # Exact on every input, infinities and NaN included. Distributing and reassociating are
+    # exact in real arithmetic only: x = -inf, a = 2, b = -1 gives x*a + x*b = NaN but
+    # x*(a+b) = -inf. Those rules run only under `fast-math` (the pass's default).
+    exact: bool = True
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -514,15 +518,27 @@ _apply_distribute_right = _apply_distribute_matmul(1)
 
 RULES: tuple[Rule, ...] = (
     # A@B + A@C -> A@(B+C)
-    Rule("distribute-matmul-left", ADD_SUB, _distribute_matmul_left, _apply_distribute_left),
+    Rule(
+        "distribute-matmul-left",
+        ADD_SUB,
+        _distribute_matmul_left,
+        _apply_distribute_left,
+        exact=False,
+    ),
     # B@A + C@A -> (B+C)@A
-    Rule("distribute-matmul-right", ADD_SUB, _distribute_matmul_right, _apply_distribute_right),
+    Rule(
+        "distribute-matmul-right",
+        ADD_SUB,
+        _distribute_matmul_right,
+        _apply_distribute_right,
+        exact=False,
+    ),
     # x*a + x*b -> x*(a+b)
-    Rule("distribute-mul", ADD_SUB, _find_distribute_mul, _apply_distribute_mul),
+    Rule("distribute-mul", ADD_SUB, _find_distribute_mul, _apply_distribute_mul, exact=False),
     # A@B@C@... -> the cheapest parenthesisation (matrix-chain dynamic programming)
-    Rule("reorder-matmul-chain", _MM, _find_reorder_chain, _apply_chain),
+    Rule("reorder-matmul-chain", _MM, _find_reorder_chain, _apply_chain, exact=False),
     # (A@B)@C <-> A@(B@C)
-    Rule("reassociate-matmul", _MM, _find_reassociate, _apply_chain),
+    Rule("reassociate-matmul", _MM, _find_reassociate, _apply_chain, exact=False),
     # X@W1, .., X@Wn -> split(X@concat(W1, .., Wn))  and  W1@X, .. -> split(concat(W1, ..)@X)
     Rule("merge-shared-matmuls", _MM, _find_merge, _apply_merge),
     # X@W1, .., X@Wn -> pieces of split(X@stack(W1, .., Wn), axis 0)  (some product returned)
