@@ -39,13 +39,26 @@ def resolve(base_dir: Path, written: str) -> Path:
         raise DataFileError(f"data file path '{written}' must be relative to the .tg file")
     if ".." in rel.parts:
         raise DataFileError(f"data file path '{written}' may not leave the folder of the .tg file")
-    root = base_dir.resolve()
-    path = (root / Path(*rel.parts)).resolve()
+    if "\0" in written:
+        raise DataFileError(f"data file path {shown(written)} holds a NUL character")
+    try:
+        root = base_dir.resolve()
+        path = (root / Path(*rel.parts)).resolve()
+    except (OSError, RuntimeError, ValueError) as e:  # a symbolic-link loop (RuntimeError)
+        why = "a symbolic-link loop" if isinstance(e, RuntimeError) else str(e)
+        raise DataFileError(f"data file path {shown(written)} cannot be resolved: {why}") from None
     if not path.is_relative_to(root):
         raise DataFileError(
             f"data file '{written}' resolves outside the folder of the .tg file (a symbolic link)"
         )
     return path
+
+
+def shown(text: str) -> str:
+    """`text` quoted for a diagnostic, control characters as escapes (a NUL as \\x00)."""
+    from tgc.diagnostics import printable
+
+    return f"'{printable(text)}'"
 
 
 def load(base_dir: Path, written: str, type: TensorType) -> DenseAttr:

@@ -81,6 +81,22 @@ class VerifyError(TgcError):
     """Raised by op verifiers; the verifier driver fills in the op's location."""
 
 
+def printable(text: str) -> str:
+    """`text` from outside tgc (a name in a model, a path) as it may appear in a one-line
+    diagnostic: newline, ESC, NUL and every other non-printable character shown as an escape
+    (\\n, \\t, \\x1b, \\x00, \\u2028), so that it can neither forge a line nor reach the
+    terminal as a control."""
+    if text.isprintable():
+        return text
+    out = []
+    for c in text:
+        if c.isprintable():
+            out.append(c)
+        else:
+            out.append(repr(c)[1:-1] if c not in "'\"" else c)
+    return "".join(out)
+
+
 def _visible(line: str) -> str:
     """A quoted source line with invisible characters (controls, a BOM, U+2028...) shown as
     U+FFFD, one column each, so the caret still lines up and the terminal gets no control."""

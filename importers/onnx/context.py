@@ -16,7 +16,7 @@ from onnx import AttributeProto
 
 from tgc.attributes import DenseAttr
 from tgc.builder import Builder
-from tgc.diagnostics import TgcError
+from tgc.diagnostics import TgcError, printable
 from tgc.ir import Value
 from tgc.types import TensorType
 
@@ -31,7 +31,11 @@ REQUIRED = object()
 
 
 class OnnxImportError(TgcError):
-    """A diagnostic about the ONNX model (already worded with the node it is about)."""
+    """A diagnostic about the ONNX model (already worded with the node it is about). Names from
+    the model are shown with their control characters escaped (tgc.diagnostics.printable)."""
+
+    def __post_init__(self) -> None:
+        self.message = printable(self.message)
 
 
 class NodeContext:

@@ -30,7 +30,7 @@ from tgc.evaluate import evaluate_op
 from tgc.importers._weights import DEFAULT_INLINE_LIMIT, WeightFiles
 from tgc.ir import Block, Region, Value
 from tgc.opdef import verify_op
-from tgc.types import FLOAT_TYPES, TensorType
+from tgc.types import FLOAT_TYPES, MAX_RANK, TensorType
 from tgc.verifier import verify
 
 from .context import NodeContext, OnnxImportError
@@ -49,6 +49,12 @@ class FileLocation(Location):
 
     def __str__(self) -> str:
         return self.file
+
+
+def _newest_opset() -> int:
+    from onnx.defs import onnx_opset_version
+
+    return onnx_opset_version()
 
 
 def sanitize_name(name: str) -> str | None:
@@ -86,6 +92,7 @@ class GraphImporter:
         self.values: dict[str, Value] = {}  # ONNX name -> IR value (in the function body)
         self.statics: dict[str, np.ndarray] = {}  # ONNX name -> value known at import time
         self.params: dict[str, np.ndarray] = {}  # initializers that become parameter arguments
+        self.defaults: dict[str, np.ndarray] = {}  # initializers of graph inputs (kept inputs)
         self.block = Block()
         self.param_args: list[Value] = []
         self.weights = WeightFiles(options.weights_dir, options.inline_limit)
@@ -110,6 +117,12 @@ class GraphImporter:
         if not versions:
             raise self.error("the model imports no version of the default ONNX operator set")
         version = max(versions)
+        newest = _newest_opset()
+        if version > newest:
+            raise self.error(
+                f"the model uses ONNX opset {version}; tgc-import reads opsets {MIN_OPSET} to "
+                f"{newest} (the newest the installed onnx package defines)"
+            )
         if version < MIN_OPSET:
             raise self.error(
                 f"the model uses ONNX opset {version}; tgc-import reads opset {MIN_OPSET} and "
@@ -127,16 +140,22 @@ class GraphImporter:
     def _read_initializers(self) -> None:
         used = {name for node in self.graph.node for name in node.input}
         used |= {out.name for out in self.graph.output}
+        inputs = {i.name for i in self.graph.input}
         for tensor in self.graph.initializer:
             array = self.tensor_array(tensor, f"initializer '{tensor.name}'")
+            if tensor.name in inputs:
+                # ONNX: an initializer named like a graph input is that input's default value.
+                # The input stays an argument (a tgc function has no defaults); its value is
+                # not imported. Only its type must agree with the input's.
+                self.defaults[tensor.name] = array
+                continue
             if self.options.weights_as_args and _is_weight(array) and tensor.name in used:
                 self.params[tensor.name] = array
             else:
                 self.statics[tensor.name] = array
 
     def _add_inputs(self) -> None:
-        initialized = {t.name for t in self.graph.initializer}
-        real = [i for i in self.graph.input if i.name not in initialized]
+        real = list(self.graph.input)
         known = {i.name for i in real}
         for name in self.options.input_shapes:
             if name not in known:
@@ -148,6 +167,20 @@ class GraphImporter:
         for info in real:
             arg = self.block.add_arg(self._input_type(info), sanitize_name(info.name))
             self.values[info.name] = arg
+            default = self.defaults.get(info.name)
+            if default is not None:
+                self._check_default(info.name, arg.type, default)
+                if self.options.weights_as_args and _is_weight(default):
+                    self.param_args.append(arg)
+
+    def _check_default(self, name: str, declared: TensorType, default: np.ndarray) -> None:
+        elem = element_type_of_array(default)
+        if elem != declared.element_type or tuple(default.shape) != declared.shape:
+            shape = "x".join(map(str, default.shape)) or "scalar"
+            raise self.error(
+                f"graph input '{name}' is declared {declared}, but its initializer (its "
+                f"default value) is {shape} {default.dtype}"
+            )
 
     def _input_type(self, info: ValueInfoProto) -> TensorType:
         what = f"graph input '{info.name}'"
@@ -158,7 +191,15 @@ class GraphImporter:
         elem = self._element_type(tensor_type.elem_type, what)
         given = self.options.input_shapes.get(info.name)
         # onnx.checker has made sure that a graph input has a shape (a rank).
+        if len(tensor_type.shape.dim) > MAX_RANK:
+            raise self.error(
+                f"{what} has rank {len(tensor_type.shape.dim)}; tgc tensors have at most "
+                f"{MAX_RANK} dims"
+            )
         dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
+        negative = [d for d in dims if d is not None and d < 0]
+        if negative:
+            raise self.error(f"{what} has a negative dim {negative[0]}")
         symbols = [d.dim_param or "?" for d in tensor_type.shape.dim]
         if given is not None:
             return TensorType.get(self._given_shape(info.name, dims, tuple(given)), elem)

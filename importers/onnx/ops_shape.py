@@ -257,17 +257,29 @@ def gather(ctx: NodeContext):
         if np.any((known < -size) | (known >= size)):
             bad = known[(known < -size) | (known >= size)].reshape(-1)[0]
             raise ctx.error(f"index {int(bad)} is out of range for dim {axis} of size {size}")
+        if size > np.iinfo(known.dtype).max:  # int8 indices into 200 rows: wrap in i64
+            known = known.astype(np.int64)
         wrapped = ctx.constant(np.where(known < 0, known + size, known))
         return ctx.b.atomic.gather(table, wrapped, axis=axis)
-    indices = ctx.input(1)
+    indices = wide_enough(ctx, ctx.input(1), size)
     negative = ctx.b.atomic.cmp(indices, ctx.scalar(0, like=indices), pred="lt")
     wrapped = ctx.b.atomic.add(indices, ctx.scalar(size, like=indices))
     return ctx.b.atomic.gather(table, ctx.b.atomic.where(negative, wrapped, indices), axis=axis)
 
 
+def wide_enough(ctx: NodeContext, indices: Value, sizes) -> Value:
+    """`indices` cast to i64 when their integer type cannot hold every size in `sizes` (int8
+    indices into a table of 200 rows: i + 200 would not fit)."""
+    limit = np.iinfo(indices.type.dtype).max
+    if int(np.max(np.asarray(sizes), initial=0)) <= limit:
+        return indices
+    return ctx.b.atomic.cast(indices, result_type=indices.type.with_element_type("i64"))
+
+
 def wrap_negative(ctx: NodeContext, indices: Value, sizes) -> Value:
     """Indices with the negative ones counted from the end: i + size where i < 0 (`sizes` a
     number or an array that broadcasts against the indices)."""
+    indices = wide_enough(ctx, indices, sizes)
     size = ctx.constant(np.asarray(sizes, dtype=indices.type.dtype))
     negative = ctx.b.atomic.cmp(indices, ctx.scalar(0, like=indices), pred="lt")
     return ctx.b.atomic.where(negative, ctx.b.atomic.add(indices, size), indices)

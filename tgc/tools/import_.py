@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 
 import tgc
-from tgc.diagnostics import TgcError
+from tgc.diagnostics import TgcError, printable
 from tgc.importers._weights import DEFAULT_INLINE_LIMIT
 from tgc.tools._common import EXIT_OK, guarded, non_negative_int
 from tgc.tools._outputs import check_output, same_file
@@ -104,10 +104,14 @@ def run(args) -> int:
     to_file = args.output != "-"
     check_output(args.output, [args.input])  # before anything is read or written
     weights_dir = f"{Path(args.output).stem}.weights" if to_file else None
-    if is_torch_program(args.input):
-        module = import_torch(args, weights_dir)
-    else:
-        module = import_onnx(args, weights_dir)
+    try:
+        if is_torch_program(args.input):
+            module = import_torch(args, weights_dir)
+        else:
+            module = import_onnx(args, weights_dir)
+    except TgcError as e:  # names from the model: no forged line, no terminal control
+        e.message = printable(e.message)
+        raise
     text = tgc.print_ir(module)
     if to_file:
         write_weights(module, Path(args.output).parent, args.input)
