@@ -190,3 +190,49 @@ def test_names_from_the_model_are_escaped(tmp_path, capsys):
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     line = import_error(tmp_path, model, capsys)
     assert "node 'n\\x1b[31mred\\nline' (NonMaxSuppression)" in line
+
+
+# -- a crafted torch.export archive (PyTorch only) ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved_program(tmp_path_factory):
+    torch = pytest.importorskip("torch")
+
+    class AddOne(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x) + 1
+
+    path = tmp_path_factory.mktemp("pt2") / "m.pt2"
+    torch.export.save(torch.export.export(AddOne(), (torch.randn(2, 3),)), path)
+    return path
+
+
+def _crafted(saved, out, edit):
+    import zipfile
+
+    with zipfile.ZipFile(saved) as z:
+        entries = {i.filename: z.read(i.filename) for i in z.infolist()}
+    (model,) = [n for n in entries if n.endswith("models/model.json")]
+    entries[model] = edit(entries[model].decode()).encode()
+    with zipfile.ZipFile(out, "w") as z:
+        for name, data in entries.items():
+            z.writestr(name, data)
+    return out
+
+
+@pytest.mark.parametrize("craft", ["deep-json", "401-digit-shape", "401-digit-argument"])
+def test_crafted_torch_export_is_one_line(saved_program, tmp_path, capsys, craft):
+    import re
+
+    def edit(text: str) -> str:
+        if craft == "deep-json":
+            return text[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+        if craft == "401-digit-shape":
+            return re.sub(r'("as_int": ?)2', lambda m: m.group(1) + "9" * 401, text, count=1)
+        at = text.find('"as_int"', text.find('"other"'))
+        return text[:at] + '"as_int": ' + "9" * 401 + text[text.find("}", at) :]
+
+    path = _crafted(saved_program, tmp_path / "crafted.pt2", edit)
+    assert import_tool.main([str(path), "-o", "-"]) == 1
+    one_line(capsys.readouterr().err)
