@@ -54,3 +54,24 @@ def pytest_collection_modifyitems(config, items):
         reason = reason or cuda_unavailable_reason()
         if reason:
             item.add_marker(pytest.mark.skip(reason=f"needs a GPU: {reason}"))
+
+
+def pytest_collection_finish(session):
+    """Start the lit suite in the background once the tests are known (test/lit_runner.py)."""
+    import lit_runner
+
+    folders = sorted(
+        {
+            item.callspec.params["folder"]
+            for item in session.items
+            if getattr(item, "originalname", None) == "test_lit_folder"
+        }
+    )
+    if not session.config.option.collectonly:
+        lit_runner.start(folders)
+
+
+def pytest_unconfigure(config):
+    import lit_runner
+
+    lit_runner.stop()
