@@ -67,8 +67,11 @@ def pytest_collection_finish(session):
             if getattr(item, "originalname", None) == "test_lit_folder"
         }
     )
+    # Beside other tests lit takes one core (pytest runs on the other) for the whole run; alone,
+    # every core.
+    others = any(getattr(i, "originalname", None) != "test_lit_folder" for i in session.items)
     if not session.config.option.collectonly:
-        lit_runner.start(folders)
+        lit_runner.start(folders, workers=1 if others else None)
 
 
 def pytest_unconfigure(config):

@@ -18,8 +18,9 @@ FOLDERS = sorted(p.name for p in LIT_ROOT.iterdir() if p.is_dir() and p.name != 
 _run: dict = {}
 
 
-def start(folders: list[str]) -> None:
-    """Start lit on `folders` (once per session; nothing for none)."""
+def start(folders: list[str], workers: int | None = None) -> None:
+    """Start lit on `folders` (once per session; nothing for none), with `workers` parallel
+    tests (default: one per core)."""
     if _run or not folders:
         return
     work = Path(tempfile.mkdtemp(prefix="tgc-lit-"))
@@ -30,6 +31,7 @@ def start(folders: list[str]) -> None:
             "-c",
             "import lit.main; lit.main.main()",
             "-sv",
+            *([f"-j{workers}"] if workers else []),
             f"--xunit-xml-output={work / 'lit.xml'}",
             *(str(LIT_ROOT / f) for f in folders),
         ],
