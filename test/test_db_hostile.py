@@ -549,7 +549,8 @@ def test_a_lock_wait_is_said_and_ctrl_c_ends_it_at_once(tmp_path):
             start = time.monotonic()
             waiter.send_signal(signal.SIGINT)
             code = waiter.wait(timeout=10)
-            assert time.monotonic() - start < 2.0
+            # at once, against the lock's 60 s: 5 s leaves room for a loaded 2-core machine
+            assert time.monotonic() - start < 5.0
             assert code == 130
         finally:
             waiter.kill()
