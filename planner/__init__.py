@@ -12,6 +12,10 @@ from collections.abc import Iterable
 
 from tgc.diagnostics import TgcError
 
+# Seconds the GPU route (planner/route.py) measures unknown kernel instances on first use; here,
+# where tgc-run's --help reads it without importing the planner's modules.
+DEFAULT_MEASURE_BUDGET = 30.0
+
 # The backend families a user names (`select-kernels{backends=...}`, `--planner-backends`), each
 # with the kernel backends (keys of planner.kernel.BACKEND_SPACE) it provides. A family is one
 # module, tgc.planner.backends.<family>.

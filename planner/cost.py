@@ -98,8 +98,8 @@ LINKS: dict[tuple[str | None, str | None], Link] = {
     ("cuda", None): Link(bandwidth=25e9, latency=10e-6),
 }
 # The GPU route's default cost source (planner/route.py): an H100's HBM3, fp32 and bf16 matrix
-# rates, and how close each family of kernels comes to them (docs/planner.md, "The default cost
-# source"): what the fixed CUDA route knew, that cuBLAS runs a plain matmul faster than a
+# rates, and how close each family of kernels comes to them (docs/planner.md, "The GPU
+# route"): what the fixed CUDA route knew, that cuBLAS runs a plain matmul faster than a
 # generated one and that a generated kernel launches for less than a PyTorch call.
 GPU_DEVICES: dict[str, Device] = {
     "numpy": DEVICES["numpy"],
@@ -123,6 +123,14 @@ GPU_EFFICIENCY: dict[str, float] = {
 # The ops whose work runs on matrix units where the operands are 16-bit (so does the work of a
 # kernel named in an efficiency table: those are products).
 MATRIX_OPS = frozenset({"atomic.matmul", "hl.linear", "hl.attention"})
+
+
+def is_product(kernel, efficiency: Mapping[str, float] = GPU_EFFICIENCY) -> bool:
+    """Whether the kernel's work is a matrix product (a matmul, a linear layer, attention):
+    its op is one, or the efficiency table names it."""
+    return kernel.op in MATRIX_OPS or kernel.name in efficiency
+
+
 ROOFLINE_UNCERTAINTY = 1.0  # a roofline estimate is good to a factor of about two
 # A kernel whose results are views of its operands (`Kernel.view`) launches nothing and moves
 # nothing: what it costs is the executor's host work of making the views, about a microsecond.
@@ -152,8 +160,8 @@ class RooflineCostSource:
     def _rate(self, kernel, device: Device, operand_types) -> float:
         """The flop/s `kernel` reaches: the matrix units' for a product of 16-bit operands,
         else the fp32 peak, times the kernel's efficiency."""
-        product = kernel.op in MATRIX_OPS or kernel.name in self.efficiency
         narrow = any(t.element_type in ("f16", "bf16") for t in operand_types)
+        product = is_product(kernel, self.efficiency)
         rate = device.matrix_flops if product and narrow and device.matrix_flops else 0.0
         return (rate or device.peak_flops) * self.efficiency.get(kernel.name, 1.0)
 

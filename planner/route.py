@@ -35,18 +35,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from tgc.builtin import FuncOp
+from tgc.builtin import FuncOp, ModuleOp
 from tgc.diagnostics import TgcError
-from tgc.builtin import ModuleOp
-from tgc.planner import kernel_backends, load_backends
+from tgc.planner import DEFAULT_MEASURE_BUDGET, kernel_backends, load_backends
 from tgc.planner.backends import SPACES
-from tgc.planner.cost import (
-    GPU_EFFICIENCY,
-    MATRIX_OPS,
-    CachedCosts,
-    CostSource,
-    RooflineCostSource,
-)
+from tgc.planner.cost import CachedCosts, CostSource, RooflineCostSource, is_product
 from tgc.planner.executor import PlannedFunction
 from tgc.planner.options import PlanContext
 from tgc.planner.profile import MIN_TIME
@@ -62,7 +55,6 @@ DEVICE_BACKENDS = frozenset({"cuda", "torch-cuda"})
 # torch-cuda kernel and cuBLAS / cuBLASLt.
 LIBRARY_PREFIXES = ("torch-cuda.", "cuda.cublas.", "cuda.cublaslt.")
 KERNEL_TOLERANCE = 1e-5  # the stated errors of kernels are for f32: no plan needs less
-DEFAULT_MEASURE_BUDGET = 30.0  # seconds of first-use measuring per compile
 
 
 @dataclass(frozen=True)
@@ -186,9 +178,10 @@ def compile_function(func: FuncOp, options: RouteOptions = RouteOptions()) -> Co
         report.unmeasured = len(_unknown(func, tolerance, db_path))
     report.measure_s = time.perf_counter() - start
     start = time.perf_counter()
-    candidates = {"planned": _plan(func, tolerance, _costs(db_path))}
+    costs = CachedCosts(_costs(db_path))  # one database read for both plans that use it
+    candidates = {"planned": _plan(func, tolerance, costs)}
     if options.whole_plan_check:
-        candidates["library"] = _plan(func, tolerance, _costs(db_path), generated=False)
+        candidates["library"] = _plan(func, tolerance, costs, generated=False)
         candidates["default"] = _plan(func, tolerance, RooflineCostSource.gpu_defaults())
     report.plan_s = time.perf_counter() - start
     start = time.perf_counter()
@@ -222,11 +215,6 @@ def move_signature_to_device(func: FuncOp) -> None:
 
 def is_library(kernel) -> bool:
     return kernel.name.startswith(LIBRARY_PREFIXES)
-
-
-def is_product(kernel) -> bool:
-    """Whether the kernel's work is a matrix product (a matmul, a linear layer, attention)."""
-    return kernel.op in MATRIX_OPS or kernel.name in GPU_EFFICIENCY
 
 
 def _context(tolerance: float, generated: bool = True) -> PlanContext:
@@ -304,7 +292,7 @@ def _scratch(func: FuncOp) -> FuncOp:
     return clone_func(func)
 
 
-def _plan(func: FuncOp, tolerance: float, costs: CostSource, generated: bool = True):
+def _plan(func: FuncOp, tolerance: float, costs: CostSource | CachedCosts, generated: bool = True):
     """A copy of `func` planned with `costs` (generated False: no generated kernel), made
     ready to run; None when no plan exists within the tolerance."""
     from tgc.planner.fixed import mark_once
@@ -312,7 +300,7 @@ def _plan(func: FuncOp, tolerance: float, costs: CostSource, generated: bool = T
     from tgc.planner.select import plan_function
 
     copy = _scratch(func)
-    cached = CachedCosts(costs)
+    cached = costs if isinstance(costs, CachedCosts) else CachedCosts(costs)
     try:
         selection = plan_function(copy, _context(tolerance, generated), cached)
     except TgcError:

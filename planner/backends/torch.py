@@ -289,11 +289,8 @@ def as_cuda_tensor(value) -> torch.Tensor:
         and tuple(owner.shape) == tuple(value.shape)
     ):
         return owner
-    # bf16 by its numpy description: ml_dtypes' dtype reads back from its typestr as void
-    if (
-        getattr(value, "dtype", None) == BF16
-        or value.__cuda_array_interface__["typestr"] == BF16.str
-    ):
+    # bf16 by its typestr, which numpy reads back as a void type, not ml_dtypes' bfloat16
+    if value.__cuda_array_interface__["typestr"] == BF16.str:
         return torch.as_tensor(_Bits(value), device="cuda").view(torch.bfloat16)
     return torch.as_tensor(value, device="cuda")
 

@@ -12,7 +12,7 @@ import numpy as np
 
 import tgc
 from tgc.diagnostics import TgcError
-from tgc.planner.route import DEFAULT_MEASURE_BUDGET
+from tgc.planner import DEFAULT_MEASURE_BUDGET
 from tgc.types import CHECK_TOLERANCE
 from tgc.tools._common import (
     EXIT_OK,
