@@ -15,9 +15,8 @@
 - A kernel that fails to compile or to launch raises a TgcError that names the kernel and
   points at the IR op it came from.
 
-`run_on_cuda(func, inputs)` is what `tgc-run --backend cuda` calls once the `cuda` pipeline has
-placed the function: it builds the plan of the placed function and runs it. The executor reads
-placed IR only and runs no pass. IR names reach messages through `display_name` (one line).
+`tgc-run --backend cuda` no longer comes here: it runs the planner's GPU route
+(planner/route.py). The executor reads placed IR only and runs no pass. IR names reach messages through `display_name` (one line).
 """
 
 from __future__ import annotations
@@ -32,10 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tgc.builtin import FuncOp
 from tgc.codegen.kernels import KernelSource, prelude
 from tgc.codegen.names import display_name
-from tgc.codegen.plan import DeviceCopy, Gemm, Launch, Plan, build_plan
+from tgc.codegen.plan import DeviceCopy, Gemm, Launch, Plan
 from tgc.diagnostics import TgcError
 from tgc.runtime.param_set import ParamSet
 
@@ -316,14 +314,3 @@ def _loc(step):
     if isinstance(step, Launch):
         return step.kernel.loc
     return getattr(step, "loc", None)
-
-
-def run_on_cuda(func: FuncOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """Run a placed function (the `cuda` pipeline's output) on `inputs`; its results."""
-    from tgc.runtime.interpreter import check_inputs
-
-    inputs = check_inputs(func, inputs, "native")
-    # Kernels for this GPU: on sm_90 the attention kernel is the wgmma one.
-    runner = CudaPlanRunner(build_plan(func, arch=device_arch()))
-    runner.poison()
-    return runner.run(inputs)
