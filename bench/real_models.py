@@ -46,7 +46,6 @@ import datetime
 import gc
 import importlib.metadata
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -59,6 +58,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+
+from gpu_suite import time_ms  # noqa: E402  (bench/ is on the path only now; the house method)
 
 TOLERANCE = {"bf16": 2e-2, "f32": 1e-3}  # tgc vs eager, relative to max |eager|
 DRY_TOLERANCE = 1e-4  # numpy interpreter (f32) vs PyTorch on the CPU (f32)
@@ -371,26 +372,6 @@ class Row:
     tgc_candidates: dict = field(default_factory=dict)
     modes: dict = field(default_factory=dict)  # mode -> ModeResult as a dict
     note: str = ""
-
-
-def time_ms(fn, stream, reps: int = 30, warmup: int = 3) -> float:
-    """bench/gpu_suite.py's method: CUDA events around each call, a sleep kernel queued first
-    so that the host runs ahead of the GPU; the median."""
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    with torch.cuda.stream(stream):
-        torch.cuda._sleep(20_000_000)  # ~10 ms
-        for s, e in zip(starts, ends):
-            s.record(stream)
-            fn()
-            e.record(stream)
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
 def as_host(value) -> np.ndarray:
