@@ -29,10 +29,11 @@ import threading
 from pathlib import Path
 
 import pytest
+from test_db_hostile import rec as hostile_rec
 
 from tgc.planner import db as dbmod
 from tgc.planner import load_backends
-from tgc.planner.db import Database, DatabaseUnavailable, Measurement, kernel_info
+from tgc.planner.db import Database, DatabaseUnavailable, Measurement
 from tgc.planner.estimate import DatabaseCostSource
 from tgc.planner.kernel import KERNELS
 from tgc.tools import db as dbtool
@@ -50,28 +51,8 @@ def fresh_seed() -> int:
 
 
 def rec(name: str, rows: int, seconds: float | None = None, **kw) -> Measurement:
-    t = TensorType.get((rows, 32), "f32")
-    k = KERNELS[name]
-    seconds = seconds if seconds is not None else 1e-7 * rows
-    args = {
-        "kernel": kernel_info(k),
-        "device": dbmod.device_of(k),
-        "signature": dbmod.signature_of([t], [t]),
-        "dtypes": "f32->f32",
-        "params": {},
-        "attrs_key": "",
-        "attrs": name,  # the kernel it was taken for
-        "bytes": 2.0 * t.nbytes,
-        "flops": float(t.num_elements),
-        "status": "ok",
-        "median": seconds,
-        "min": seconds,
-        "spread": 0.01,
-        "runs": 10,
-        "max_error": 0.0,
-    }
-    args.update(kw)
-    return Measurement(**args)
+    """test_db_hostile's record, its time by default growing with the rows (a curve to fit)."""
+    return hostile_rec(name, rows, 1e-7 * rows if seconds is None else seconds, **kw)
 
 
 @pytest.fixture(scope="module")
