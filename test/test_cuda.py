@@ -331,12 +331,11 @@ def test_generated_matmul_tile_parameters():
 # -- examples, the executor, the standalone file ---------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "pipeline", [[], ["-p", "cuda{attention-kernel=false library-gemm=false matmul-epilogue=true}"]]
-)
+@pytest.mark.parametrize("pipeline", [[], ["-p", "optimize"]])
 @pytest.mark.parametrize("name", EXAMPLES)
-def test_tgc_run_cuda_check(name, pipeline):
-    """The default route (`cuda`), and the route without the attention kernel and cuBLAS."""
+def test_tgc_run_cuda_check(name, pipeline, tmp_path):
+    """The GPU route (planner/route.py) on what lower-for-planning makes, and on what a user's
+    -p makes (attention lowered), measuring briefly into a database of the test's own."""
     proc = subprocess.run(
         [
             sys.executable,
@@ -346,6 +345,10 @@ def test_tgc_run_cuda_check(name, pipeline):
             "--backend",
             "cuda",
             "--check",
+            "--measure-budget",
+            "2",
+            "--db",
+            str(tmp_path / "m.sqlite"),
             *pipeline,
         ],
         capture_output=True,
