@@ -366,7 +366,11 @@ class Row:
     tgc_second_plan_s: float | None = None  # compile_module again, same database: its plan time
     tgc_second_first_use_s: float | None = None
     tgc_second_measured: int | None = None
-    tgc_ms: float | None = None
+    tgc_ms: float | None = None  # calls replayed as CUDA graphs (the route's default)
+    tgc_plain_ms: float | None = None  # the same plan launched kernel by kernel
+    tgc_host_us: float | None = None  # host time to queue one call, replayed
+    tgc_plain_host_us: float | None = None  # and launched kernel by kernel
+    tgc_graphs: str = ""  # "replayed", or why not
     tgc_error: float | None = None
     tgc_chosen: str = ""
     tgc_candidates: dict = field(default_factory=dict)
@@ -421,20 +425,24 @@ def gpu_one(name: str, dtype_name: str, args, db: str) -> Row:
         torch._dynamo.reset()
         gc.collect()
         torch.cuda.empty_cache()
-    run_tgc(row, imported, ep, params, ids_cuda, want, stream, args, db, dtype_name)
+    run_tgc(row, imported, params, ids_cuda, want, stream, args, db, dtype_name)
     row.note = (row.note + f" (torch.export {export_s:.1f} s, not in tgc's first run)").strip()
     return row
 
 
-def run_tgc(row: Row, imported, ep, params, ids, want, stream, args, db: str, dtype_name: str):
+def run_tgc(row: Row, imported, params, ids, want, stream, args, db: str, dtype_name: str):
     """tgc's first run, second plan and steady state into `row` (errors noted, not raised)."""
     import torch
 
-    from tgc.importers.torch import import_exported_program
+    import tgc
     from tgc.planner.route import RouteOptions, compile_module
+    from tgc.printer import print_module
 
     options = RouteOptions(db=db, measure_budget=args.measure_budget)
     values = [*params, ids]
+    # the second compile's module: compile_module lowers its module in place, and importing
+    # `ep` again fails once the model's parameters have moved to the GPU
+    text = print_module(imported)
     try:
         t0 = time.perf_counter()
         prog = compile_module(imported, options=options)
@@ -449,6 +457,11 @@ def run_tgc(row: Row, imported, ep, params, ids, want, stream, args, db: str, dt
         row.tgc_error = rel_error(got, want)
         if row.tgc_error <= TOLERANCE[dtype_name]:
             row.tgc_ms = time_ms(lambda: prog(values), stream)
+            row.tgc_plain_ms = time_ms(lambda: prog.planned(values), stream)
+            row.tgc_host_us = host_us(lambda: prog(values))
+            row.tgc_plain_host_us = host_us(lambda: prog.planned(values))
+            reason = getattr(prog.runner, "reason", "graphs off")
+            row.tgc_graphs = "replayed" if reason is None else reason
         else:
             row.note += (
                 f" tgc differs from eager by {row.tgc_error:.2e} "
@@ -462,13 +475,26 @@ def run_tgc(row: Row, imported, ep, params, ids, want, stream, args, db: str, dt
         gc.collect()
         torch.cuda.empty_cache()
     try:
-        again = import_exported_program(ep)
-        second = compile_module(again, options=options)
+        second = compile_module(tgc.parse(text), options=options)
         row.tgc_second_plan_s = second.report.plan_s
         row.tgc_second_first_use_s = second.report.first_use_s
         row.tgc_second_measured = second.report.measured
     except Exception as e:  # noqa: BLE001
         row.note += f" tgc second compile failed: {one_line(e)};"
+
+
+def host_us(call, calls: int = 20) -> float:
+    """Microseconds of host time to queue one call (the GPU may still be running them)."""
+    import torch
+
+    call()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    queued = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return queued / calls * 1e6
 
 
 def torch_mode(module, ids, mode: str, want: np.ndarray, stream) -> ModeResult:
@@ -541,6 +567,8 @@ def gpu_table(rows: list[dict], modes: list[str]) -> list[str]:
         "tgc first run",
         "tgc 2nd plan",
         "tgc",
+        "tgc, no graphs",
+        "host per call (graphs / none)",
         "tgc error",
         *[m if m != "default" else "compile default" for m in modes],
         "note",
@@ -561,6 +589,9 @@ def gpu_table(rows: list[dict], modes: list[str]) -> list[str]:
         cells.append(second)
         ms = fmt_ms(r["tgc_ms"])
         cells.append(f"**{ms}**" if r["tgc_ms"] is not None and _fastest(r) else ms)
+        cells.append(fmt_ms(r.get("tgc_plain_ms")))
+        host, plain_host = r.get("tgc_host_us"), r.get("tgc_plain_host_us")
+        cells.append("-" if host is None else f"{host:.0f} / {plain_host:.0f} µs")
         cells.append("-" if r["tgc_error"] is None else f"{r['tgc_error']:.1e}")
         notes = [r["note"]] if r["note"] else []
         for m in modes:
@@ -613,7 +644,8 @@ def gpu_report(rows: list[dict], device: str, commit: str, args) -> list[str]:
         if r["tgc_candidates"]:
             times = ", ".join(f"{k} {v:.3f} ms" for k, v in r["tgc_candidates"].items())
             lines.append(
-                f"- {r['model']} {r['dtype']}: whole plans {times}; ran '{r['tgc_chosen']}'"
+                f"- {r['model']} {r['dtype']}: whole plans {times}; ran '{r['tgc_chosen']}'; "
+                f"CUDA graphs: {r.get('tgc_graphs') or '-'}"
             )
         errors = {m: v["error"] for m, v in r["modes"].items() if v["error"] is not None}
         if any(m != "eager" for m in errors):

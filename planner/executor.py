@@ -143,6 +143,12 @@ class PlannedFunction:
         self._params, self._kept_values = None, []
 
     def __call__(self, values: list) -> list:
+        env = self.run_keeping(values)
+        return [env[i] for i in self.returned]
+
+    def run_keeping(self, values: list) -> list:
+        """Run on `values` (as a call does) and return every value of the run, slot by slot: a
+        caller that replays the run's device work (planner/graphs.py) keeps its buffers."""
         func = self.func
         if len(values) != len(func.body.args):
             raise TgcError(
@@ -168,7 +174,18 @@ class PlannedFunction:
             self._params = [values[i] for i in self.param_slots]
             self._kept_values = [env[i] for i in self.kept]
             self.once_runs += 1
-        return [env[i] for i in self.returned]
+        return env
+
+    def on_device_per_call(self) -> bool:
+        """Whether every step a call runs (once steps aside) works on device values alone: no
+        host op, no copy through the host. Such a call can be captured as a CUDA graph."""
+        for step in self.per_call:
+            op = step.op
+            if isinstance(op, CopyOp):
+                return False
+            if any(v.type.encoding is None for v in (*op.operands, *op.results)):
+                return False
+        return True
 
     @staticmethod
     def _run(steps: list[_Step], env: list) -> None:

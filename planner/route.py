@@ -22,7 +22,9 @@ the benchmarks). There is one: the planner's.
    overlap, host work, caches), so the plan is timed whole beside the plan of library kernels
    alone (what PyTorch eager would run) and the plan of the default costs, on random inputs,
    and the fastest runs. So tgc is never slower than the library kernels it can call;
-6. the chosen plan runs as a `PlannedFunction` (planner/executor.py).
+6. the chosen plan runs as a `PlannedFunction` (planner/executor.py), its device work captured
+   into a CUDA graph and replayed where the arguments' buffers repeat (planner/graphs.py;
+   `graphs`), which is also how step 5 times the candidates.
 
 The planning tolerance is by element type (`plan_tolerance`): a kernel's stated error may be as
 large as `tgc-run --check`'s tolerance for the function's narrowest float type, and never needs
@@ -41,6 +43,7 @@ from tgc.planner import DEFAULT_MEASURE_BUDGET, kernel_backends, load_backends
 from tgc.planner.backends import SPACES
 from tgc.planner.cost import CachedCosts, CostSource, RooflineCostSource, is_product
 from tgc.planner.executor import PlannedFunction
+from tgc.planner.graphs import GraphReplay
 from tgc.planner.options import PlanContext
 from tgc.planner.profile import MIN_TIME
 from tgc.types import CHECK_TOLERANCE, FLOAT_TYPES
@@ -63,14 +66,16 @@ class RouteOptions:
     user's cache directory); `measure`: measure unknown instances on first use, within
     `measure_budget` seconds; `tolerance`: the largest stated kernel error allowed (None: by
     element type, `plan_tolerance`); `whole_plan_check`: time the candidate plans whole and run
-    the fastest; `progress`: a progress bar on stderr while measuring; `min_time`: seconds of
-    timed calls per kernel instance and per candidate plan."""
+    the fastest; `graphs`: replay calls as CUDA graphs (planner/graphs.py); `progress`: a
+    progress bar on stderr while measuring; `min_time`: seconds of timed calls per kernel
+    instance and per candidate plan."""
 
     db: str | None = None
     measure: bool = True
     measure_budget: float = DEFAULT_MEASURE_BUDGET
     tolerance: float | None = None
     whole_plan_check: bool = True
+    graphs: bool = True
     progress: bool = True
     min_time: float = MIN_TIME
 
@@ -104,17 +109,20 @@ class RouteReport:
         if self.candidates:
             times = ", ".join(f"{k} {v:.4f} ms" for k, v in self.candidates.items())
             parts.append(f"whole plans: {times}; running '{self.chosen}'")
-        return "; ".join(parts)
+        return "; ".join(parts + self.notes)
 
 
 class CompiledFunction:
     """A function planned for the GPU: called with device values (anything exposing
     `__cuda_array_interface__`, a PyTorch CUDA tensor included) in argument order, it queues
-    the plan's kernels and returns the results in device memory. `run_host` takes and returns
-    numpy arrays."""
+    the plan's kernels and returns the results in device memory. With graphs (the default),
+    a call whose arguments' buffers repeat replays a CUDA graph and returns the same result
+    buffers as the previous such call, overwritten (planner/graphs.py). `run_host` takes and
+    returns numpy arrays."""
 
-    def __init__(self, planned: PlannedFunction, report: RouteReport) -> None:
-        self.planned = planned
+    def __init__(self, runner: PlannedFunction | GraphReplay, report: RouteReport) -> None:
+        self.runner = runner
+        self.planned = runner.planned if isinstance(runner, GraphReplay) else runner
         self.report = report
 
     @property
@@ -122,7 +130,7 @@ class CompiledFunction:
         return self.planned.func
 
     def __call__(self, values: list) -> list:
-        return self.planned(list(values))
+        return self.runner(list(values))
 
     def run_host(self, inputs: list) -> list:
         from tgc.runtime.interpreter import check_inputs
@@ -179,16 +187,20 @@ def compile_function(func: FuncOp, options: RouteOptions = RouteOptions()) -> Co
     report.measure_s = time.perf_counter() - start
     start = time.perf_counter()
     costs = CachedCosts(_costs(db_path))  # one database read for both plans that use it
-    candidates = {"planned": _plan(func, tolerance, costs)}
+    candidates = {"planned": _plan(func, tolerance, costs, options.graphs)}
     if options.whole_plan_check:
-        candidates["library"] = _plan(func, tolerance, costs, generated=False)
-        candidates["default"] = _plan(func, tolerance, RooflineCostSource.gpu_defaults())
+        candidates["library"] = _plan(func, tolerance, costs, options.graphs, generated=False)
+        defaults = RooflineCostSource.gpu_defaults()
+        candidates["default"] = _plan(func, tolerance, defaults, options.graphs)
     report.plan_s = time.perf_counter() - start
     start = time.perf_counter()
     chosen = _choose(candidates, report, options.min_time) if len(candidates) > 1 else "planned"
     report.chosen = chosen
     report.check_s = time.perf_counter() - start
-    return CompiledFunction(candidates[chosen], report)
+    runner = candidates[chosen]
+    if isinstance(runner, GraphReplay) and runner.reason is not None:
+        report.notes.append(f"calls are not replayed as CUDA graphs: {runner.reason}")
+    return CompiledFunction(runner, report)
 
 
 def plan_tolerance(func: FuncOp) -> float:
@@ -292,9 +304,16 @@ def _scratch(func: FuncOp) -> FuncOp:
     return clone_func(func)
 
 
-def _plan(func: FuncOp, tolerance: float, costs: CostSource | CachedCosts, generated: bool = True):
+def _plan(
+    func: FuncOp,
+    tolerance: float,
+    costs: CostSource | CachedCosts,
+    graphs: bool,
+    generated: bool = True,
+) -> PlannedFunction | GraphReplay | None:
     """A copy of `func` planned with `costs` (generated False: no generated kernel), made
-    ready to run; None when no plan exists within the tolerance."""
+    ready to run (through CUDA graphs with `graphs`); None when no plan exists within the
+    tolerance."""
     from tgc.planner.fixed import mark_once
     from tgc.planner.materialise import materialise
     from tgc.planner.select import plan_function
@@ -309,7 +328,8 @@ def _plan(func: FuncOp, tolerance: float, costs: CostSource | CachedCosts, gener
         return None  # some op has no library kernel: there is no all-library plan
     materialise(copy, selection, cached)
     mark_once(copy)
-    return PlannedFunction(copy)
+    planned = PlannedFunction(copy)
+    return GraphReplay(planned) if graphs else planned
 
 
 def _choose(candidates: dict, report: RouteReport, min_time: float = MIN_TIME) -> str:

@@ -80,8 +80,10 @@ class Cublas:
             )
             self._stream = stream_handle
 
-    def gemm(self, g, a_ptr: int, b_ptr: int, c_ptr: int) -> int:
-        """Run one `tgc.codegen.plan.Gemm` on device pointers; returns the cuBLAS status."""
+    def gemm(self, g, a_ptr: int, b_ptr: int, c_ptr: int, ldc: int | None = None) -> int:
+        """Run one `tgc.codegen.plan.Gemm` on device pointers; returns the cuBLAS status.
+        `ldc`: elements from one row of C to the next (n: C compact)."""
+        ldc = g.n if ldc is None else ldc
         dtype = CUDA_TYPE[g.dtype]
         if g.dtype == "f64":
             alpha, beta, compute = ctypes.c_double(1.0), ctypes.c_double(0.0), COMPUTE_64F
@@ -110,8 +112,8 @@ class Cublas:
             ctypes.byref(beta),
             ctypes.c_void_p(c_ptr),
             dtype,
-            g.n,
-            g.m * g.n,
+            ldc,
+            g.m * ldc,
             g.batch,
             compute,
             GEMM_DEFAULT,

@@ -510,17 +510,24 @@ def _stand_in_call(kernel, inputs, attrs, result_types):
         return [Boxed(a) for a in kernel.run([x.array for x in inputs], attrs, result_types)]
     if kernel.name in ck.LT_KERNELS:
         return [Boxed(_lt_model(kernel.name, [x.array for x in inputs], result_types[0]))]
-    assert kernel.name == ck.CUBLAS_GEMM
+    assert kernel.name in (ck.CUBLAS_GEMM, ck.CUBLAS_GEMM_PADDED)
     from tgc.types import TensorType
 
     buffers = _Buffers()
     a, b = (x.array for x in inputs)
     t = result_types[0]
     types = [TensorType.get(a.shape, t.element_type), TensorType.get(b.shape, t.element_type)]
-    c = np.zeros(t.shape, t.dtype)
-    pa, pb, pc = buffers.add(a), buffers.add(b), buffers.add(c)
-    _cublas_with(buffers).gemm(ck.gemm_of(types, t, attrs), pa, pb, pc)
-    return [Boxed(buffers.arrays[pc])]
+    g = ck.gemm_of(types, t, attrs)
+    pa, pb = buffers.add(a), buffers.add(b)
+    if kernel.name == ck.CUBLAS_GEMM:
+        pc = buffers.add(np.zeros(t.shape, t.dtype))
+        _cublas_with(buffers).gemm(g, pa, pb, pc)
+        return [Boxed(buffers.arrays[pc])]
+    # padded rows, then the compact copy cuda.py makes
+    ld = ck.padded_ld(g.n, t.dtype.itemsize)
+    pc = buffers.add(np.full((g.batch * g.m, ld), np.nan, t.dtype))
+    _cublas_with(buffers).gemm(g, pa, pb, pc, ldc=ld)
+    return [Boxed(buffers.arrays[pc][:, : g.n].reshape(t.shape).copy())]
 
 
 @pytest.fixture

@@ -164,3 +164,11 @@ def test_the_signature_moves_to_the_device():
     assert all(a.type.encoding == "cuda" for a in func.body.args)
     ftype = func.function_type
     assert all(t.encoding == "cuda" for t in (*ftype.inputs, *ftype.results))
+
+
+@pytest.mark.parametrize("example", ["mlp", "gelu_scale"])
+def test_a_planned_call_runs_on_the_device_alone_so_it_can_be_a_cuda_graph(
+    example, stand_in, tmp_path
+):
+    compiled = _compile((EXAMPLES / f"{example}.tg").read_text(), tmp_path / "m.sqlite")
+    assert compiled.planned.on_device_per_call()

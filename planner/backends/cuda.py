@@ -20,7 +20,9 @@ device pieces here:
 
 Everything runs in order on the legacy default stream, as PyTorch's kernels (torch-cuda) do:
 a kernel's inputs are finished before it starts with no synchronisation between kernels, so
-the host queues a plan's kernels ahead of the GPU. Device memory comes from a pool: memory a
+the host queues a plan's kernels ahead of the GPU. `launching_on(stream)` sends the launches
+and cuBLAS calls to another stream for a while: a CUDA graph is captured on one
+(planner/graphs.py). Device memory comes from a pool: memory a
 value gave back is reused by a later allocation, which the stream orders after every kernel
 that read it. A kernel that cannot be launched is reported at its op; a fault while it runs
 surfaces at the next synchronisation (the copy of a result to the host). The space times queued
@@ -30,6 +32,8 @@ work with CUDA events (runtime/cuda_timing.py), which is how the profiler measur
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from types import SimpleNamespace
 
 import ml_dtypes
 import numpy as np
@@ -57,6 +61,24 @@ from tgc.runtime.cuda_timing import time_queued
 from tgc.types import TensorType
 
 _pool = None
+# The stream generated kernels and cuBLAS are queued on: None, the legacy default stream, except
+# inside `launching_on`. Read at each launch (a prepared call outlives a capture).
+# `kept`: None, or a list every allocation is added to (a capture's).
+_launch = SimpleNamespace(stream=None, handle=0, kept=None)
+
+
+@contextmanager
+def launching_on(stream, kept: list | None = None):
+    """Queue this backend's work on `stream` (a PyCUDA Stream) inside the block (module doc).
+    With `kept`, every device allocation made inside is appended to it: a CUDA graph captured
+    there writes to those buffers on each replay, so its owner keeps them, scratch buffers a
+    kernel gave back included, away from the pool."""
+    previous = (_launch.stream, _launch.handle, _launch.kept)
+    _launch.stream, _launch.handle, _launch.kept = stream, stream.handle, kept
+    try:
+        yield
+    finally:
+        _launch.stream, _launch.handle, _launch.kept = previous
 
 
 def _allocate(size: int):
@@ -91,6 +113,8 @@ class DeviceArray:
         context()
         size = math.prod(shape) * np.dtype(dtype).itemsize
         allocation = _allocate(max(size, 1))
+        if _launch.kept is not None:
+            _launch.kept.append(allocation)
         return cls(int(allocation), shape, dtype, allocation)
 
     @classmethod
@@ -213,7 +237,7 @@ def _region_runner(op: CallOp | FusedOp):
         outs = [DeviceArray.empty(shape, dtype) for shape, dtype in results]
         pointers = [np.uintp(_pointer(v)) for v in values] + [np.uintp(o.ptr) for o in outs]
         try:
-            launch(grid, block, None, *pointers, shared_size=shared)
+            launch(grid, block, _launch.stream, *pointers, shared_size=shared)
         except cuda.Error as e:
             raise TgcError(f"{_label(source)} failed to run: {e}", op.loc) from None
         return outs
@@ -234,7 +258,7 @@ def _gemm_runner(g, t: TensorType, loc=None):
     def run(values: list) -> list:
         a, b = values
         out = DeviceArray.empty(shape, dtype)
-        blas.set_stream(0)  # the legacy default stream, as every kernel here
+        blas.set_stream(_launch.handle)
         status = blas.gemm(g, _pointer(a), _pointer(b), out.ptr)
         if status != 0:
             raise TgcError(f"cuBLAS gemm ({g.m}x{g.n}x{g.k}) failed with status {status}", loc)
@@ -243,11 +267,51 @@ def _gemm_runner(g, t: TensorType, loc=None):
     return run
 
 
-def _gemm(inputs: list, attrs: dict, result_types: list[TensorType]) -> list[DeviceArray]:
+def _padded_gemm_runner(g, t: TensorType, loc=None):
+    """`run([a, b]) -> [c]` for cuda.cublas.gemm_padded: the cuBLAS call `g` into rows padded
+    to 16 bytes (a scratch buffer per call), then one 2-D copy into a fresh compact result."""
+    from tgc.runtime.cublas import cublas
+
+    blas = cublas()
+    shape, dtype = t.shape, t.dtype
+    item = dtype.itemsize
+    ld = planner_side.padded_ld(g.n, item)
+    rows = g.batch * g.m
+    copy = cuda.Memcpy2D()
+    copy.src_pitch, copy.dst_pitch = ld * item, g.n * item
+    copy.width_in_bytes, copy.height = g.n * item, rows
+
+    def run(values: list) -> list:
+        a, b = values
+        padded = DeviceArray.empty((rows, ld), dtype)
+        out = DeviceArray.empty(shape, dtype)
+        blas.set_stream(_launch.handle)
+        status = blas.gemm(g, _pointer(a), _pointer(b), padded.ptr, ldc=ld)
+        if status != 0:
+            raise TgcError(f"cuBLAS gemm ({g.m}x{g.n}x{g.k}) failed with status {status}", loc)
+        copy.set_src_device(padded.ptr)
+        copy.set_dst_device(out.ptr)
+        if _launch.stream is None:
+            copy(aligned=False)  # device to device: the host does not wait
+        else:
+            copy(_launch.stream)
+        # `padded` goes back to the pool now: a later allocation's kernels are queued after
+        # the copy on the same stream (the module doc's rule)
+        return [out]
+
+    return run
+
+
+def _gemm(inputs: list, attrs: dict, result_types: list[TensorType], padded: bool = False):
     a, b = (DeviceArray.of(v) for v in inputs)
     t = result_types[0]
     types = [TensorType.get(a.shape, t.element_type), TensorType.get(b.shape, t.element_type)]
-    return _gemm_runner(planner_side.gemm_of(types, t, attrs), t)([a, b])
+    runner = _padded_gemm_runner if padded else _gemm_runner
+    return runner(planner_side.gemm_of(types, t, attrs), t)([a, b])
+
+
+def _padded_gemm(inputs: list, attrs: dict, result_types: list[TensorType]) -> list:
+    return _gemm(inputs, attrs, result_types, padded=True)
 
 
 # -- cuBLASLt: linear layers with their epilogues ---------------------------------------------
@@ -283,7 +347,9 @@ def _lt_runner(name: str, operand_types: list[TensorType], t: TensorType, loc=No
             raise TgcError(f"{name}: an operand is not 16-byte aligned", loc)
         out = DeviceArray.empty(shape, dtype)
         x, w, b, *r = pointers
-        status = lt.matmul(g, x, w, out.ptr, bias_ptr=b, c_ptr=r[0] if r else None)
+        status = lt.matmul(
+            g, x, w, out.ptr, bias_ptr=b, c_ptr=r[0] if r else None, stream=_launch.handle
+        )
         if status != 0:
             raise TgcError(f"{name} ({g.m}x{g.n}x{g.k}) failed with cuBLASLt status {status}", loc)
         return [out]
@@ -339,10 +405,12 @@ def prepare(kernel, op: CallOp):
     now: a region's code generated and compiled, its launch shape and result buffers' shapes
     known; a GEMM's cuBLAS arguments worked out. None for a kernel it has nothing to prepare
     for."""
-    if kernel.name == planner_side.CUBLAS_GEMM:
+    if kernel.name in (planner_side.CUBLAS_GEMM, planner_side.CUBLAS_GEMM_PADDED):
         t = op.results[0].type
         types = [v.type.with_encoding(None) for v in op.operands]
-        return _gemm_runner(planner_side.gemm_of(types, t, op.op_attributes()), t, op.loc)
+        g = planner_side.gemm_of(types, t, op.op_attributes())
+        padded = kernel.name == planner_side.CUBLAS_GEMM_PADDED
+        return (_padded_gemm_runner if padded else _gemm_runner)(g, t, op.loc)
     if kernel.name in planner_side.LT_KERNELS:
         types = [v.type.with_encoding(None) for v in op.operands]
         return _lt_runner(kernel.name, types, op.results[0].type, op.loc)
@@ -359,6 +427,8 @@ def prepare(kernel, op: CallOp):
 def _call(kernel, inputs: list, attrs: dict, result_types: list[TensorType]) -> list:
     if kernel.name == planner_side.CUBLAS_GEMM:
         return _gemm(inputs, attrs, result_types)
+    if kernel.name == planner_side.CUBLAS_GEMM_PADDED:
+        return _padded_gemm(inputs, attrs, result_types)
     if kernel.name in planner_side.LT_KERNELS:
         return _lt(kernel.name, inputs, result_types)
     if kernel.name == planner_side.SPLIT_VIEW:
@@ -380,6 +450,7 @@ def _on_host(device_run):
 
 
 _cublas_host_run = _on_host(_gemm)  # cuda.cublas.gemm on host arrays
+_padded_host_run = _on_host(_padded_gemm)
 
 
 BACKEND = Backend("cuda", call=_call, adopt=DeviceArray.of, run_region=run_region, prepare=prepare)
@@ -389,7 +460,9 @@ SPACE = Space("cuda", to_host, from_host, time_queued)
 def register() -> None:
     """Register the CUDA backend (idempotent), its region kernels made for this GPU."""
     context()
-    planner_side.register(BACKEND, SPACE, _cublas_host_run, _lt_host_run, arch=device_arch())
+    planner_side.register(
+        BACKEND, SPACE, _cublas_host_run, _lt_host_run, device_arch(), _padded_host_run
+    )
 
 
 def unregister() -> None:

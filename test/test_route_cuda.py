@@ -1,0 +1,90 @@
+"""The GPU route on a GPU (marker `cuda`, skipped elsewhere with the reason): calls replayed as
+CUDA graphs give the results plain launches give, follow their inputs' contents, and key on
+their buffers; the padded cuBLAS GEMM computes the matmul."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tgc
+from tgc.runtime.interpreter import random_inputs, run_function
+
+pytestmark = pytest.mark.cuda
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _compile(text: str, db: Path):
+    from tgc.planner import route
+
+    options = route.RouteOptions(db=str(db), measure_budget=5.0, progress=False, min_time=0.002)
+    return route.compile_module(tgc.parse(text), None, options)
+
+
+def _device(arrays, func):
+    from tgc.planner.backends import SPACES
+
+    space = SPACES["cuda"]
+    return [space.from_host(x, a.type) for x, a in zip(arrays, func.body.args)]
+
+
+def _host(values) -> list[np.ndarray]:
+    from tgc.planner.backends import SPACES
+
+    return [np.asarray(SPACES["cuda"].to_host(v)) for v in values]
+
+
+@pytest.mark.parametrize("example", ["gpt2_block", "mlp", "gelu_scale"])
+def test_graph_replays_give_what_plain_launches_give(example, tmp_path):
+    from tgc.planner.graphs import GraphReplay
+
+    text = (EXAMPLES / f"{example}.tg").read_text()
+    compiled = _compile(text, tmp_path / "m.sqlite")
+    runner = compiled.runner
+    assert isinstance(runner, GraphReplay) and runner.reason is None, compiled.report.summary()
+    func = compiled.func
+    first, second = random_inputs(func, 1), random_inputs(func, 2)
+    values = _device(first, func)
+    plain = _host(compiled.planned(values))
+    replayed = [_host(compiled(values)) for _ in range(3)]  # plain or captured, then replays
+    assert runner.captures == 1 and runner.replays >= 2
+    for got in replayed:
+        for g, w in zip(got, plain):
+            np.testing.assert_array_equal(g, w)
+    # new contents in the same buffers: the replay reads them
+    for value, array in zip(values, second):
+        import pycuda.driver as cuda
+
+        cuda.memcpy_htod(value.ptr, np.ascontiguousarray(array, value.dtype))
+    got = _host(compiled(values))
+    assert runner.captures == 1
+    reference = tgc.parse(text).funcs[0]
+    want = run_function(reference, second, "f64")
+    for g, w in zip(got, want):
+        scale = max(float(np.max(np.abs(w))), 1.0)
+        assert float(np.max(np.abs(g.astype(np.float64) - w))) <= 2e-3 * scale
+    np.testing.assert_array_equal(got[0], _host(compiled.planned(values))[0])
+
+
+@pytest.mark.parametrize("dtype, rows, n", [("bf16", 64, 1001), ("f32", 33, 257)])
+def test_the_padded_gemm_computes_the_matmul(dtype, rows, n):
+    from tgc.planner import load_backends
+    from tgc.planner.backends import cuda_kernels as ck
+    from tgc.planner.kernel import KERNELS
+    from tgc.types import TensorType
+
+    load_backends(("cuda",), required=True)
+    rng = np.random.default_rng(n)
+    k = 64
+    a = rng.standard_normal((2, rows, k)).astype(np.float32)
+    b = rng.standard_normal((n, k)).astype(np.float32)
+    result = TensorType.get((2, rows, n), dtype)
+    kernel = KERNELS[ck.CUBLAS_GEMM_PADDED]
+    a, b = a.astype(result.dtype), b.astype(result.dtype)
+    (got,) = kernel.run([a, b], {"transpose_b": True}, [result])
+    want = np.matmul(a.astype(np.float64), b.T.astype(np.float64))  # of the rounded inputs
+    tolerance = 3e-2 if dtype == "bf16" else 1e-4
+    error = np.max(np.abs(np.asarray(got, np.float64) - want)) / np.max(np.abs(want))
+    assert error <= tolerance
