@@ -19,8 +19,8 @@ On the CUDA route (the `cuda` pipeline) `lower-unsupported-attention` and
 `place-on-device` wraps it into its own region. Its q, k, v and mask operands may be views
 (transpose, reshape, slice, broadcast) of kernel inputs: `strided_layout` turns the chain of
 views into an offset and one stride per dim, so the transposes that split heads are index
-arithmetic on the tile loads instead of copy kernels. Both predicates live in
-passes/cuda_support.py, where placement decides with them. See docs/fusion.md.
+arithmetic on the tile loads instead of copy kernels. The two live below codegen and the passes
+(tgc/cuda_target.py, tgc/views.py), which decide with them too. See docs/fusion.md.
 
 The output is written through strides too: the region yields the attention result, or (when
 `fuse` folded GPT-2's head merge into it) a transpose of it that keeps the head dim last,
@@ -36,11 +36,12 @@ import numpy as np
 
 from tgc.codegen.cuda_ops import STORAGE_CTYPE
 from tgc.codegen.render import KernelSource, is_gpu_arch, kernel_label, render
+from tgc.cuda_target import attention_supported
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import FusedOp
 from tgc.ir import Operation, Value
-from tgc.passes.cuda_support import attention_supported, strided_layout
 from tgc.types import contiguous_strides
+from tgc.views import strided_layout
 
 BLOCK_M = 64  # queries per block: 8 rows of threads x 8 rows each
 BLOCK_N = 64  # keys per tile: 16 columns of threads x 4 keys each

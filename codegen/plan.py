@@ -31,10 +31,11 @@ from tgc.codegen.kernels import (
     module_names,
 )
 from tgc.codegen.names import NameAllocator
+from tgc.cuda_target import cublas_can_run
 from tgc.diagnostics import Location, TgcError
 from tgc.dialects.kernel import CallOp, CopyOp, FusedOp
 from tgc.ir import Operation, Value
-from tgc.passes.cuda_support import contiguous_slice_offset, cublas_can_run
+from tgc.passes.cuda_support import contiguous_slice_offset
 from tgc.passes.place_on_device import unplaced_op
 from tgc.types import ELEMENT_BYTES, TensorType
 

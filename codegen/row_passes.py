@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from tgc.dialects.kernel import FusedOp
 from tgc.ir import Operation, Value
 from tgc.opdef import REDUCTION
-from tgc.passes.fuse import is_unit_reshape
+from tgc.views import is_unit_reshape
 
 
 @dataclass

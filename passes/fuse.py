@@ -49,12 +49,13 @@ from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 
 from tgc.builtin import FuncOp, ModuleOp
+from tgc.cuda_target import attention_supported
 from tgc.dialects.kernel import FusedOp, YieldOp
 from tgc.ir import Block, Operation, Region, Value
 from tgc.opdef import ELEMENTWISE, REDUCTION, TERMINATOR, VIEW
 from tgc.pass_manager import Pass, PassStatistics, register_pass
-from tgc.passes.cuda_support import attention_supported, strided_layout
 from tgc.patterns import erase_dead_ops
+from tgc.views import is_unit_reshape, strided_layout
 
 MAX_KERNEL_INPUTS = 64
 
@@ -89,15 +90,6 @@ def reduced_suffix(op: Operation) -> int | None:
     if not axes or axes != list(range(rank - len(axes), rank)):
         return None
     return len(axes)
-
-
-def is_unit_reshape(op: Operation) -> bool:
-    """A reshape that only inserts or removes unit dims (coordinates map one to one)."""
-    if op.name != "atomic.reshape":
-        return False
-    before = [d for d in op.operands[0].type.shape if d != 1]
-    after = [d for d in op.results[0].type.shape if d != 1]
-    return before == after
 
 
 @dataclass(eq=False)

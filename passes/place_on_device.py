@@ -31,15 +31,12 @@ from dataclasses import dataclass
 from tgc.builder import Builder
 from tgc.builtin import FuncOp, ModuleOp, ReturnOp
 from tgc.diagnostics import TgcError
+from tgc.cuda_target import attention_supported, cublas_can_run
 from tgc.dialects.kernel import CopyOp
 from tgc.ir import Operation
 from tgc.opdef import MOVE, OPS, REDUCTION, create
 from tgc.pass_manager import Pass, PassStatistics, register_pass
-from tgc.passes.cuda_support import (
-    attention_supported,
-    contiguous_slice_offset,
-    cublas_can_run,
-)
+from tgc.passes.cuda_support import contiguous_slice_offset
 from tgc.passes.fuse import (
     Group,
     Materializer,

@@ -137,6 +137,14 @@ def test_an_op_without_its_codegen_entry_is_found(trait):
     assert ops_missing_an_entry(trait) == []
 
 
+def test_every_view_op_has_a_stride_rule():
+    """tgc/views.py follows every op with the VIEW trait through its stride rule."""
+    from tgc.views import STRIDE_RULES
+
+    views = sorted(cls.name for cls in OPS.values() if VIEW in cls.traits)
+    assert views and [name for name in views if name not in STRIDE_RULES] == []
+
+
 def test_trait_implications():
     """A view does no arithmetic (MOVE: the cost model counts no flops, place-on-device runs it
     in the elementwise template); every trait of this family sits on pure ops only."""

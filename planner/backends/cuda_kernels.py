@@ -67,11 +67,11 @@ from tgc.codegen.emitter import VIEW_INDEX_MAPS
 from tgc.codegen.kernels import generate_kernel, module_names
 from tgc.codegen.names import c_identifier
 from tgc.codegen.plan import Gemm
+from tgc.cuda_target import GEMM_TYPES, attention_supported, cublas_can_run
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import CallOp, FusedOp, YieldOp
 from tgc.ir import Block, Operation, Region, Value
 from tgc.opdef import VIEW
-from tgc.passes.cuda_support import GEMM_TYPES, attention_supported, cublas_can_run
 from tgc.passes import fuse
 from tgc.passes.fuse import is_free, reads_whole, reduced_suffix
 from tgc.planner import options as planner_options
