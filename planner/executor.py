@@ -21,8 +21,9 @@ So one run mixes numpy, torch and CUDA kernels, with copies between host and dev
 plan has them. `PlannedFunction(func)` resolves every op once (kernel, backend, attributes,
 spaces, value slots) and is then called like `run_planned`: a run does little on the host
 beyond the kernels' own calls, which matters where the GPU's work per kernel takes a few µs.
-It also runs the steps that read only values fixed by the `{tgc.param}` arguments (once steps,
-planner/fixed.py: packing weights, copying them to the device) only when some parameter array
+It also runs the steps that read only values fixed by the `{tgc.param}` arguments and
+constants (once steps, planner/fixed.py `runs_once`: packing weights, copying them and
+constants made on the host to the device) only when some parameter array
 is not, by identity, the one of the previous call, and otherwise reuses their results; a new
 array object for any parameter runs them all again (`forget_params` after changing one in
 place). `run_plan` and `run_planned` make a new `PlannedFunction` each time: they run every
@@ -119,7 +120,7 @@ class PlannedFunction:
                 break
             results = tuple(range(len(slots), len(slots) + len(op.results)))
             slots.update(zip(op.results, results))
-            step = _Step(op, _prepare_op(op, table), operands, results, fixed.op(op))
+            step = _Step(op, _prepare_op(op, table), operands, results, fixed.runs_once(op))
             self.steps.append(step)
         self.slot_count = len(slots)
         self._plan_once(func)
@@ -179,13 +180,18 @@ class PlannedFunction:
     def on_device_per_call(self) -> bool:
         """Whether every step a call runs (once steps aside) works on device values alone: no
         host op, no copy through the host. Such a call can be captured as a CUDA graph."""
+        return self.host_step() is None
+
+    def host_step(self) -> str | None:
+        """The first step a call runs (once steps aside) that is not on device values alone,
+        described with its place (None: there is none)."""
         for step in self.per_call:
             op = step.op
-            if isinstance(op, CopyOp):
-                return False
-            if any(v.type.encoding is None for v in (*op.operands, *op.results)):
-                return False
-        return True
+            values = (*op.operands, *op.results)
+            if isinstance(op, CopyOp) or any(v.type.encoding is None for v in values):
+                what = op.attr("callee") if isinstance(op, CallOp) else op.name
+                return f"'{what}' at {op.loc}" if op.loc is not None else f"'{what}'"
+        return None
 
     @staticmethod
     def _run(steps: list[_Step], env: list) -> None:

@@ -16,8 +16,11 @@ parameter computes the same values on every call with the same parameter arrays:
   parameter array differs, by identity, from the previous call's.
 
 A value computed from constants alone (a splat, an iota, a mask made of them) is fixed too but
-not once: it reads no parameter, and runs and is costed on every call as before (hoisting it
-as well would change the cost of every plan that has constants).
+not once for planning: it reads no parameter, and is costed on every call as before (hoisting
+it as well would change the cost of every plan that has constants). The executor runs it with
+the once steps all the same (`Fixed.runs_once`): recomputing it on every call would only add
+host work, and a constant made on the host and copied to the device on every call would keep
+the call from being replayed as a CUDA graph (planner/graphs.py).
 
 The rule reads values only (operands, not what a kernel covers), so it holds alike for the
 program as planned (an option is once when its inputs are), for the flat plan of `plan_cost`
@@ -30,7 +33,7 @@ from collections.abc import Iterable
 
 from tgc.attributes import UNIT
 from tgc.builtin import FuncOp
-from tgc.fixed import PARAM, combine_states, fixed_state
+from tgc.fixed import CONST, PARAM, combine_states, fixed_state
 from tgc.ir import Operation, Value
 from tgc.opdef import PURE
 
@@ -62,6 +65,13 @@ class Fixed:
     def op(self, op: Operation) -> bool:
         """Whether `op` is once: pure, its operands fixed, one of them from a parameter."""
         return op.has_trait(PURE) and self.reads(op.operands)
+
+    def runs_once(self, op: Operation) -> bool:
+        """Whether the executor runs `op` once per set of parameters: pure, its operands all
+        fixed (from parameters, constants or both; module doc)."""
+        if not op.has_trait(PURE):
+            return False
+        return combine_states(self.state(v) for v in op.operands) in (PARAM, CONST)
 
 
 def once_ops(func: FuncOp) -> list[Operation]:

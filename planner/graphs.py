@@ -102,8 +102,9 @@ class _Graph:
 
 
 def _why_not(planned: PlannedFunction) -> str | None:
-    if not planned.on_device_per_call():
-        return "some step of a call runs on the host"
+    host = planned.host_step()
+    if host is not None:
+        return f"a step of each call runs on the host: {host}"
     return _graph_api_problem()
 
 
@@ -133,13 +134,12 @@ def _key(values: list) -> tuple | None:
 
 def _capture(planned: PlannedFunction, values: list) -> _Graph:
     """Capture one call's per-call steps (module doc); the plan's once steps have run."""
-    import pycuda.driver as cuda
     import torch
 
-    from tgc.planner.backends.cuda import launching_on
+    from tgc.planner.backends.cuda import capture_stream, launching_on
 
     torch.cuda.synchronize()
-    stream = cuda.Stream()
+    stream = capture_stream()
     graph = torch.cuda.CUDAGraph()
     torch_stream = torch.cuda.ExternalStream(stream.handle)
     allocated: list = []
@@ -148,9 +148,8 @@ def _capture(planned: PlannedFunction, values: list) -> _Graph:
         with torch.cuda.graph(graph, stream=torch_stream, capture_error_mode="relaxed"):
             env = planned.run_keeping(values)
     results = [env[i] for i in planned.returned]
-    # kept with the graph: every value and scratch buffer of the run, and the stream it was
-    # captured from
-    return _Graph(graph, [*env, *allocated, stream], results, list(values))
+    # kept with the graph: every value and scratch buffer of the run
+    return _Graph(graph, [*env, *allocated], results, list(values))
 
 
 __all__ = ["MAX_GRAPHS", "GraphReplay"]

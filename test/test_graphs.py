@@ -36,8 +36,8 @@ class FakePlanned:
         self.runs += 1
         return [("plain", self.runs)]
 
-    def on_device_per_call(self) -> bool:
-        return self.on_device
+    def host_step(self):
+        return None if self.on_device else "'atomic.exp' at f.tg:2:3"
 
     def forget_params(self) -> None:
         self.forgot += 1
@@ -128,7 +128,7 @@ def test_a_failed_capture_says_why_and_runs_plain_from_then_on(monkeypatch):
 def test_host_steps_and_values_that_are_not_device_buffers_run_plain(captures):
     planned = FakePlanned(on_device=False)
     replay = graphs.GraphReplay(planned)
-    assert replay.reason == "some step of a call runs on the host"
+    assert replay.reason == "a step of each call runs on the host: 'atomic.exp' at f.tg:2:3"
     args = [FakeBuffer(256)]
     replay(args), replay(args), replay(args)
     assert planned.runs == 3 and not captures
@@ -161,4 +161,6 @@ def test_a_plan_is_on_the_device_per_call_only_when_no_step_of_a_call_is_on_the_
     ).funcs[0]
     planned = PlannedFunction(host)
     assert not planned.on_device_per_call()
-    assert graphs.GraphReplay(planned).reason == "some step of a call runs on the host"
+    reason = graphs.GraphReplay(planned).reason
+    assert reason.startswith("a step of each call runs on the host: 'atomic.exp' at ")
+    assert reason.endswith(":2:8")  # the op name on line 2

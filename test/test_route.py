@@ -172,3 +172,29 @@ def test_a_planned_call_runs_on_the_device_alone_so_it_can_be_a_cuda_graph(
 ):
     compiled = _compile((EXAMPLES / f"{example}.tg").read_text(), tmp_path / "m.sqlite")
     assert compiled.planned.on_device_per_call()
+
+
+CONSTANT_MASK = """func.func @masked(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
+  %m = atomic.constant {value = dense<[[0.0, -1.0, 2.0, 3.5], [1.0, 0.5, -2.0, 0.0]]> : tensor<2x4xf32>} : () -> tensor<2x4xf32>
+  %y = atomic.add %x, %m : (tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<2x4xf32>
+  func.return %y : tensor<2x4xf32>
+}
+"""
+
+
+def test_constants_made_on_the_host_are_made_and_copied_once(stand_in, tmp_path):
+    """A constant the plan makes on the host and copies to the device (host_constants) runs
+    with the once steps: a call then works on the device alone (a CUDA graph can replay it)."""
+    compiled = _compile(CONSTANT_MASK, tmp_path / "m.sqlite", measure=False)
+    planned = compiled.planned
+    names = [s.op.name for s in planned.steps if s.once]
+    assert "kernel.copy" in names, [s.op.name for s in planned.steps]
+    assert planned.on_device_per_call()
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    mask = np.array([[0.0, -1.0, 2.0, 3.5], [1.0, 0.5, -2.0, 0.0]], np.float32)
+    uploads = stand_in["from_host"]
+    for _ in range(3):
+        (got,) = compiled.run_host([x])
+        np.testing.assert_array_equal(got, x + mask)
+    # each call's argument alone: the constant was copied when the compile timed the plan
+    assert stand_in["from_host"] - uploads == 3

@@ -31,6 +31,7 @@ work with CUDA events (runtime/cuda_timing.py), which is how the profiler measur
 
 from __future__ import annotations
 
+import atexit
 import math
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -79,6 +80,18 @@ def launching_on(stream, kept: list | None = None):
         yield
     finally:
         _launch.stream, _launch.handle, _launch.kept = previous
+
+
+def capture_stream():
+    """The stream CUDA graphs are captured on (planner/graphs.py): made once, and destroyed at
+    exit before the context is released (a PyCUDA stream outliving its context aborts the
+    process), so no graph keeps it."""
+    stream = _launch.__dict__.get("capture_stream")
+    if stream is None:
+        context()
+        stream = _launch.capture_stream = cuda.Stream()
+        atexit.register(_launch.__dict__.pop, "capture_stream", None)  # runs before _release
+    return stream
 
 
 def _allocate(size: int):
