@@ -30,8 +30,9 @@ import sys
 import time
 
 import tgc
-from tgc.diagnostics import TgcError
+from tgc.diagnostics import TgcError, printable
 from tgc.tools._common import EXIT_OK, guarded
+from tgc.tools._outputs import check_not_database, database_files, same_file
 
 EXPORT_FORMAT = "tgc-measurements"
 EXPORT_VERSION = 1
@@ -80,6 +81,13 @@ def _open(args, readonly: bool = True):
     return Database.open(resolve_path(getattr(args, "db", None)), readonly=readonly, check=True)
 
 
+def _say(line: str) -> None:
+    """Print a line of a listing. Names, signatures, descriptions and messages come from the
+    database, which anyone may have written (an import): a newline or an ESC in them is shown
+    escaped, so that it can neither forge a line nor reach the terminal as a control."""
+    print(printable(line))
+
+
 def _describe_device(backend: str, d: dict) -> str:
     keys = ("gpu", "compute_capability", "cuda", "cpu", "numpy", "blas", "torch", "tgc")
     shown = ", ".join(f"{k} {d[k]}" for k in keys if k in d)
@@ -110,18 +118,18 @@ def cmd_list(args) -> int:
         devices, rows = db.devices(), db.rows()
     here = _this_machine()
     number = {f: i + 1 for i, (_, f, _, _) in enumerate(sorted(devices, key=lambda d: d[0]))}
-    print(f"{len(devices)} device(s), {len(rows)} record(s)")
+    _say(f"{len(devices)} device(s), {len(rows)} record(s)")
     for _, fingerprint, backend, description in sorted(devices, key=lambda d: d[0]):
         mark = "*" if fingerprint in here else " "
         desc = _describe_device(backend, description)
-        print(f"{mark} device {number[fingerprint]} [{fingerprint}] {desc}")
+        _say(f"{mark} device {number[fingerprint]} [{fingerprint}] {desc}")
     counts: dict[tuple, list[int]] = {}
     for m in rows:
         key = (m.kernel.name, m.kernel.source_hash, m.device.fingerprint)
         ok_failed = counts.setdefault(key, [0, 0])
         ok_failed[0 if m.ok else 1] += 1
     for (name, source, fingerprint), (ok, failed) in sorted(counts.items()):
-        print(
+        _say(
             f"  {name:<32} source {source[:8]}  device {number[fingerprint]}: "
             f"{ok} measured, {failed} failed"
         )
@@ -167,10 +175,10 @@ def cmd_show(args) -> int:
     for (fingerprint, source), ms in groups.items():
         m0 = ms[0]
         mark = " (this machine)" if fingerprint in here else ""
-        print(f"{args.kernel} source {source[:8]} on [{fingerprint}]{mark}")
-        print(f"  {_describe_device(m0.device.backend, m0.device.description)}")
+        _say(f"{args.kernel} source {source[:8]} on [{fingerprint}]{mark}")
+        _say(f"  {_describe_device(m0.device.backend, m0.device.description)}")
         for m in ms:
-            print("  " + _row_text(m))
+            _say("  " + _row_text(m))
         curves: dict[tuple, list] = {}
         for m in ms:
             if m.ok:
@@ -178,7 +186,7 @@ def cmd_show(args) -> int:
                 curves.setdefault(key, []).append((m.bytes, m.flops, m.median))
         for (params, dtypes), points in sorted(curves.items()):
             label = dtypes + ("" if params == "{}" else f" params {params}")
-            print(f"  fit {label}: {fitted_line(points)}")
+            _say(f"  fit {label}: {fitted_line(points)}")
     return EXIT_OK
 
 
@@ -234,7 +242,14 @@ def _finite(value):
 FLOAT_FIELDS = ("bytes", "flops", "median", "min", "spread", "max_error", "created")
 
 
+def _database_path(args) -> str:
+    from tgc.planner.db import resolve_path
+
+    return resolve_path(getattr(args, "db", None))
+
+
 def cmd_export(args) -> int:
+    check_not_database(args.output, _database_path(args), "export")
     with _open(args) as db:
         data = export_records(db.rows())
     text = json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n"
@@ -359,6 +374,17 @@ def _error(e: Exception) -> str:
     return text if text.isprintable() else ascii(text)
 
 
+def _refuse_the_database_itself(file: str, database: str) -> None:
+    """Importing the database into itself: it would be read as JSON and refused; say plainly
+    what was asked instead."""
+    for path, which in database_files(database):
+        if same_file(file, path):
+            raise TgcError(
+                f"refusing to import '{file}': it is {which}, the one being imported into "
+                "(import a file that tgc-db export wrote)"
+            )
+
+
 def cmd_import(args) -> int:
     import os
     import stat
@@ -366,6 +392,7 @@ def cmd_import(args) -> int:
     try:
         if not stat.S_ISREG(os.stat(args.file).st_mode):
             raise TgcError(f"could not read '{args.file}': not a regular file")
+        _refuse_the_database_itself(args.file, _database_path(args))
         with open(args.file, encoding="utf-8") as f:
             data = load_export(f.read())
     except FileNotFoundError:
@@ -449,6 +476,7 @@ def cmd_prune(args) -> int:
 
 
 def cmd_plot(args) -> int:
+    check_not_database(args.output, _database_path(args), "plot")
     try:
         import matplotlib
 

@@ -11,6 +11,7 @@ import tgc
 from tgc.diagnostics import Location, TgcError
 from tgc.pass_manager import PASSES, Instrumentation, PassManager, PipelineError, parse_pipeline
 from tgc.tools._common import EXIT_INPUT, EXIT_OK, EXIT_USAGE, guarded, read_input
+from tgc.tools._outputs import check_output, data_files
 
 SPLIT_MARKER = re.compile(r"^// -----.*$", re.MULTILINE)
 EXPECTED = re.compile(
@@ -102,6 +103,7 @@ def process_chunk(text: str, name: str, args, pipeline) -> str:
 
     module = parse_module(text, name)
     verify(module)
+    check_output(args.output, data_files(module, args.input))  # a weight it reads
     inst = Instrumentation(
         print_ir_after_all=args.print_ir_after_all,
         print_ir_after=frozenset(p for item in args.print_ir_after for p in item.split(",")),
@@ -189,6 +191,10 @@ def run(args) -> int:
         return EXIT_USAGE
     pipeline = parse_pipeline(args.passes or args.pass_pipeline or "")
     check_pass_names(args.print_ir_after)
+    # The output is written last, over whatever is there: never over the program or a
+    # database a select-kernels reads.
+    databases = [p.db for p in pipeline if getattr(p, "db", None)]
+    check_output(args.output, [args.input, *databases])
     text, name = read_input(args.input)
     outputs: list[str] = []
     status = EXIT_OK

@@ -219,9 +219,28 @@ def make_output_dir(path: str) -> None:
         raise TgcError(f"could not create output directory '{path}': {e.strerror}") from None
 
 
+def result_path(directory: str, i: int) -> str:
+    return os.path.join(directory, f"result_{i}.npy")
+
+
+def check_result_paths(args, module, func) -> None:
+    """Before running: no result file may be one of the run's inputs (the program, an --input
+    .npy, a weight the program reads, the measurement database)."""
+    from tgc.tools._outputs import check_output, data_files
+
+    inputs = [args.input, *(spec.partition("=")[2] for spec in args.inputs)]
+    inputs += data_files(module, args.input)
+    if args.db is not None or args.backend == "cuda":
+        from tgc.planner.db import resolve_path
+
+        inputs.append(resolve_path(args.db or None))
+    for i in range(len(func.function_type.results)):
+        check_output(result_path(args.output_dir, i), inputs, "result")
+
+
 def write_results(directory: str, results: list[np.ndarray]) -> None:
     for i, r in enumerate(results):
-        path = os.path.join(directory, f"result_{i}.npy")
+        path = result_path(directory, i)
         try:
             np.save(path, r, allow_pickle=False)
         except OSError as e:
@@ -254,6 +273,8 @@ def run(args) -> int:
     text, name = read_input(args.input)
     module = parse_module(text, name)
     verify(module)
+    if args.output_dir is not None:
+        check_result_paths(args, module, select_function(module, args.func))
     # Inputs come from the program as written, so a seed gives the same values under every -p.
     inputs = bind_inputs(select_function(module, args.func), args.inputs, args.random_inputs)
     reference_module = parse_module(text, name) if args.check else None

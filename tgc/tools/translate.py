@@ -8,12 +8,12 @@ import sys
 import tgc
 from tgc.diagnostics import TgcError
 from tgc.tools._common import EXIT_OK, guarded, read_input
-from tgc.tools._outputs import check_output
+from tgc.tools._outputs import check_output, data_files
 from tgc.tools.opt import write_output
 
 EMITTERS = ("dot", "cuda")
-# The route of --emit=cuda when -p does not give one: placed IR without cuBLAS calls.
-CUDA_PIPELINE = "cuda-standalone"
+# What --emit=cuda plans when -p does not say: what the GPU route plans (planner/standalone.py).
+CUDA_PIPELINE = "lower-for-planning"
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -25,8 +25,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
         "-p",
         "--passes",
         default=None,
-        help=f"pipeline to run first (for cuda the default is '{CUDA_PIPELINE}'; a pipeline given "
-        "here must end in placed IR, e.g. 'cuda-standalone{attention-kernel=false}')",
+        help=f"pipeline to run first (for cuda: what is planned for the GPU, by default "
+        f"'{CUDA_PIPELINE}'; '' plans the module as written, 'optimize' lowers attention too)",
     )
     ap.add_argument(
         "--arch",
@@ -50,35 +50,19 @@ def run(args) -> int:
     text, name = read_input(args.input)
     module = parse_module(text, name)
     verify(module)
-    check_output(args.output, _data_files(module, args.input))
+    check_output(args.output, data_files(module, args.input))
     if args.emit == "dot":
         from tgc.codegen.dot import emit_dot
 
         PassManager(parse_pipeline(args.passes or "")).run(module)
         write_output(args.output, emit_dot(module))
         return EXIT_OK
-    from tgc.codegen.standalone import emit_standalone_cuda
+    from tgc.planner.standalone import emit_standalone_cuda
 
     pipeline = args.passes if args.passes is not None else CUDA_PIPELINE
     PassManager(parse_pipeline(pipeline)).run(module)
     write_output(args.output, emit_standalone_cuda(module, arch=args.arch))
     return EXIT_OK
-
-
-def _data_files(module, source: str) -> list:
-    """The .npy files the module's dense_file constants read (inputs too)."""
-    from pathlib import Path
-
-    from tgc import datafiles
-
-    base = Path.cwd() if source == "-" else Path(source).parent
-    out = []
-    for attr in datafiles.file_constants(module):
-        try:
-            out.append(datafiles.resolve(base, attr.file))
-        except datafiles.DataFileError:
-            continue  # the parser has refused such a path already
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
