@@ -362,6 +362,7 @@ class Row:
     tgc_first_s: float | None = None  # import + compile_module + first call
     tgc_import_s: float | None = None
     tgc_compile_s: float | None = None  # compile_module's first use (lower, measure, plan, check)
+    tgc_steps_s: dict = field(default_factory=dict)  # its steps: lower, measure, plan, check
     tgc_measured: int | None = None
     tgc_second_plan_s: float | None = None  # compile_module again, same database: its plan time
     tgc_second_first_use_s: float | None = None
@@ -420,17 +421,24 @@ def gpu_one(name: str, dtype_name: str, args, db: str) -> Row:
 
     want = as_host(eager())
     torch.cuda.synchronize()
+    profiles = [] if args.profile else None
     for mode in args.modes:
-        row.modes[mode] = asdict(torch_mode(module, ids_cuda, mode, want, stream))
+        row.modes[mode] = asdict(torch_mode(module, ids_cuda, mode, want, stream, profiles))
         torch._dynamo.reset()
         gc.collect()
         torch.cuda.empty_cache()
-    run_tgc(row, imported, params, ids_cuda, want, stream, args, db, dtype_name)
+    run_tgc(row, imported, params, ids_cuda, want, stream, args, db, dtype_name, profiles)
+    if profiles:
+        out = Path(args.out or ROOT / "bench" / "results") / f"profile-{name}-{dtype_name}.txt"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("\n".join(profiles))
     row.note = (row.note + f" (torch.export {export_s:.1f} s, not in tgc's first run)").strip()
     return row
 
 
-def run_tgc(row: Row, imported, params, ids, want, stream, args, db: str, dtype_name: str):
+def run_tgc(
+    row: Row, imported, params, ids, want, stream, args, db: str, dtype_name: str, profiles=None
+):
     """tgc's first run, second plan and steady state into `row` (errors noted, not raised)."""
     import torch
 
@@ -451,6 +459,10 @@ def run_tgc(row: Row, imported, params, ids, want, stream, args, db: str, dtype_
         got = as_host(outs[0])  # synchronises
         row.tgc_first_s = row.tgc_import_s + time.perf_counter() - t0
         report = prog.report
+        row.tgc_steps_s = {
+            step: round(getattr(report, f"{step}_s"), 2)
+            for step in ("lower", "measure", "plan", "check")
+        }
         row.tgc_measured = report.measured
         row.tgc_chosen = str(report.chosen)
         row.tgc_candidates = {k: round(float(v), 4) for k, v in report.candidates.items()}
@@ -462,6 +474,8 @@ def run_tgc(row: Row, imported, params, ids, want, stream, args, db: str, dtype_
             row.tgc_plain_host_us = host_us(lambda: prog.planned(values))
             reason = getattr(prog.runner, "reason", "graphs off")
             row.tgc_graphs = "replayed" if reason is None else reason
+            if profiles is not None:
+                profiles.append(kernel_table(lambda: prog(values), "tgc"))
         else:
             row.note += (
                 f" tgc differs from eager by {row.tgc_error:.2e} "
@@ -497,7 +511,24 @@ def host_us(call, calls: int = 20) -> float:
     return queued / calls * 1e6
 
 
-def torch_mode(module, ids, mode: str, want: np.ndarray, stream) -> ModeResult:
+def kernel_table(call, title: str, rows: int = 25) -> str:
+    """The GPU kernels of 3 calls of `call` by total time (torch.profiler), as text."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            call()
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(
+        sort_by="cuda_time_total", row_limit=rows, max_name_column_width=90
+    )
+    return f"## {title} (3 calls)\n\n{table}\n"
+
+
+def torch_mode(module, ids, mode: str, want: np.ndarray, stream, profiles=None) -> ModeResult:
     import torch
 
     result = ModeResult()
@@ -517,6 +548,8 @@ def torch_mode(module, ids, mode: str, want: np.ndarray, stream) -> ModeResult:
         result.first_s = time.perf_counter() - t0
         result.error = rel_error(got, want)
         result.ms = time_ms(call, stream)
+        if profiles is not None:
+            profiles.append(kernel_table(call, f"PyTorch {mode}"))
     except Exception as e:  # noqa: BLE001  (whatever torch.compile raises: report, go on)
         result.note = one_line(e)
     return result
@@ -684,6 +717,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--commit", default=None, help="commit to report (default: git's HEAD)")
     ap.add_argument(
         "--out", default=None, help="report folder (default bench/results; dry run none)"
+    )
+    ap.add_argument(
+        "--profile", action="store_true", help="also write each run's GPU kernels by time"
     )
     args = ap.parse_args(argv)
     names = [n for n in args.only.split(",") if n] or list(SPECS)
