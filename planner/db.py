@@ -55,10 +55,12 @@ from tgc.planner.db_schema import (
     MIGRATIONS,
     OK,
     ORIGINS,
+    READABLE_FROM,
     SCHEMA_VERSION,
     DeviceInfo,
     KernelInfo,
     Measurement,
+    column_or_default,
     dtypes_of,
     params_text,
     signature_of,
@@ -83,6 +85,7 @@ __all__ = [
     "MIGRATIONS",
     "OK",
     "ORIGINS",
+    "READABLE_FROM",
     "SCHEMA_VERSION",
     "SQLITE_ERRORS",
     "SQLITE_HEADER",
@@ -221,6 +224,8 @@ def measurement_problem(m: Measurement) -> str | None:
         not isinstance(m.runs, int) or isinstance(m.runs, bool) or not 0 < m.runs < 2**53
     ):
         return f"runs is {_shown(m.runs)}, not a positive integer"
+    if not isinstance(m.noisy, bool):
+        return f"noisy is {_shown(m.noisy)}, not true or false"
     e = m.max_error
     if e is not None:
         # infinite where the reference itself overflowed, or for a failure
@@ -484,14 +489,14 @@ class Database:
             f"""
             INSERT INTO measurements (kernel_id, device_id, signature, dtypes, params, attrs_key,
                 attrs, bytes, flops, status, median, min, spread, runs, max_error, message,
-                created, origin)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                created, origin, noisy)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
             ON CONFLICT (kernel_id, device_id, signature, params, attrs_key) DO UPDATE SET
                 dtypes = excluded.dtypes, attrs = excluded.attrs, bytes = excluded.bytes,
                 flops = excluded.flops, status = excluded.status, median = excluded.median,
                 min = excluded.min, spread = excluded.spread, runs = excluded.runs,
                 max_error = excluded.max_error, message = excluded.message,
-                created = excluded.created, origin = excluded.origin
+                created = excluded.created, origin = excluded.origin, noisy = excluded.noisy
             {guard}
             """,
             (
@@ -513,6 +518,7 @@ class Database:
                 m.message,
                 m.created,
                 m.origin,
+                int(m.noisy),
             ),
         )
         return cur.rowcount > 0
@@ -553,7 +559,7 @@ class Database:
             SELECT m.id, k.name, k.backend, k.source_hash, k.params, d.fingerprint, d.backend,
                 d.description, m.signature, m.dtypes, m.params, m.attrs_key, m.attrs, m.bytes,
                 m.flops, m.status, m.median, m.min, m.spread, m.runs, m.max_error, m.message,
-                m.created, m.origin
+                m.created, m.origin, {column_or_default("noisy", self.version, "m.")}
             FROM measurements m JOIN kernels k ON k.id = m.kernel_id
                 JOIN devices d ON d.id = m.device_id
             {"WHERE " + where if where else ""}
@@ -700,7 +706,10 @@ def _measurement(r: tuple) -> Measurement:
             raise ValueError(f"{what} {e}") from None
     kernel = KernelInfo(r[0], r[1], r[2], parts[0])
     device = DeviceInfo(r[4], r[5], parts[1])
-    return Measurement(kernel, device, r[7], r[8], parts[2], *r[10:])
+    m = Measurement(kernel, device, r[7], r[8], parts[2], *r[10:])
+    if m.noisy in (0, 1) and not isinstance(m.noisy, float):  # stored as an integer
+        m.noisy = bool(m.noisy)
+    return m
 
 
 def _check_file(path: str) -> bytes | None:
@@ -789,7 +798,7 @@ def _judge(con: sqlite3.Connection, path: str, check: bool, readonly: bool) -> i
             raise _unavailable(path, e) from None
         reason = "text that is not UTF-8" if isinstance(e, UnicodeDecodeError) else str(e)
         raise _corrupt(path, reason or type(e).__name__) from None
-    if readonly and 0 < version < SCHEMA_VERSION:
+    if readonly and 0 < version < READABLE_FROM:
         raise DatabaseUnavailable(
             f"'{path}' has schema {version}; open it for writing once (any tgc-profile or "
             f"tgc-db import) to upgrade it to {SCHEMA_VERSION}"

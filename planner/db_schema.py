@@ -10,7 +10,12 @@ Tables (schema version in `PRAGMA user_version`, upgraded by `MIGRATIONS`):
 - `measurements`: kernel, device, the instance (operand and result types, parameters, op
   attributes), bytes and flops moved, then either a time (median, min, spread, runs) with the
   error against float64, or a failure with its message; when, and what took it (profile, tune,
-  import). One row per instance and device: measuring again replaces it.
+  import); and whether the time is *noisy* (its spread stayed above the profiler's
+  `NOISY_SPREAD` however often it was taken again). One row per instance and device: measuring
+  again replaces it.
+
+Readers read a file of schema `READABLE_FROM` or later as it is (a column added since reads as
+its default); only a writer upgrades it.
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+# The oldest schema a reader reads without an upgrade: later versions only add columns with
+# defaults (`column_or_default`). Version 1 lacks `origin`, which every read names.
+READABLE_FROM = 2
 OK, FAILED = "ok", "failed"
 ORIGINS = ("profile", "tune", "import")
 
@@ -87,9 +95,26 @@ def _v2(con: sqlite3.Connection) -> None:
     con.execute("CREATE INDEX measurements_by_kernel ON measurements (kernel_id, device_id)")
 
 
+def _v3(con: sqlite3.Connection) -> None:
+    # A time whose spread stayed large however often it was taken is kept, flagged, never
+    # silently trusted as a steady one (planner/profile.py `steady_time`).
+    con.execute("ALTER TABLE measurements ADD COLUMN noisy INTEGER NOT NULL DEFAULT 0")
+
+
 # MIGRATIONS[i] takes a database from version i to i + 1; a new file runs them all.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3]
 assert len(MIGRATIONS) == SCHEMA_VERSION
+
+# measurements' column -> (the schema version that added it, what a reader of an older file
+# reads instead)
+ADDED_COLUMNS = {"noisy": (3, "0")}
+
+
+def column_or_default(column: str, version: int, table: str = "") -> str:
+    """Measurements' `column` (`table`: its alias and a dot) in a query on a file of schema
+    `version`, or its default where the file is older than the column."""
+    since, default = ADDED_COLUMNS[column]
+    return table + column if version >= since else default
 
 
 # -- records ----------------------------------------------------------------------------------------
@@ -132,6 +157,7 @@ class Measurement:
     message: str | None = None
     created: float = field(default_factory=time.time)
     origin: str = "profile"
+    noisy: bool = False  # the spread stayed above NOISY_SPREAD after every repeat
 
     @property
     def ok(self) -> bool:

@@ -4,18 +4,18 @@
     tgc-db [--db PATH] show KERNEL
     tgc-db [--db PATH] export [-o FILE.json]
     tgc-db [--db PATH] import FILE.json
-    tgc-db [--db PATH] prune [--failures] [--older-than DAYS] [--dry-run]
+    tgc-db [--db PATH] prune [--failures] [--noisy] [--older-than DAYS] [--dry-run]
     tgc-db [--db PATH] plot KERNEL -o FILE.png
 
 `list`: the devices (`*` this machine) and, per kernel version and device, how many instances
-were measured and how many failed. `show`: a kernel's records and, per device, its fitted curve
+were measured, how many of those are noisy (their spread stayed large) and how many failed. `show`: a kernel's records and, per device, its fitted curve
 (a fixed cost, a bandwidth and a compute rate over every point, and the estimator's
 leave-one-out error). `export` writes JSON (devices with their fingerprints and descriptions,
 kernels with their source hashes, every record); `import` merges such a file: a record of the
 same instance and device is replaced only by a newer one, so nothing is duplicated. `prune`
 deletes records of kernel versions that no longer exist here (their code changed; only kernels
-of backends that load here are judged), with `--failures` failed records too, with
-`--older-than` old ones. `plot` draws measured points against the fitted curve, per device
+of backends that load here are judged), with `--failures` failed records too, with `--noisy`
+noisy ones (so that the next profile measures them again), with `--older-than` old ones. `plot` draws measured points against the fitted curve, per device
 (matplotlib: `pip install 'tgc[plot]'`). Exit codes: 0, 1 (an unusable database or file, a
 kernel with no records), 2 (usage).
 """
@@ -35,7 +35,9 @@ from tgc.tools._common import EXIT_OK, guarded
 from tgc.tools._outputs import check_not_database, database_files, same_file
 
 EXPORT_FORMAT = "tgc-measurements"
-EXPORT_VERSION = 1
+# 2: records say whether they are noisy; 1 (read too) did not, and its records are not.
+EXPORT_VERSION = 2
+READS_EXPORT_VERSIONS = (1, 2)
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -63,6 +65,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
     imp.add_argument("file")
     prune = sub.add_parser("prune", parents=[common], help="delete records no longer useful")
     prune.add_argument("--failures", action="store_true", help="failed records too")
+    prune.add_argument(
+        "--noisy", action="store_true", help="noisy records too (the next profile measures them)"
+    )
     prune.add_argument(
         "--older-than", type=float, default=None, metavar="DAYS", help="records older than this"
     )
@@ -126,12 +131,14 @@ def cmd_list(args) -> int:
     counts: dict[tuple, list[int]] = {}
     for m in rows:
         key = (m.kernel.name, m.kernel.source_hash, m.device.fingerprint)
-        ok_failed = counts.setdefault(key, [0, 0])
-        ok_failed[0 if m.ok else 1] += 1
-    for (name, source, fingerprint), (ok, failed) in sorted(counts.items()):
+        ok_failed_noisy = counts.setdefault(key, [0, 0, 0])
+        ok_failed_noisy[0 if m.ok else 1] += 1
+        ok_failed_noisy[2] += m.ok and m.noisy
+    for (name, source, fingerprint), (ok, failed, noisy) in sorted(counts.items()):
+        shown = f"{ok} measured ({noisy} noisy)" if noisy else f"{ok} measured"
         _say(
             f"  {name:<32} source {source[:8]}  device {number[fingerprint]}: "
-            f"{ok} measured, {failed} failed"
+            f"{shown}, {failed} failed"
         )
     return EXIT_OK
 
@@ -196,8 +203,9 @@ def _row_text(m) -> str:
         where += f" params {json.dumps(m.params, sort_keys=True)}"
     if not m.ok:
         return f"{where}: FAILED: {m.message}"
+    noisy = " (noisy)" if m.noisy else ""
     return (
-        f"{where}: median {m.median:.3e} s, min {m.min:.3e} s, spread {m.spread:.0%}, "
+        f"{where}: median {m.median:.3e} s, min {m.min:.3e} s, spread {m.spread:.0%}{noisy}, "
         f"{m.runs} runs, error {m.max_error:.2g}"
     )
 
@@ -307,10 +315,11 @@ def import_records(data, source: str) -> list:
 
     if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
         raise TgcError(f'\'{source}\' is not a tgc-db export (no "format": "{EXPORT_FORMAT}")')
-    if data.get("version") != EXPORT_VERSION:
+    version = data.get("version")
+    if type(version) is not int or version not in READS_EXPORT_VERSIONS:  # not true, not 1.0
         raise TgcError(
-            f"'{source}' is export version {_shown(data.get('version'))}; this tgc reads "
-            f"{EXPORT_VERSION}"
+            f"'{source}' is export version {_shown(version)}; this tgc reads "
+            f"{' and '.join(map(str, READS_EXPORT_VERSIONS))}"
         )
     for part in ("devices", "kernels", "measurements"):
         if not isinstance(data.get(part), list):
@@ -440,6 +449,8 @@ def cmd_prune(args) -> int:
             f"tgc-db: error: --older-than needs DAYS >= 0, got {args.older_than}", file=sys.stderr
         )
         return 2
+    from tgc.planner.db_schema import column_or_default
+
     here = current_kernels()  # before the transaction: loading backends takes a while
 
     def condition(db) -> tuple[str, list]:
@@ -450,6 +461,8 @@ def cmd_prune(args) -> int:
             values += stale
         if args.failures:
             conditions.append("status = 'failed'")
+        if args.noisy:
+            conditions.append(f"{column_or_default('noisy', db.version)} = 1")
         if args.older_than is not None:
             conditions.append("created < ?")
             values.append(time.time() - args.older_than * 86400)
