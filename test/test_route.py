@@ -198,3 +198,46 @@ def test_constants_made_on_the_host_are_made_and_copied_once(stand_in, tmp_path)
         np.testing.assert_array_equal(got, x + mask)
     # each call's argument alone: the constant was copied when the compile timed the plan
     assert stand_in["from_host"] - uploads == 3
+
+
+def test_first_use_measures_what_the_plan_would_run_on_a_guess(stand_in, tmp_path, monkeypatch):
+    """After the library's products, the instances the plan would run on a guessed cost are
+    measured, dearest first, until the plan runs on measurements alone; then the rest."""
+    from tgc.planner import profile
+
+    runs: list[list] = []
+    original = profile.Profiler.run
+
+    def recording(self, insts, tune=False):
+        runs.append(profile.unknown(insts, self.db))
+        return original(self, insts, tune)
+
+    monkeypatch.setattr(profile.Profiler, "run", recording)
+    db = tmp_path / "m.sqlite"
+    compiled = _compile((EXAMPLES / "gpt2_block.tg").read_text(), db)
+    assert compiled.report.unmeasured == 0
+    library, guessed, *rest = runs
+    assert library and all(route.is_library(i.kernel) for i in library)
+    assert guessed and not any(route.is_library(i.kernel) for i in guessed)
+    func = compiled.func  # the function as planned: on the device, in canonical form
+    tolerance = route.plan_tolerance(func)
+    assert route._guessed(func, tolerance, str(db)) == []  # the plan: measurements alone
+    assert rest  # then the rest
+
+
+def test_the_plans_guesses_are_listed_dearest_first(stand_in, tmp_path):
+    from tgc.pass_manager import PassManager
+    from tgc.planner.select import prepare
+
+    module = tgc.parse((EXAMPLES / "gpt2_block.tg").read_text())
+    PassManager.from_text("lower-for-planning").run(module)
+    func = module.funcs[0]
+    route.move_signature_to_device(func)
+    prepare(func)
+    db = str(tmp_path / "empty.sqlite")
+    guessed = route._guessed(func, 1e-5, db)
+    assert guessed
+    defaults = route.CachedCosts(route._costs(db))
+    seconds = [defaults.cost(i.kernel, i.operand_types, i.result_types).seconds for i in guessed]
+    assert seconds == sorted(seconds, reverse=True)
+    assert len({i.key() for i in guessed}) == len(guessed)
