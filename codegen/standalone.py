@@ -1,130 +1,228 @@
-"""One standalone .cu for a module: every kernel, an `extern "C"` host function per function that
-runs it on device pointers (scratch memory and stream included), and a `main()` under
+"""One standalone .cu: every kernel, an `extern "C"` host function per function that runs it on
+device pointers (scratch memory and stream included), and a `main()` under
 `#ifdef TGC_STANDALONE_MAIN` that runs each function on seeded random inputs and prints
-checksums. Only the CUDA runtime is needed: matmuls use the generated template (no cuBLAS).
+checksums.
+
+What a function runs comes as a `DeviceProgram` (planner/standalone.py makes it from the
+function as the planner plans it): buffers, and steps in order over them. A buffer is one of
+the caller's inputs or outputs, a constant (its bytes are in the file and copied into scratch
+memory on each call), an intermediate in one scratch arena, or a view at a byte offset into any
+of those. A step is a generated kernel (`Launch`), a cuBLAS GEMM (`CublasGemm`), a cuBLASLt GEMM
+with an epilogue (`CublasLt`) or a copy between buffers (`DeviceCopy`, `PitchedCopy`). Here the
+arena is laid out (an intermediate takes bytes when it is first touched and gives them back
+after its last read) and the C is written.
+
+The file needs the CUDA runtime, and cuBLAS (cuBLASLt) where a step calls it; its header says
+how to build and link it. Where the toolkit has no cuBLAS headers (nvcc alone), the file
+declares the entry points it calls with the C ABI that runtime/cublas.py and
+runtime/cublaslt.py call through ctypes, so it compiles wherever nvcc does.
 
 Every C symbol comes from one `NameAllocator` for the file (kernels, host functions, constants,
 the main() helpers), and IR text reaches the file only through `codegen/names.py` (comments and
 the name printf shows), so any function or kernel name gives a file that compiles.
 
-The module must be placed IR (the `cuda-standalone` pipeline's output, which `tgc-translate
---emit=cuda` runs first): this file reads it and runs no pass.
-
 `standalone_inputs(func, seed)` gives, in numpy, the exact inputs that main() generates, so a
-run through the PyCUDA executor can be compared with the standalone program's checksums.
+run on the GPU can be compared with the standalone program's checksums.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
-from tgc.builtin import FuncOp, ModuleOp
+from tgc.builtin import FuncOp
 from tgc.codegen.cuda_ops import STORAGE_CTYPE
-from tgc.codegen.kernels import module_names, prelude, render
 from tgc.codegen.names import NameAllocator, c_string_literal, comment_text
-from tgc.codegen.plan import (
-    Buffer,
-    DeviceCopy,
-    Gemm,
-    Launch,
-    Plan,
-    build_plan,
-    refuse_zero_size,
-    require_placed,
-)
-from tgc.diagnostics import TgcError
+from tgc.codegen.render import KernelSource, prelude, render
 from tgc.dialects.atomic import gather_index_bound
 from tgc.dialects.kernel import CopyOp
 from tgc.ir import Value
 from tgc.types import TensorType
 
-
-def emit_standalone_cuda(
-    module: ModuleOp, source_name: str = "<module>", arch: str | None = None
-) -> str:
-    """The .cu of a placed module (matmuls as generated kernels: no cuBLAS call may be left),
-    its kernels for a GPU of `arch` (build_plan's; None: any sm_80 or later). Where a kernel
-    needs its architecture's own features (sm_90a's wgmma), the header says how to build it."""
-    for func in module.funcs:
-        require_placed(func)
-        refuse_zero_size(func)
-    names = module_names()
-    # Host functions first: `tgc_run_<f>` is the file's interface, so a kernel moves aside.
-    entries = [
-        names.allocate(f.sym_name, "tgc_run_", ["{}_scratch_bytes", "tgc_main_{}"])
-        for f in module.funcs
-    ]
-    kernels: list[str] = []
-    features: set[str] = set()
-    funcs = []
-    for seed, (func, entry) in enumerate(zip(module.funcs, entries)):
-        # The caller owns each output's memory: a returned view is copied into it.
-        plan = build_plan(func, library_matmul=False, names=names, returned_views=False, arch=arch)
-        kernels += [k.source for k in plan.kernels]
-        features |= {k.arch_features for k in plan.kernels if k.arch_features}
-        funcs.append(_function_data(func, plan, seed * 1000, entry, names))
-    return render(
-        "standalone.cu.j2",
-        source_name=comment_text(source_name),
-        target=sorted(features)[0] if features else None,
-        prelude=prelude("standalone"),
-        kernels=kernels,
-        funcs=funcs,
-    )
+ALIGNMENT = 256  # bytes: where each buffer of the scratch memory starts (as cudaMalloc's)
+# The CUDA runtime's name of each element type cuBLAS takes (library_types.h).
+CUDA_DATA_TYPE = {
+    "f32": "CUDA_R_32F",
+    "f64": "CUDA_R_64F",
+    "f16": "CUDA_R_16F",
+    "bf16": "CUDA_R_16BF",
+}
 
 
-def _function_data(func: FuncOp, plan: Plan, seed: int, name: str, names: NameAllocator) -> dict:
-    const_base = plan.scratch_bytes
-    constants, offset = [], const_base
-    for i, b in enumerate(plan.constants):
-        raw = np.ascontiguousarray(b.data).tobytes()
+@dataclass(eq=False)
+class Buffer:
+    """Device memory: the caller's input or output `index`, a constant (`data`, its bytes), or
+    scratch memory (`offset` bytes into it, set by the layout; constants live there too). A view
+    is `view_offset` bytes into `base`, a buffer that is no view itself."""
+
+    kind: str  # "input" | "output" | "scratch" | "const" | "view"
+    type: TensorType
+    index: int = 0
+    data: bytes = b""
+    offset: int = 0
+    base: Buffer | None = None
+    view_offset: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.type.nbytes
+
+    @property
+    def root(self) -> Buffer:
+        """The buffer whose memory this one is: its base, or itself."""
+        return self.base if self.base is not None else self
+
+    def view(self, t: TensorType, byte_offset: int = 0) -> Buffer:
+        """This buffer's memory from `byte_offset` on, read as `t`."""
+        return Buffer("view", t, base=self.root, view_offset=self.view_offset + byte_offset)
+
+
+@dataclass
+class Launch:
+    """A generated kernel on its arguments: the inputs, then the outputs."""
+
+    kernel: KernelSource
+    args: list[Buffer]
+
+    def reads(self) -> list[Buffer]:
+        return self.args[: len(self.args) - self.kernel.num_outputs]
+
+    def writes(self) -> list[Buffer]:
+        return self.args[len(self.args) - self.kernel.num_outputs :]
+
+
+@dataclass
+class CublasGemm:
+    """c = op(a) @ op(b) by cuBLAS: `gemm` has the shape (runtime/cublas.py's `Gemm`: dtype,
+    m, n, k, batch, transposes, strides); `ldc` elements from one row of c to the next."""
+
+    gemm: object
+    a: Buffer
+    b: Buffer
+    c: Buffer
+    ldc: int
+
+    def reads(self) -> list[Buffer]:
+        return [self.a, self.b]
+
+    def writes(self) -> list[Buffer]:
+        return [self.c]
+
+
+@dataclass
+class CublasLt:
+    """out = epilogue(x @ w + bias [+ residual]) by cuBLASLt: `gemm` has the shape
+    (runtime/cublaslt.py's `LtGemm`: dtype, m, n, k), `epilogue` is cuBLASLt's enumerator of
+    its epilogue; `workspace` is scratch memory the library may use."""
+
+    gemm: object
+    epilogue: int
+    x: Buffer
+    w: Buffer
+    bias: Buffer
+    residual: Buffer | None
+    out: Buffer
+    workspace: Buffer
+
+    def reads(self) -> list[Buffer]:
+        return [self.x, self.w, self.bias, *([self.residual] if self.residual else [])]
+
+    def writes(self) -> list[Buffer]:
+        return [self.out, self.workspace]
+
+
+@dataclass
+class DeviceCopy:
+    src: Buffer
+    dst: Buffer
+
+    def reads(self) -> list[Buffer]:
+        return [self.src]
+
+    def writes(self) -> list[Buffer]:
+        return [self.dst]
+
+
+@dataclass
+class PitchedCopy:
+    """`rows` rows of `width` bytes, `src_pitch` bytes apart in src, packed in dst."""
+
+    src: Buffer
+    dst: Buffer
+    rows: int
+    width: int
+    src_pitch: int
+
+    def reads(self) -> list[Buffer]:
+        return [self.src]
+
+    def writes(self) -> list[Buffer]:
+        return [self.dst]
+
+
+Step = Launch | CublasGemm | CublasLt | DeviceCopy | PitchedCopy
+
+
+@dataclass
+class DeviceProgram:
+    """What one function runs: its signature (host types), buffers and steps (module doc)."""
+
+    func: FuncOp
+    inputs: list[TensorType]
+    outputs: list[TensorType]
+    buffers: list[Buffer] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+
+    def buffer(self, kind: str, t: TensorType, **fields) -> Buffer:
+        b = Buffer(kind, t.with_encoding(None), **fields)
+        self.buffers.append(b)
+        return b
+
+    @property
+    def kernels(self) -> list[KernelSource]:
+        return [s.kernel for s in self.steps if isinstance(s, Launch)]
+
+
+# -- the layout of scratch memory --------------------------------------------------------------
+
+
+def _align(n: int) -> int:
+    return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+
+
+def lay_out(program: DeviceProgram) -> int:
+    """Give every intermediate its offset in scratch memory, first fit: an intermediate may take
+    the bytes of those whose last read is over. Constants follow, each for the whole call.
+    Returns the bytes of scratch memory the function needs."""
+    first: dict[Buffer, int] = {}
+    last: dict[Buffer, int] = {}
+    for i, step in enumerate(program.steps):
+        for b in (x.root for x in [*step.reads(), *step.writes()]):
+            first.setdefault(b, i)
+            last[b] = i
+    live: list[tuple[int, int, int]] = []  # (offset, end, last step)
+    top = 0
+    scratch = [b for b in program.buffers if b.kind == "scratch" and b in first]
+    for b in sorted(scratch, key=lambda b: first[b]):
+        live = [x for x in live if x[2] >= first[b]]
+        size = _align(max(b.nbytes, 1))
+        offset = 0
+        for lo, hi, _ in sorted(live):
+            if offset + size <= lo:
+                break
+            offset = max(offset, hi)
         b.offset = offset
-        constants.append(
-            {
-                "symbol": names.derive(name, f"_const{i}"),
-                "nbytes": max(len(raw), 1),
-                "offset": offset,
-                "bytes": ", ".join(str(x) for x in raw) or "0",
-            }
-        )
-        offset += (len(raw) + 255) // 256 * 256
-    steps = [_step_code(s) for s in plan.steps]
-    signature = ", ".join(map(str, plan.inputs)) + " -> " + ", ".join(map(str, plan.outputs))
-    args = func.body.args
-    return {
-        "comment_name": comment_text(func.sym_name),
-        "printed_name": c_string_literal("@" + comment_text(func.sym_name)),
-        "name": name,
-        "main": f"tgc_main_{name}",
-        "signature": comment_text(signature, limit=4000),
-        "num_inputs": len(plan.inputs),
-        "num_outputs": len(plan.outputs),
-        "scratch_bytes": offset,
-        "constants": constants,
-        "steps": steps,
-        "seed": seed,
-        "uses_scratch": bool(constants) or any("(s + " in step for step in steps),
-        "inputs": [_input_data(t, index_bound(a)) for t, a in zip(plan.inputs, args)],
-        "outputs": [_output_data(t) for t in plan.outputs],
-    }
+        live.append((offset, offset + size, last[b]))
+        top = max(top, offset + size)
+    for b in program.buffers:
+        if b.kind == "const":
+            b.offset = top
+            top += _align(max(len(b.data), 1))
+    return top
 
 
-def index_bound(arg: Value) -> int | None:
-    """`gather_index_bound` of a function argument, placed or not: placement copies the argument
-    to the device and a kernel reads the copy as a block argument of its region."""
-    bounds = []
-    pending = [arg]
-    while pending:
-        v = pending.pop()
-        bound = gather_index_bound(v)
-        if bound is not None:
-            bounds.append(bound)
-        for op, position in v.uses:
-            if isinstance(op, CopyOp):
-                pending.append(op.results[0])
-            elif op.regions and len(op.regions[0].block.args) == len(op.operands):
-                pending.append(op.regions[0].block.args[position])
-    return min(bounds, default=None)
+# -- C ---------------------------------------------------------------------------------------------
 
 
 def _pointer(b: Buffer) -> str:
@@ -138,7 +236,11 @@ def _pointer(b: Buffer) -> str:
     return f"({ctype}*) (s + {b.offset})"
 
 
-def _step_code(step) -> str:
+def _checked(call: str) -> str:
+    return f"err = {call}; if (err != cudaSuccess) return err;"
+
+
+def _step_code(step: Step) -> str:
     if isinstance(step, Launch):
         k = step.kernel
         args = ", ".join(_pointer(b) for b in step.args)
@@ -146,23 +248,111 @@ def _step_code(step) -> str:
         block = ", ".join(map(str, k.block))
         launch = f"{k.name}<<<dim3({grid}), dim3({block}), {k.shared_bytes}, stream>>>({args});"
         if k.shared_bytes > 48 * 1024:
-            return (
-                f"err = cudaFuncSetAttribute({k.name}, cudaFuncAttributeMaxDynamicSharedMemorySize, "
-                f"{k.shared_bytes}); if (err != cudaSuccess) return err;\n  {launch}"
+            attribute = _checked(
+                f"cudaFuncSetAttribute({k.name}, cudaFuncAttributeMaxDynamicSharedMemorySize, "
+                f"{k.shared_bytes})"
             )
+            return f"{attribute}\n  {launch}"
         return launch
-    if isinstance(step, DeviceCopy):
-        return (
-            f"err = cudaMemcpyAsync({_pointer(step.dst)}, {_pointer(step.src)}, "
-            f"{step.dst.nbytes}, cudaMemcpyDeviceToDevice, stream); if (err != cudaSuccess) return err;"
+    if isinstance(step, CublasGemm):
+        g = step.gemm
+        return _checked(
+            f"tgc_gemm({CUDA_DATA_TYPE[g.dtype]}, {int(g.transpose_a)}, {int(g.transpose_b)}, "
+            f"{g.m}, {g.n}, {g.k}, {_pointer(step.a)}, {g.stride_a}, {_pointer(step.b)}, "
+            f"{g.stride_b}, {_pointer(step.c)}, {step.ldc}, {g.batch}, stream)"
         )
-    if isinstance(step, Gemm):
-        raise TgcError(
-            "the standalone file has no cuBLAS: matmuls must use the generated kernel (place "
-            "with 'cuda-standalone' or 'place-on-device{library-gemm=false}')",
-            step.loc,
+    if isinstance(step, CublasLt):
+        g = step.gemm
+        residual = _pointer(step.residual) if step.residual is not None else "NULL"
+        return _checked(
+            f"tgc_lt_matmul({CUDA_DATA_TYPE[g.dtype]}, {g.m}, {g.n}, {g.k}, {step.epilogue}, "
+            f"{_pointer(step.x)}, {_pointer(step.w)}, {_pointer(step.bias)}, {residual}, "
+            f"{_pointer(step.out)}, {_pointer(step.workspace)}, {step.workspace.nbytes}, stream)"
+        )
+    if isinstance(step, DeviceCopy):
+        return _checked(
+            f"cudaMemcpyAsync({_pointer(step.dst)}, {_pointer(step.src)}, {step.dst.nbytes}, "
+            "cudaMemcpyDeviceToDevice, stream)"
+        )
+    if isinstance(step, PitchedCopy):
+        return _checked(
+            f"cudaMemcpy2DAsync({_pointer(step.dst)}, {step.width}, {_pointer(step.src)}, "
+            f"{step.src_pitch}, {step.width}, {step.rows}, cudaMemcpyDeviceToDevice, stream)"
         )
     raise TypeError(step)
+
+
+def write_file(
+    programs: list[DeviceProgram], entries: list[str], names: NameAllocator, source_name: str
+) -> str:
+    """The .cu of `programs`, the host function of each named `entries[i]` (from `names`, the
+    file's allocator, as the kernels' symbols are)."""
+    kernels = [k for p in programs for k in p.kernels]
+    features = {k.arch_features for k in kernels if k.arch_features}
+    steps = [s for p in programs for s in p.steps]
+    return render(
+        "standalone.cu.j2",
+        source_name=comment_text(source_name),
+        target=sorted(features)[0] if features else None,
+        cublas=any(isinstance(s, CublasGemm) for s in steps),
+        cublaslt=any(isinstance(s, CublasLt) for s in steps),
+        prelude=prelude("standalone"),
+        kernels=[k.source for k in kernels],
+        funcs=[
+            _function_data(p, seed * 1000, entry, names)
+            for seed, (p, entry) in enumerate(zip(programs, entries))
+        ],
+    )
+
+
+def _function_data(program: DeviceProgram, seed: int, name: str, names: NameAllocator) -> dict:
+    scratch_bytes = lay_out(program)
+    constants = [
+        {
+            "symbol": names.derive(name, f"_const{i}"),
+            "nbytes": max(len(b.data), 1),
+            "offset": b.offset,
+            "bytes": ", ".join(str(x) for x in b.data) or "0",
+        }
+        for i, b in enumerate(b for b in program.buffers if b.kind == "const")
+    ]
+    steps = [_step_code(s) for s in program.steps]
+    func = program.func
+    signature = ", ".join(map(str, program.inputs)) + " -> " + ", ".join(map(str, program.outputs))
+    return {
+        "comment_name": comment_text(func.sym_name),
+        "printed_name": c_string_literal("@" + comment_text(func.sym_name)),
+        "name": name,
+        "main": f"tgc_main_{name}",
+        "signature": comment_text(signature, limit=4000),
+        "num_inputs": len(program.inputs),
+        "num_outputs": len(program.outputs),
+        "scratch_bytes": scratch_bytes,
+        "constants": constants,
+        "steps": steps,
+        "seed": seed,
+        "uses_scratch": bool(constants) or any("(s + " in step for step in steps),
+        "inputs": [_input_data(t, index_bound(a)) for t, a in zip(program.inputs, func.body.args)],
+        "outputs": [_output_data(t) for t in program.outputs],
+    }
+
+
+def index_bound(arg: Value) -> int | None:
+    """`gather_index_bound` of a function argument, planned or not: a kernel reads the argument
+    as a block argument of its region."""
+    bounds = []
+    pending = [arg]
+    while pending:
+        v = pending.pop()
+        bound = gather_index_bound(v)
+        if bound is not None:
+            bounds.append(bound)
+        for op, position in v.uses:
+            if isinstance(op, CopyOp):
+                pending.append(op.results[0])
+            elif op.regions and len(op.regions[0].block.args) == len(op.operands):
+                pending.append(op.regions[0].block.args[position])
+    return min(bounds, default=None)
 
 
 def _input_data(t: TensorType, bound: int | None) -> dict:
@@ -235,4 +425,16 @@ def checksums(results: list[np.ndarray]) -> list[tuple[float, float]]:
     return out
 
 
-__all__ = ["checksums", "emit_standalone_cuda", "standalone_inputs"]
+__all__ = [
+    "Buffer",
+    "CublasGemm",
+    "CublasLt",
+    "DeviceCopy",
+    "DeviceProgram",
+    "Launch",
+    "PitchedCopy",
+    "checksums",
+    "lay_out",
+    "standalone_inputs",
+    "write_file",
+]

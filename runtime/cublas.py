@@ -12,6 +12,7 @@ import ctypes.util
 import glob
 import os
 import sys
+from dataclasses import dataclass
 
 from tgc.diagnostics import TgcError
 
@@ -19,6 +20,22 @@ CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
 CUDA_TYPE = {"f32": 0, "f64": 1, "f16": 2, "bf16": 14}
 COMPUTE_32F, COMPUTE_64F = 68, 70
 GEMM_DEFAULT = -1
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One GEMM: row-major C = op(A) @ op(B), `batch` times, each operand `stride` elements
+    from one batch to the next (0: one operand shared by every batch)."""
+
+    dtype: str  # a key of CUDA_TYPE
+    m: int
+    n: int
+    k: int
+    batch: int
+    transpose_a: bool
+    transpose_b: bool
+    stride_a: int
+    stride_b: int
 
 
 def _candidates() -> list[str]:
@@ -80,8 +97,8 @@ class Cublas:
             )
             self._stream = stream_handle
 
-    def gemm(self, g, a_ptr: int, b_ptr: int, c_ptr: int, ldc: int | None = None) -> int:
-        """Run one `tgc.codegen.plan.Gemm` on device pointers; returns the cuBLAS status.
+    def gemm(self, g: Gemm, a_ptr: int, b_ptr: int, c_ptr: int, ldc: int | None = None) -> int:
+        """Run one `Gemm` on device pointers; returns the cuBLAS status.
         `ldc`: elements from one row of C to the next (n: C compact)."""
         ldc = g.n if ldc is None else ldc
         dtype = CUDA_TYPE[g.dtype]

@@ -32,6 +32,9 @@ from tgc.runtime.cublas import COMPUTE_32F, CUBLAS_OP_N, CUDA_TYPE, cublas
 DESC_TRANSA, DESC_TRANSB, DESC_EPILOGUE, DESC_BIAS_POINTER = 3, 4, 7, 8
 PREF_MAX_WORKSPACE_BYTES = 1
 EPILOGUES = {"none": 1, "bias": 4, "gelu_bias": 36}
+# The workspace cuBLASLt is given (what PyTorch gives cuBLAS on Hopper): its heuristic's choice
+# of algorithm depends on it, so the runtime and the standalone file give the same.
+WORKSPACE_BYTES = 32 << 20
 
 # cublasLtMatmulHeuristicResult_t: the algorithm (8 x uint64), workspaceSize (size_t), state
 # (cublasStatus_t), wavesCount (float), 4 reserved ints: 96 bytes.
@@ -176,4 +179,4 @@ class CublasLt:
         )  # fmt: skip
 
 
-__all__ = ["EPILOGUES", "CublasLt", "LtGemm"]
+__all__ = ["EPILOGUES", "WORKSPACE_BYTES", "CublasLt", "LtGemm"]

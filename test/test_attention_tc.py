@@ -23,7 +23,7 @@ import pytest
 from tgc.codegen.kernels import generate_kernel
 from tgc.codegen.render import prelude
 from tgc.diagnostics import TgcError
-from tgc.codegen.standalone import emit_standalone_cuda
+from tgc.planner.standalone import emit_standalone_cuda
 from tgc.dialects.kernel import FusedOp
 from tgc.parser import parse_module
 from tgc.pass_manager import PassManager
@@ -433,7 +433,7 @@ def test_over_48k_of_shared_memory_is_raised_in_the_standalone_launcher():
     k = attention_kernel(text, "cuda-standalone")
     assert k.shared_bytes > 48 * 1024
     module = parse_module(text)
-    PassManager.from_text("cuda-standalone").run(module)
+    PassManager.from_text("lower-for-planning").run(module)
     source = emit_standalone_cuda(module, "att")
     assert f"cudaFuncAttributeMaxDynamicSharedMemorySize, {k.shared_bytes})" in source
 
@@ -481,7 +481,7 @@ def test_standalone_file_compiles_and_traps_below_sm80(tmp_path):
     text = heads_text(2, 2, 70, 70, 64, 64, "bf16", True, True, "qkv")
     second = heads_text(1, 2, 33, 33, 128, 128, "bf16").replace("@att", "@att2")
     module = parse_module(text + "\n" + second)
-    PassManager.from_text("cuda-standalone").run(module)
+    PassManager.from_text("lower-for-planning").run(module)
     source = emit_standalone_cuda(module, "att")
     assert source.count("mma.sync.aligned.m16n8k16") == 2
     nvcc(tmp_path, source, "-arch=sm_90", "-DTGC_STANDALONE_MAIN")
@@ -495,7 +495,7 @@ def test_standalone_file_for_sm_90_compiles_with_its_wgmma_kernels(tmp_path):
     text = heads_text(2, 2, 70, 70, 64, 64, "bf16", True, True, "qkv")
     second = heads_text(1, 2, 33, 33, 128, 128, "f16").replace("@att", "@att2")
     module = parse_module(text + "\n" + second)
-    PassManager.from_text("cuda-standalone").run(module)
+    PassManager.from_text("lower-for-planning").run(module)
     source = emit_standalone_cuda(module, "att", arch="sm_90")
     assert source.count("fused attention on Hopper's tensor cores") == 2
     assert "-gencode=arch=compute_90a,code=sm_90a" in source.split("#include")[0]
@@ -962,12 +962,13 @@ def test_folded_kernel_compiles(tmp_path, dtype, d, causal):
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_standalone_file_with_folded_kernels_compiles(tmp_path):
-    """The standalone emitter takes the folded kernels as they are: a bf16 and an f32 merged
-    attention in one file with its main, no transpose kernel in it."""
-    first = merged_text(2, 2, 70, 64, "bf16", True, False, "consumer")
+    """The standalone file's plan folds the head merge into the attention kernel where the
+    merged heads are the result: a bf16 and an f32 merged attention in one file with its main,
+    no transpose kernel in it."""
+    first = merged_text(2, 2, 70, 64, "bf16", True, False, "merged")
     second = merged_text(1, 2, 33, 64, "f32", True, True, "heads_first").replace("@att", "@att2")
     module = parse_module(first + "\n" + second)
-    PassManager.from_text("cuda-standalone").run(module)
+    PassManager.from_text("lower-for-planning").run(module)
     source = emit_standalone_cuda(module, "att")
     assert source.count("Written as its consumer reads it") == 2
     assert "_transpose" not in source

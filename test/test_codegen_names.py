@@ -1,7 +1,8 @@
 """IR names in generated source (issue 10, items 1 and 4): whatever a function, kernel or
 argument is called, `tgc-translate --emit=cuda` writes a .cu that nvcc compiles, that holds no
-IR text raw, and whose symbols are distinct; DOT output stays well formed; a zero-size tensor is
-refused on the CUDA route with a located diagnostic."""
+IR text raw, and whose symbols are distinct (its kernels are named after their functions); DOT
+output stays well formed; a zero-size tensor is refused by the standalone emitter with a located
+diagnostic."""
 
 from __future__ import annotations
 
@@ -24,12 +25,10 @@ from tgc.codegen.names import (
     display_name,
     dot_string,
 )
-from tgc.codegen.plan import build_plan
-from tgc.codegen.standalone import emit_standalone_cuda as emit_placed
 from tgc.diagnostics import TgcError
-from tgc.dialects.kernel import FusedOp
 from tgc.parser import parse_module
 from tgc.pass_manager import PassManager
+from tgc.planner.standalone import emit_standalone_cuda as emit_planned
 from tgc.verifier import verify
 
 NVCC = shutil.which("nvcc") or shutil.which("nvcc", path="/usr/local/cuda/bin")
@@ -38,9 +37,9 @@ DOT = shutil.which("dot")
 
 
 def emit_standalone_cuda(module, source_name: str = "<module>") -> str:
-    """`tgc-translate --emit=cuda`: the `cuda-standalone` route, then the emitter."""
-    PassManager.from_text("cuda-standalone").run(module)
-    return emit_placed(module, source_name)
+    """`tgc-translate --emit=cuda`: `lower-for-planning`, then the emitter (which plans)."""
+    PassManager.from_text("lower-for-planning").run(module)
+    return emit_planned(module, source_name)
 
 
 HOSTILE = {
@@ -66,29 +65,26 @@ UNSAFE = [n for n in HOSTILE.values() if display_name(n) != n or len(n) > COMMEN
 
 FUNC = """func.func @{fname}(%x: tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<4xf32>) {{
   %c = atomic.constant {{value = dense<[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]> : tensor<8xf32>}} : () -> tensor<8xf32>
-  %y = kernel.fused %x, %c {{name = "{kname}", template = "elementwise"}} : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32> {{
-  ^bb0(%a: tensor<4x8xf32>, %b: tensor<8xf32>):
-    %e = atomic.exp %a : (tensor<4x8xf32>) -> tensor<4x8xf32>
-    %m = atomic.mul %e, %b : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
-    kernel.yield %m : tensor<4x8xf32>
-  }}
+  %e = atomic.exp %x : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %y = atomic.mul %e, %c : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
   %s = atomic.reduce_sum %y {{axes = [-1]}} : (tensor<4x8xf32>) -> tensor<4xf32>
   func.return %y, %s : tensor<4x8xf32>, tensor<4xf32>
 }}
 """
+# The kernel the plan makes of FUNC's body (one row reduction writing both results), named
+# after its function: `<function>_<ops>`.
+OPS = "_exp_mul_reduce_sum"
 
 
-def named_module(func_names: list[str], kernel_names: list[list[str]] | None = None):
-    """One function per name (an explicit kernel, a constant and a reduction placement wraps
-    into a kernel named after the function), names set after parsing so that any string works;
-    argument name hints are the function's name too."""
-    text = "\n".join(FUNC.format(fname=f"f{i}", kname=f"k{i}") for i in range(len(func_names)))
+def named_module(func_names: list[str]):
+    """One function per name (a constant, elementwise ops and a reduction the plan makes one
+    kernel of), names set after parsing so that any string works; argument name hints are the
+    function's name too."""
+    text = "\n".join(FUNC.format(fname=f"f{i}") for i in range(len(func_names)))
     module = parse_module(text)
-    for i, (func, name) in enumerate(zip(module.funcs, func_names)):
+    for func, name in zip(module.funcs, func_names):
         func.attributes["sym_name"] = name
         func.body.args[0].name_hint = name
-        kernel = next(o for o in func.walk() if isinstance(o, FusedOp))
-        kernel.attributes["name"] = kernel_names[i][0] if kernel_names else name
     verify(module)
     return module
 
@@ -229,11 +225,11 @@ def test_hostile_names_never_reach_the_cu_raw():
         r'printf\("%s result [01]: sum=%\.9e abs_sum=%\.9e\\n", "[^"\\]*(\\.[^"\\]*)*", sum, abs_sum\);'
     )
     assert all(fixed.fullmatch(p) for p in prints), prints
-    # Each function has its own host function and kernels; no symbol is defined twice.
+    # Each function has its own host function and kernel; no symbol is defined twice.
     funcs = function_symbols(src)
     assert sorted(funcs) == sorted(comment_text(n) for n in HOSTILE.values())
     symbols = list(funcs.values()) + kernel_symbols(src)
-    assert len(set(symbols)) == len(symbols) == 3 * len(HOSTILE)
+    assert len(set(symbols)) == len(symbols) == 2 * len(HOSTILE)
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
@@ -281,23 +277,35 @@ def test_hostile_names_give_well_formed_dot():
             assert name not in text
 
 
-def collisions() -> tuple[list[str], list[list[str]]]:
+def collisions() -> list[str]:
+    """Function names whose symbols (host functions, their derived names, kernels named after
+    them) sanitise alike or would take another's."""
     long_a, long_b = "n" * 120 + "a" * 10, "n" * 120 + "b" * 10
-    funcs = ["f.x", "f_x", long_a, long_b, "g", "g_scratch_bytes", "h"]
-    kernels = [["k.a"], ["k_a"], ["k a"], ["max"], ["run_g"], ["main_tgc_run_g"], ["k-a"]]
-    return funcs, kernels
+    return [
+        "f.x",
+        "f_x",
+        long_a,
+        long_b,
+        "g",
+        "g_scratch_bytes",  # g's derived tgc_run_g_scratch_bytes
+        "h",
+        "g" + OPS,  # host function tgc_run_g_exp_mul_reduce_sum ...
+        "run_g",  # ... which run_g's kernel would be
+        "x" + OPS,  # main() helper tgc_main_tgc_run_x_exp_mul_reduce_sum ...
+        "main_tgc_run_x",  # ... which this function's kernel would be
+    ]
 
 
 def test_colliding_names_get_distinct_symbols():
-    funcs, kernels = collisions()
-    src = emit_standalone_cuda(named_module(funcs, kernels))
+    funcs = collisions()
+    src = emit_standalone_cuda(named_module(funcs))
     symbols = function_symbols(src)
     assert len(set(symbols.values())) == len(funcs)
     assert symbols["f.x"] != symbols["f_x"]
     long_syms = [s for n, s in symbols.items() if n.startswith("nnn")]
     assert len(set(long_syms)) == 2 and all(len(s) <= MAX_IDENTIFIER + 2 for s in long_syms)
     ks = kernel_symbols(src)
-    assert len(set(ks)) == len(ks) == 2 * len(funcs)
+    assert len(set(ks)) == len(ks) == len(funcs)
     every = [*symbols.values(), *ks]
     every += [f"{s}_scratch_bytes" for s in symbols.values()] + [
         f"tgc_main_{s}" for s in symbols.values()
@@ -305,13 +313,14 @@ def test_colliding_names_get_distinct_symbols():
     assert len(set(every)) == len(every)
     # Host functions keep `tgc_run_<f>` (the file's interface); the kernels move aside.
     assert symbols["g"] == "tgc_run_g" and symbols["h"] == "tgc_run_h"
-    assert "tgc_max" not in ks and "tgc_run_g" not in ks and "tgc_main_tgc_run_g" not in ks
+    assert symbols["g" + OPS] == "tgc_run_g" + OPS
+    assert "tgc_run_g" + OPS not in ks and "tgc_main_tgc_run_x" + OPS not in ks
+    assert {"tgc_run_g" + OPS + "_1", "tgc_main_tgc_run_x" + OPS + "_1"} <= set(ks)
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_colliding_names_compile_with_nvcc(tmp_path):
-    funcs, kernels = collisions()
-    src = emit_standalone_cuda(named_module(funcs, kernels))
+    src = emit_standalone_cuda(named_module(collisions()))
     nvcc(tmp_path, src)
     nvcc(tmp_path, src, "-DTGC_STANDALONE_MAIN", link=True)
 
@@ -341,13 +350,3 @@ def test_zero_size_is_refused_at_the_op(text, line, col):
         emit_standalone_cuda(parse_module(text, "z.tg"))
     assert "zero-size tensors are not supported on the cuda backend" in str(e.value)
     assert (e.value.loc.line, e.value.loc.col) == (line, col)
-
-
-def test_zero_size_is_refused_on_the_executor_route_too():
-    """The PyCUDA runtime builds the same plan after placement: the same error, same place."""
-    module = parse_module(ZERO_ELEMENTWISE, "z.tg")
-    PassManager.from_text("cuda").run(module)
-    func = module.funcs[0]
-    with pytest.raises(TgcError, match="zero-size tensors") as e:
-        build_plan(func)
-    assert (e.value.loc.line, e.value.loc.col) == (3, 8)

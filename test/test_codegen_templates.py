@@ -1,7 +1,8 @@
 """The template dispatch of codegen/kernels.py: every template a `kernel.fused` may name has a
 generator, a "generic" region picks one by its ops, and each generator's refusal of a region it
 cannot generate is one located error (the kernel's location unless an inner op is to blame).
-Regions are written by hand here, as a user may write placed IR for `tgc-translate -p ""`."""
+Regions are written by hand here: the planner offers only regions whose code generates, so these
+refusals are what a hand-written region (or a new fusion rule) meets."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from tgc.codegen.kernels import GENERATORS, generate_epilogue_kernel, generate_k
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import TEMPLATES, FusedOp
 from tgc.parser import parse_module
-from tgc.tools import translate
 from tgc.verifier import verify
 
 
@@ -198,30 +198,3 @@ def test_an_epilogue_without_a_matmul_is_one_located_error():
         generate_epilogue_kernel(region.fused())
     assert info.value.message == message
     assert str(info.value.loc) == f"case.tg:{where}"
-
-
-PLACED = """func.func @f(%x: tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<4xf32>) {
-  %0 = kernel.copy %x : (tensor<4x8xf32>) -> tensor<4x8xf32, "cuda">
-  %e, %s = kernel.fused %0 {name = "k", template = "elementwise"} : (tensor<4x8xf32, "cuda">) -> (tensor<4x8xf32, "cuda">, tensor<4xf32, "cuda">) {
-  ^bb0(%1: tensor<4x8xf32, "cuda">):
-    %2 = atomic.exp %1 : (tensor<4x8xf32, "cuda">) -> tensor<4x8xf32, "cuda">
-    %3 = atomic.reduce_sum %1 {axes = [1]} : (tensor<4x8xf32, "cuda">) -> tensor<4xf32, "cuda">
-    kernel.yield %2, %3 : tensor<4x8xf32, "cuda">, tensor<4xf32, "cuda">
-  }
-  %a = kernel.copy %e : (tensor<4x8xf32, "cuda">) -> tensor<4x8xf32>
-  %b = kernel.copy %s : (tensor<4xf32, "cuda">) -> tensor<4xf32>
-  func.return %a, %b : tensor<4x8xf32>, tensor<4xf32>
-}
-"""
-
-
-def test_the_refusal_reaches_the_user_as_one_diagnostic(tmp_path, capsys):
-    """Hand-written placed IR through `tgc-translate --emit=cuda -p ""`: exit 1, no file."""
-    path = tmp_path / "case.tg"
-    path.write_text(PLACED)
-    assert translate.main(["--emit=cuda", "-p", "", str(path)]) == 1
-    out, err = capsys.readouterr()
-    message = "elementwise kernel 'k' yields values of several shapes"
-    assert err.startswith(f"{path}:3:12: error: {message}\n")
-    assert err.count("error:") == 1 and "Traceback" not in err
-    assert "__global__" not in out

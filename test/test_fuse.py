@@ -314,14 +314,14 @@ def test_fuse_work_is_linear_on_gpt2_blocks():
 
 
 def test_cuda_route_work_is_linear_on_gpt2_blocks():
-    """The whole `tgc-translate --emit=cuda` route (optimise, fuse, place, generate) on 2, 4 and
-    8 GPT-2 blocks: the calls that the blocks from 4 to 8 add are at most 2.5x those that the
+    """The whole `tgc-translate --emit=cuda` route (lower for planning, plan, generate) on 2, 4
+    and 8 GPT-2 blocks: the calls that the blocks from 4 to 8 add are at most 2.5x those that the
     blocks from 2 to 4 add (2x when linear, 4x when quadratic; the differences cancel the fixed
     cost of loading templates and the like, after a warm-up)."""
-    from tgc.codegen.standalone import emit_standalone_cuda
+    from tgc.planner.standalone import emit_standalone_cuda
 
     def route(module: ModuleOp) -> None:
-        PassManager.from_text("cuda-standalone").run(module)
+        PassManager.from_text("lower-for-planning").run(module)
         assert "__global__" in emit_standalone_cuda(module)
 
     route(parse_module(_gpt2(1)))

@@ -7,7 +7,6 @@ running them is test/test_cuda_params.py's business (GPU).
 from __future__ import annotations
 
 import gc
-import subprocess
 import weakref
 
 import numpy as np
@@ -27,13 +26,12 @@ from tgc.codegen.plan import (
     step_writes,
 )
 from tgc.codegen.render import KernelSource
-from tgc.codegen.standalone import emit_standalone_cuda
 from tgc.parser import parse_module
 from tgc.pass_manager import PassManager
 from tgc.runtime.param_set import ParamSet
 from tgc.types import TensorType
 
-from test_codegen import EXAMPLES, NVCC, ROOT
+from test_codegen import EXAMPLES, ROOT
 
 
 def qkv(dtype: str, params: bool, m: int = 8192, k: int = 1024) -> str:
@@ -238,30 +236,6 @@ def test_examples_prologue_is_exact(name, params):
     assert plan.params == ([] if params == "none" else list(range(1, len(plan.inputs))))
     assert_exact_prologue(plan)
     assert plan.per_call  # the first argument is read by some step every call
-
-
-def test_standalone_file_runs_every_step(tmp_path):
-    """The standalone .cu keeps running the whole plan on each call (a caller passes every
-    input each time): the prologue changes nothing it emits, and it compiles."""
-    module = parse_module(merged_qkv("bf16", params=True, m=64, k=32))
-    PassManager.from_text("cuda-standalone").run(module)
-    plan = build_plan(module.funcs[0], library_matmul=False)
-    assert len(plan.prologue) == 1
-    source = emit_standalone_cuda(module)
-    for step in plan.steps:
-        if isinstance(step, Launch):
-            assert f"{step.kernel.name}<<<" in source
-    if NVCC is None:
-        pytest.skip("nvcc not found")
-    path = tmp_path / "qkv.cu"
-    path.write_text(source)
-    proc = subprocess.run(
-        [NVCC, "-arch=sm_90", "-c", str(path), "-o", str(tmp_path / "qkv.o")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
 
 
 def test_param_set_knows_parameters_by_identity():

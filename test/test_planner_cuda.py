@@ -57,7 +57,7 @@ ONE_OP_CASES = [
     ('hl.gelu %x {approximate = "tanh"} : (tensor<4x8xf32>) -> tensor<4x8xf32>', "elementwise"),
     ("atomic.transpose %x {perm = [1, 0]} : (tensor<4x8xf32>) -> tensor<8x4xf32>", "elementwise"),
     ("atomic.reduce_sum %x {axes = [1]} : (tensor<4x8xf32>) -> tensor<4xf32>", "row_reduction"),
-    ("atomic.reduce_max %x {axes = [0]} : (tensor<4x8xf32>) -> tensor<8xf32>", None),
+    ("atomic.reduce_max %x {axes = [0]} : (tensor<4x8xf32>) -> tensor<8xf32>", "row_reduction"),
     (
         "atomic.matmul %x, %x {transpose_b = true} : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x4xf32>",
         "matmul",

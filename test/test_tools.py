@@ -261,19 +261,21 @@ def test_the_gpu_route_without_pycuda_says_why_in_one_line():
     assert lines[0].startswith("error: planner backend 'cuda' does not load here")
 
 
-def test_cuda_needs_placed_ir_after_the_users_pipeline():
-    """-p replaces the standalone route: a pipeline that stops before placement is a located
-    error at the first op that is not placed (before any GPU or PyCUDA is needed)."""
+def test_cuda_plans_what_the_users_pipeline_leaves_and_refuses_kernels_it_made():
+    """-p says what --emit=cuda plans; a pipeline that makes kernels itself is a located error
+    at the first kernel op (before any GPU or PyCUDA is needed), and nothing is written."""
     tool_name = "translate"
     proc = tool(tool_name, str(EXAMPLES / "mlp.tg"), "--emit=cuda", "-p", "optimize")
+    assert proc.returncode == 0 and 'extern "C" cudaError_t tgc_run_mlp(' in proc.stdout
+    proc = tool(tool_name, str(EXAMPLES / "mlp.tg"), "--emit=cuda", "-p", "optimize,fuse")
     assert proc.returncode == 1 and proc.stdout == "" and "Traceback" not in proc.stderr
     first = proc.stderr.splitlines()[0]
-    assert first.startswith(f"{EXAMPLES / 'mlp.tg'}:3:8: error: 'atomic.matmul' is not placed")
-    assert "run the 'cuda' pipeline" in first
+    assert first.startswith(f"{EXAMPLES / 'mlp.tg'}:5:8: error: 'kernel.fused' is a kernel already")
 
 
 def test_no_environment_variable_changes_the_cuda_file():
-    """The attention kernel is a pipeline option; the variable that once switched it is ignored."""
+    """Whether attention runs as its kernel is the plan's choice (-p optimize lowers it first);
+    the variable that once switched it is ignored."""
     import os
 
     example = str(EXAMPLES / "attention.tg")
@@ -288,5 +290,5 @@ def test_no_environment_variable_changes_the_cuda_file():
     )
     assert plain.returncode == with_env.returncode == 0
     assert with_env.stdout == plain.stdout and "fused attention" in plain.stdout
-    off = tool("translate", example, "--emit=cuda", "-p", "cuda-standalone{attention-kernel=false}")
+    off = tool("translate", example, "--emit=cuda", "-p", "optimize")
     assert off.returncode == 0 and "fused attention" not in off.stdout

@@ -329,7 +329,6 @@ def _padded_gemm(inputs: list, attrs: dict, result_types: list[TensorType]) -> l
 
 # -- cuBLASLt: linear layers with their epilogues ---------------------------------------------
 
-LT_WORKSPACE_BYTES = 32 << 20  # what PyTorch gives cuBLAS on Hopper
 _lt_state: dict = {}
 
 
@@ -337,10 +336,10 @@ def _cublaslt():
     """The cuBLASLt library with its workspace (made once, kept for the process)."""
     lt = _lt_state.get("lt")
     if lt is None:
-        from tgc.runtime.cublaslt import CublasLt
+        from tgc.runtime.cublaslt import WORKSPACE_BYTES, CublasLt
 
-        workspace = DeviceArray.empty((LT_WORKSPACE_BYTES,), np.uint8)
-        lt = CublasLt(workspace.ptr, LT_WORKSPACE_BYTES)
+        workspace = DeviceArray.empty((WORKSPACE_BYTES,), np.uint8)
+        lt = CublasLt(workspace.ptr, WORKSPACE_BYTES)
         _lt_state.update(lt=lt, workspace=workspace)
     return lt
 

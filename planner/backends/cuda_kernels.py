@@ -55,6 +55,8 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -66,14 +68,13 @@ from tgc.codegen.cuda_ops import REDUCE_CODE, has_code
 from tgc.codegen.emitter import VIEW_INDEX_MAPS
 from tgc.codegen.kernels import generate_kernel, module_names
 from tgc.codegen.names import c_identifier
-from tgc.codegen.plan import Gemm
 from tgc.cuda_target import GEMM_TYPES, attention_supported, cublas_can_run
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import CallOp, FusedOp, YieldOp
 from tgc.ir import Block, Operation, Region, Value
 from tgc.opdef import VIEW
 from tgc.passes import fuse
-from tgc.passes.fuse import is_free, reads_whole, reduced_suffix
+from tgc.passes.fuse import is_free, reads_whole
 from tgc.planner import options as planner_options
 from tgc.planner.backends import (
     BACKENDS,
@@ -89,6 +90,7 @@ from tgc.planner.backends import (
 from tgc.planner.kernel import KERNELS, Kernel, Lowered, canonical_references, register_kernel
 from tgc.planner.match import Match
 from tgc.printer import print_op
+from tgc.runtime.cublas import Gemm
 from tgc.runtime.cublaslt import LtGemm
 from tgc.types import TensorType
 
@@ -118,7 +120,8 @@ ELEMENTWISE_EXTRA = ("atomic.iota", "atomic.concat", "atomic.gather")
 
 
 def _has_elements(op: Operation) -> bool:
-    """The CUDA backend does not run tensors without elements (codegen.plan refuses them)."""
+    """The CUDA backend does not run tensors without elements (a kernel over an empty row would
+    declare zero-sized arrays)."""
     values = [*op.operands, *op.results]
     return all(v.type.num_elements > 0 for v in values)
 
@@ -131,8 +134,8 @@ def single_op_kind(op: Operation) -> str | None:
         return "matmul"
     if op.name == "hl.attention":
         return "attention" if attention_supported(op) else None
-    if op.name in REDUCE_CODE:
-        return "row_reduction" if reduced_suffix(op) is not None else None
+    if op.name in REDUCE_CODE:  # reduced axes anywhere: the template reads rows through strides
+        return "row_reduction"
     if has_code(op) or op.name in VIEW_INDEX_MAPS or op.name in ELEMENTWISE_EXTRA:
         return "elementwise"
     return None
@@ -535,26 +538,10 @@ def gemm_of(operand_types: list[TensorType], result_type: TensorType, attrs: dic
     ta, tb = bool(attrs.get("transpose_a")), bool(attrs.get("transpose_b"))
     m, n = result_type.shape[-2], result_type.shape[-1]
     k = a.shape[-2] if ta else a.shape[-1]
-    batch = 1
-    for d in result_type.shape[:-2]:
-        batch *= d
+    batch = math.prod(result_type.shape[:-2])
     stride_a = m * k if any(d != 1 for d in a.shape[:-2]) else 0
     stride_b = k * n if any(d != 1 for d in b.shape[:-2]) else 0
-    return Gemm(
-        "atomic.matmul",
-        result_type.element_type,
-        m,
-        n,
-        k,
-        batch,
-        ta,
-        tb,
-        stride_a,
-        stride_b,
-        None,
-        None,
-        None,
-    )
+    return Gemm(result_type.element_type, m, n, k, batch, ta, tb, stride_a, stride_b)
 
 
 def cublas_kernel(run=None) -> Kernel:
@@ -870,6 +857,13 @@ def register(
     `lt_run(kernel name)`), the view kernels, the
     fused-kernel hook; region kernels are made for a GPU of `arch` (TARGET).
     Idempotent."""
+    _register_kernels(cublas_run, lt_run, arch, padded_run)
+    register_backend(backend)
+    register_space(space)
+
+
+def _register_kernels(cublas_run=None, lt_run=None, arch=None, padded_run=None) -> None:
+    """What planning needs of `register`: everything but the backend and the space."""
     TARGET["arch"] = arch
     for template in TEMPLATE_OF_KIND.values():
         register_template(template)
@@ -883,10 +877,28 @@ def register(
     for kernel in lt_kernels(lt_run):
         if kernel.name not in KERNELS:
             register_kernel(kernel)
-    register_backend(backend)
-    register_space(space)
     if cuda_options not in planner_options.FUSED_OPTIONS:
         planner_options.FUSED_OPTIONS.append(cuda_options)
+
+
+@contextmanager
+def planning_kernels(arch: str | None) -> Iterator[None]:
+    """The kernels of the CUDA backend registered for planning, their regions made for a GPU
+    of `arch`, inside the block: the standalone file plans without a device. A registration
+    already there (the device's, a test's stand-in) serves as it is, its target `arch` for the
+    block; otherwise the kernels are registered with nothing to run them and removed after, so
+    that a later `load_backends` registers the device's own."""
+    registered, previous = CUBLAS_GEMM in KERNELS, TARGET["arch"]
+    if not registered:
+        _register_kernels(arch=arch)
+    TARGET["arch"] = arch
+    try:
+        yield
+    finally:
+        if registered:
+            TARGET["arch"] = previous
+        else:
+            unregister()
 
 
 def unregister() -> None:
@@ -920,6 +932,7 @@ __all__ = [
     "gemm_of",
     "host_array",
     "lt_gemm",
+    "planning_kernels",
     "region_kernel",
     "region_of",
     "register",
