@@ -251,12 +251,19 @@ class GatherOp(Operation):
 def gather_index_bound(indices: Value) -> int | None:
     """The smallest size of a table axis that `indices` indexes as the indices of an
     `atomic.gather` (values in [0, bound) are in range for every such gather), or None when no
-    gather reads it. Random inputs and the standalone file's main() draw indices below it."""
-    sizes = [
-        op.axis_size(op.operands[0].type)
-        for op, position in indices.uses
-        if isinstance(op, GatherOp) and position == 1
-    ]
+    gather reads it. Random inputs and the standalone file's main() draw indices below it.
+    The indices may reach the gather through views, which keep their values (a model's
+    token-type ids broadcast to the batch, say)."""
+    sizes = []
+    todo, seen = [indices], set()
+    while todo:
+        value = todo.pop()
+        for op, position in value.uses:
+            if isinstance(op, GatherOp) and position == 1:
+                sizes.append(op.axis_size(op.operands[0].type))
+            elif position == 0 and op.has_trait(VIEW):
+                todo.extend(r for r in op.results if r not in seen)
+                seen.update(op.results)
     return min(sizes, default=None)
 
 
