@@ -165,6 +165,13 @@ class Emitter:
             return (yield from self._concat(op, v, coords))
         if name == "atomic.gather":
             return (yield from self._gather(op, v, coords))
+        power = _small_power(op)
+        if power is not None:  # x**2, x**3: products, not powf (GPT-2's GELU cubes x)
+            base = yield (
+                op.operands[0],
+                broadcast_coords(op.operands[0].type.shape, shape, coords),
+            )
+            return self.define(v, "(" + " * ".join([base] * power) + ")")
         if has_code(op):
             operands = []
             for x in op.operands:
@@ -208,6 +215,24 @@ class Emitter:
         index = yield (indices, coords[axis : axis + k])
         inner = coords[:axis] + (f"((idx_t) {index})",) + coords[axis + k :]
         return (yield (table, inner))
+
+
+SMALL_POWERS = (2, 3)  # exponents computed as products: one or two roundings, within powf's
+
+
+def _small_power(op: Operation) -> int | None:
+    """The exponent of a float `atomic.pow` whose exponent is a splat constant 2 or 3, else
+    None. CUDA's powf is a general routine (logarithm, exponential, special cases) several times
+    the cost of the multiplications, and no more exact than they are."""
+    if op.name != "atomic.pow" or not op.results[0].type.is_float:
+        return None
+    exponent = op.operands[1].defining_op
+    if exponent is None or exponent.name != "atomic.constant":
+        return None
+    splat = exponent.attr("value").splat_value()
+    if splat is None or float(splat) not in SMALL_POWERS:
+        return None
+    return int(splat)
 
 
 # -- the index map of each view op ------------------------------------------------------------------

@@ -6,6 +6,7 @@ refusals are what a hand-written region (or a new fusion rule) meets."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import pytest
@@ -198,3 +199,30 @@ def test_an_epilogue_without_a_matmul_is_one_located_error():
         generate_epilogue_kernel(region.fused())
     assert info.value.message == message
     assert str(info.value.loc) == f"case.tg:{where}"
+
+
+@pytest.mark.parametrize(
+    "exponent, product",
+    [("2.0", "(x * x)"), ("3.0", "(x * x * x)"), ("2.5", None), ("-3.0", None)],
+)
+@pytest.mark.parametrize("template", ["elementwise", "row_reduction"])
+def test_small_integer_powers_are_products_not_powf(exponent, product, template):
+    """x**3 (GPT-2's GELU) as x*x*x: powf costs several times the multiplications and is no
+    more exact. Other exponents keep powf."""
+    body = [
+        f"%c = atomic.constant {{value = dense<{exponent}> : tensor<4x8xf32>}} : () -> tensor<4x8xf32>",
+        "%p = atomic.pow %b_x, %c : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>",
+    ]
+    if template == "row_reduction":
+        body.append("%s = atomic.reduce_sum %p {axes = [1]} : (tensor<4x8xf32>) -> tensor<4xf32>")
+        region = Region(template, X, "tensor<4xf32>", tuple(body), "%s")
+    else:
+        region = Region(template, X, "tensor<4x8xf32>", tuple(body), "%p")
+    source = generate_kernel(region.fused()).source
+    if product is None:
+        assert "powf(" in source
+    else:
+        assert "powf(" not in source
+        factors = product.count("x")  # the base, whatever the generator names it, n times
+        pattern = r"\(([^()]+?)" + r" \* \1" * (factors - 1) + r"\)"
+        assert re.search(pattern, source), source

@@ -89,3 +89,22 @@ def test_the_padded_gemm_computes_the_matmul(dtype, rows, n):
     tolerance = 3e-2 if dtype == "bf16" else 1e-4
     error = np.max(np.abs(np.asarray(got, np.float64) - want)) / np.max(np.abs(want))
     assert error <= tolerance
+
+
+@pytest.mark.parametrize("exponent", ["2.0", "3.0", "2.5"])
+def test_generated_powers_match_float64(exponent, tmp_path):
+    """x**2 and x**3 are generated as products (codegen/emitter.py `_small_power`)."""
+    t = "tensor<64x1000xf32>"
+    text = (
+        f"func.func @f(%x: {t}) -> {t} {{\n"
+        f"  %c = atomic.constant {{value = dense<{exponent}> : {t}}} : () -> {t}\n"
+        f"  %a = atomic.abs %x : ({t}) -> {t}\n"
+        f"  %p = atomic.pow %a, %c : ({t}, {t}) -> {t}\n"
+        f"  func.return %p : {t}\n"
+        "}\n"
+    )
+    compiled = _compile(text, tmp_path / "m.sqlite")
+    x = random_inputs(compiled.func, 3)
+    (got,) = compiled.run_host(x)
+    want = np.abs(x[0].astype(np.float64)) ** float(exponent)
+    np.testing.assert_allclose(got, want, rtol=4e-6, atol=0)
