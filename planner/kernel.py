@@ -41,6 +41,7 @@ beside the op's attributes (so a parameter is not named like an attribute of its
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -358,6 +359,19 @@ def rel_error(got: np.ndarray, want: np.ndarray) -> float:
     want = np.asarray(want, dtype=np.float64)
     if got.shape != want.shape:
         return float("inf")
+    # Where both are finite everywhere (the usual case) two passes give the answer: equal
+    # values are those whose difference is 0, and max|want| is over all of it. A NaN or an
+    # infinity anywhere (or a difference that overflows) makes the largest difference
+    # non-finite (max propagates NaN), and the general rule below decides. At GPT-2's LM head
+    # (103M results) the general rule alone took 10 s per comparison on the host.
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(got - want)
+    largest = float(diff.max(initial=0.0))
+    if math.isfinite(largest):
+        if largest == 0.0:
+            return 0.0
+        scale = float(np.abs(want).max())
+        return largest / scale if scale > 0 else float("inf")
     same = (got == want) | (np.isnan(got) & np.isnan(want))
     if same.all():
         return 0.0

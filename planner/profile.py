@@ -13,7 +13,13 @@ floats, weights scaled by fan-in, indices in range; never all zeros), the kernel
 checked first against its reference evaluated in float64: allowed is the kernel's stated
 `max_rel_error` plus the larger of 4x the error of the op-by-op evaluation in the program's own
 types and 8 ulp of the result type. A wrong result (or an exception) is recorded as a failure
-with its error and never timed. Then warm-up, and the median of repeated timings of the call on
+with its error and never timed. Where planner/torch_check.py can evaluate the reference with
+PyTorch on the device of the kernel's space (`checker`: the torch backend of that space loaded,
+every op of the reference one torch evaluates), the inputs are drawn there, the reference runs
+there in float64 and the errors are computed there, so only scalars reach the host; elsewhere
+numpy's interpreter on the host (`HostCheck`). The op-by-op evaluation in the program's types is
+run only where the error exceeds the allowance without it (it can only widen it: the same
+verdicts). Then warm-up, and the median of repeated timings of the call on
 the backend's own values, as many as fit in `min_time` (at least MIN_RUNS): in a space that
 times queued work (the GPU: `Space.time_queued`), the longer of the device's time and the host's
 per call, as the call costs a plan whose host runs ahead; elsewhere `perf_counter` with the
@@ -265,10 +271,60 @@ def _allowed_error(kernel: Kernel, native: float, types) -> float:
     return kernel.max_rel_error + max(NATIVE_FACTOR * native, floor)
 
 
-def _max_error(got: list, want: list) -> float:
+def _max_error(got: list, want: list, error: Callable = rel_error) -> float:
+    """The largest `rel_error` over the results (`error`: the same on a device's tensors)."""
     if len(got) != len(want):
         return math.inf
-    return max((rel_error(g, w) for g, w in zip(got, want)), default=0.0)
+    return max((error(g, w) for g, w in zip(got, want)), default=0.0)
+
+
+class HostCheck:
+    """An instance checked on the host with numpy: inputs from `random_inputs`, the reference
+    run by the interpreter, the kernel's operands made with its space's `from_host` and its
+    results brought back with `to_host`. The interface `measure` checks through (as
+    planner/torch_check.py's `TorchCheck`): `operands(types, backend)`, `results(outs,
+    backend)`, `reference(precision)` and `error(got, want)`."""
+
+    def __init__(self, ref: FuncOp, space: str | None, seed: int) -> None:
+        from tgc.runtime.interpreter import random_inputs
+
+        self.ref, self.space = ref, SPACES[space]
+        self.inputs = random_inputs(ref, seed)
+
+    def operands(self, types: tuple[TensorType, ...], backend) -> list:
+        return [
+            backend.adopt(self.space.from_host(np.asarray(x), t))
+            for x, t in zip(self.inputs, types)
+        ]
+
+    def results(self, outs: list, backend) -> list[np.ndarray]:
+        return [np.asarray(self.space.to_host(backend.release(v))) for v in outs]
+
+    def reference(self, precision: str) -> list[np.ndarray]:
+        from tgc.runtime.interpreter import run_function
+
+        return run_function(self.ref, self.inputs, precision)
+
+    error = staticmethod(rel_error)
+
+
+# Kernel backends whose presence means PyTorch is loaded (and torch_check may be imported).
+TORCH_BACKENDS = ("torch-cpu", "torch-cuda")
+
+
+def checker(inst: Instance, ref: FuncOp, seed: int):
+    """How `measure` checks `inst` (its reference function `ref`) on inputs drawn from `seed`:
+    with PyTorch on the device of the kernel's space where planner/torch_check.py can evaluate
+    the reference there (the torch backend of that space registered, every op one it
+    evaluates), so nothing of the instance's size crosses to the host; else on the host with
+    numpy."""
+    space = inst.kernel.space
+    if any(name in BACKENDS for name in TORCH_BACKENDS):
+        from tgc.planner import torch_check
+
+        if torch_check.unsupported(ref, space) is None:
+            return torch_check.TorchCheck(ref, space, seed)
+    return HostCheck(ref, space, seed)
 
 
 # space -> how to wait for the work queued there (the host needs nothing)
@@ -359,27 +415,28 @@ def measure(inst: Instance, min_time: float = MIN_TIME, origin: str = "profile")
         ref = reference_function(inst)
     except TypeError as e:
         return _failure(inst, f"no float64 reference to check it against: {e}", None, origin)
-    from tgc.runtime.interpreter import random_inputs, run_function
-
     invoke = _invocation(inst, ref)
     if isinstance(invoke, str):
         return _failure(inst, invoke, None, origin)
     backend, space = BACKENDS[kernel.backend], SPACES[kernel.space]
-    inputs = random_inputs(ref, secrets.randbits(32))
+    check = checker(inst, ref, secrets.randbits(32))
+    host_outs = [t.with_encoding(None) for t in inst.result_types]
     with np.errstate(all="ignore"):
-        want = run_function(ref, inputs, "f64")
-        native = run_function(ref, inputs, "native")
+        want = check.reference("f64")
         try:
-            values = [
-                backend.adopt(space.from_host(np.asarray(x), t))
-                for x, t in zip(inputs, inst.operand_types)
-            ]
-            got = [np.asarray(space.to_host(backend.release(v))) for v in invoke(values)]
+            values = check.operands(inst.operand_types, backend)
+            got = check.results(invoke(values), backend)
         except Exception as e:  # noqa: BLE001  (a kernel that raises is a failed kernel)
             return _failure(inst, f"raised {type(e).__name__}: {e}", None, origin)
-    host_outs = [t.with_encoding(None) for t in inst.result_types]
-    error = _max_error(got, want)
-    allowed = _allowed_error(kernel, _max_error(native, want), host_outs)
+        error = _max_error(got, want, check.error)
+        # The op-by-op evaluation in the program's types only widens the allowance: it is run
+        # only where the error exceeds the allowance without it (the same verdict, one
+        # evaluation of the reference fewer for every kernel that passes on that alone).
+        allowed = _allowed_error(kernel, 0.0, host_outs)
+        if not error <= allowed:
+            native = _max_error(check.reference("native"), want, check.error)
+            allowed = _allowed_error(kernel, native, host_outs)
+    del want, got  # the check's arrays, possibly of GPU size, are not kept while timing
     if not error <= allowed:
         message = f"wrong result: error {error:.3g} against float64 exceeds {allowed:.3g}"
         return _failure(inst, message, error, origin)
