@@ -5,9 +5,10 @@ On a GPU machine (PyTorch, PyCUDA and nvcc there), from the repository root:
     python3 bench/attention_tc.py [--only bf16,causal,...] [--commit HASH] [--out bench/results]
 
 Shapes B8 H16 S2048 D64 and B4 H32 S4096 D128, causal and not, bf16 and f16: q, k, v drawn once
-on the GPU (N(0, 1)), (B, H, S, D) contiguous; tgc runs `hl.attention` through the `cuda` route
-and the PyCUDA executor (its output poisoned with NaN first and checked against SDPA's: relative
-Frobenius error), then both are timed by `gpu_suite.time_ms` (CUDA events around each of 30
+on the GPU (N(0, 1)), (B, H, S, D) contiguous; tgc runs `hl.attention` as its generated kernel
+(planned on tgc's generated kernels alone, `gpu_suite.generated_plan`, for the device) through
+the planner's executor (its output checked against SDPA's: relative Frobenius error), then both
+are timed by `gpu_suite.time_ms` (CUDA events around each of 30
 repetitions after 3 warm-ups, a sleep kernel queued first; the median). TFLOP/s counts
 4 B H Sq Sk D flops, half of them for causal. Writes
 bench/results/attention_tc-<device>-<date>.md.
@@ -72,17 +73,17 @@ def cases(only: set[str]) -> list[Case]:
 
 
 def kernels_of(case: Case, params: dict | None = None, arch: str | None = None):
-    """The plan's kernels for `case` (placed by the `cuda` route) for a GPU of `arch`, without
-    a GPU."""
-    import tgc
-    from tgc.codegen.plan import build_plan
-    from tgc.parser import parse_module
-    from tgc.pass_manager import PassManager
+    """The generated kernels of `case`'s plan for a GPU of `arch` (gpu_suite.generated_plan),
+    without a GPU."""
+    from gpu_suite import generated_plan
 
-    tgc.load_all()
-    module = parse_module(case.text())
-    PassManager.from_text("cuda").run(module)
-    return build_plan(module.funcs[0], {"*": params} if params else None, arch=arch).kernels
+    from tgc.codegen.kernels import generate_kernel
+    from tgc.planner.backends import cuda_kernels as ck
+
+    func = generated_plan(case.text(), params, arch)
+    calls = [op for op in func.body.ops if op.name == "kernel.call"]
+    with ck.planning_kernels(arch):  # the templates the calls name
+        return [generate_kernel(ck.fused_from_call(op), ck.call_params(op)) for op in calls]
 
 
 def dry_run(selected: list[Case], arch: str, params: dict) -> int:
@@ -90,9 +91,12 @@ def dry_run(selected: list[Case], arch: str, params: dict) -> int:
     from tgc.codegen.render import prelude
 
     nvcc = "nvcc"
+    # Planned one after the other (planning registers the CUDA kernels for the while), then
+    # compiled in parallel.
+    kernels = [kernels_of(case, params, arch)[0] for case in selected]
 
-    def build(case: Case) -> str:
-        (k,) = kernels_of(case, params, arch)
+    def build(item) -> str:
+        case, k = item
         with tempfile.TemporaryDirectory(prefix="tgc-attention-tc-") as tmp:
             src = Path(tmp) / "k.cu"
             src.write_text(prelude() + "\n" + k.source)
@@ -120,7 +124,7 @@ def dry_run(selected: list[Case], arch: str, params: dict) -> int:
         )
 
     with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
-        lines = list(pool.map(build, selected))
+        lines = list(pool.map(build, zip(selected, kernels)))
     print("\n".join(lines), flush=True)
     return 0 if all("compiled" in line for line in lines) else 1
 
@@ -143,29 +147,29 @@ def rel_frobenius(got, want) -> float:
 def measure(case: Case, params: dict) -> Row:
     import torch
     import torch.nn.functional as F
-    from gpu_suite import time_ms, tgc_runner
+    from gpu_suite import checked_result, generated_plan, time_ms
 
+    from tgc.planner import load_backends
+    from tgc.planner.backends import cuda_kernels as ck
+    from tgc.planner.executor import PlannedFunction
+
+    load_backends(("cuda",), required=True)
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[case.dtype]
     gen = torch.Generator(device="cuda").manual_seed(0)
     shape = (case.b, case.h, case.s, case.d)
     q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
-    runner = tgc_runner(case.text(), params=params)
-    (kernel,) = runner.plan.kernels
-    torch_stream = torch.cuda.ExternalStream(runner.stream.handle)
-    with torch.cuda.stream(torch_stream):
-        want = F.scaled_dot_product_attention(q, k, v, is_causal=case.causal)
-        torch.cuda.synchronize()
-        # The executor takes host arrays; f32 holds every bf16/f16 value exactly.
-        runner.upload([x.float().cpu().numpy() for x in (q, k, v)])
-        runner.poison()
-        runner.launch(check_each=True)
-        (out,) = runner.download()
-        got = torch.from_numpy(out.astype("float32")).cuda()
-        error = rel_frobenius(got, want)
-        tgc_ms = time_ms(lambda: runner.launch(), torch_stream)
-        sdpa_ms = time_ms(
-            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=case.causal), torch_stream
-        )
+    func = generated_plan(case.text(), params, ck.TARGET["arch"])
+    (kernel,) = kernels_of(case, params, ck.TARGET["arch"])
+    program = PlannedFunction(func)
+    stream = torch.cuda.current_stream()
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=case.causal)
+    torch.cuda.synchronize()
+    (out,) = program([q, k, v])
+    error = rel_frobenius(checked_result(out), want)
+    tgc_ms = time_ms(lambda: program([q, k, v]), stream)
+    sdpa_ms = time_ms(
+        lambda: F.scaled_dot_product_attention(q, k, v, is_causal=case.causal), stream
+    )
     return Row(
         case, tgc_ms, sdpa_ms, error, kernel.shared_bytes, bool(kernel.params.get("tensor_cores"))
     )

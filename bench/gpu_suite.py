@@ -3,12 +3,14 @@
 Run on a GPU machine (PyTorch, PyCUDA and nvcc there), from the repository root:
 
     python3 bench/gpu_suite.py [--quick] [--only NAME,...] [--dtypes f32,bf16,f16] [--commit HASH]
-        [--out bench/results] [--no-sweep] [--no-compile]
+        [--out bench/results] [--no-compile]
 
-For each workload: inputs drawn once on the GPU; tgc (fused kernels through the PyCUDA
-executor, plain matmuls through cuBLAS), PyTorch eager and torch.compile run on one stream;
-each is timed by CUDA events around every repetition, after warm-up, with a sleep kernel queued
-first so that the host enqueues ahead of the GPU; the median is reported. Every tgc result is
+For each workload: inputs drawn once on the GPU; tgc, PyTorch eager and torch.compile run on one
+stream. tgc is the GPU route (`tgc-run --backend cuda`, planner/route.py) with `--no-measure` on
+an empty database: the plan of the default cost source, checked whole against the plan of
+library kernels alone, as the route plans where nothing has been measured yet. Each is timed
+by CUDA events around every repetition, after warm-up, with a sleep kernel queued first so
+that the host enqueues ahead of the GPU; the median is reported. Every tgc result is
 checked against PyTorch's before its time is kept. The floor is the bytes that must move (each
 input read once, each output written once) over the device-to-device copy bandwidth measured in
 the same run. Writes bench/results/<device>-<date>.md with the device, date and commit, and
@@ -47,13 +49,10 @@ class Result:
     compile_ms: float | None = None
     floor_ms: float | None = None
     error: float | None = None
-    met: bool | None = None  # the target, by the fixed route
+    met: bool | None = None  # the target, by the route with nothing measured
     met_auto: bool | None = None  # ... by --backend auto (where it ran)
     note: str = ""
     kernels: list[str] = field(default_factory=list)
-    variants: list[tuple[str, float]] = field(default_factory=list)
-    profile: list[tuple[str, float]] = field(default_factory=list)
-    best_variant: str = ""
     auto_ms: float | None = None  # --backend auto on the defaults' measurements
     tuned_ms: float | None = None  # ... after tgc-profile --tune
     auto_plan: str = ""
@@ -92,33 +91,68 @@ def copy_bandwidth(stream) -> float:
     return 2 * n * 4 / (ms * 1e-3)
 
 
-def tgc_runner(text: str, pipeline: str = "", params: dict | None = None):
-    from tgc.runtime.cuda_executor import CudaPlanRunner, device_arch
+def tgc_program(text: str, pipeline: str = ""):
+    """The GPU route's compiled function of `text` (after `pipeline`, else lower-for-planning,
+    as tgc-run --backend cuda -p does) with `--no-measure` on an empty database: the default
+    cost source's plan, checked whole against the library plan (module doc)."""
+    import tempfile
 
-    return CudaPlanRunner(tgc_plan(text, pipeline, params, device_arch()))
-
-
-def tgc_plan(text: str, pipeline: str = "", params: dict | None = None, arch: str | None = None):
-    """The plan the fixed `cuda` route makes of `text` for a GPU of `arch` (tgc-run's: the
-    device's; no GPU needed: a CPU test runs it)."""
     import tgc
-    from tgc.codegen.plan import build_plan
-    from tgc.parser import parse_module
     from tgc.pass_manager import PassManager
+    from tgc.planner.route import RouteOptions, compile_function
 
     tgc.load_all()
-    module = parse_module(text)
-    params = dict(params or {})
-    # The `cuda` route's options (tgc-run --backend cuda's pipeline); the rest are template
-    # parameters of every kernel.
-    options = {
-        key.replace("_", "-"): "true" if params.pop(key) else "false"
-        for key in ("matmul_epilogue", "attention_kernel")
-        if key in params
-    }
-    route = "cuda{" + " ".join(f"{k}={v}" for k, v in options.items()) + "}"
-    PassManager.from_text(f"{pipeline},{route}" if pipeline else route).run(module)
-    return build_plan(module.funcs[0], {"*": params} if params else None, arch=arch)
+    module = tgc.parse(text)
+    PassManager.from_text(pipeline or "lower-for-planning").run(module)
+    with tempfile.TemporaryDirectory() as tmp:
+        options = RouteOptions(db=str(Path(tmp) / "empty.sqlite"), measure=False, progress=False)
+        return compile_function(module.funcs[0], options)
+
+
+def generated_plan(text: str, params: dict | None = None, arch: str | None = None):
+    """`text` (after lower-for-planning) planned for the GPU on tgc's generated kernels alone
+    (no cuBLAS, cuBLASLt or PyTorch: what a benchmark of the templates runs), every generated
+    kernel made with the template defaults for a GPU of `arch` (None: any sm_80 or later) and
+    `params` over them, as the fixed route's plans were. No GPU needed; on one, run it with
+    `PlannedFunction` (after `load_backends(("cuda",))`)."""
+    import tgc
+    from tgc.pass_manager import PassManager
+    from tgc.planner.backends import cuda_kernels as ck
+    from tgc.planner.cost import CachedCosts, RooflineCostSource
+    from tgc.planner.kernel import KERNELS
+    from tgc.planner.materialise import materialise
+    from tgc.planner.options import PlanContext
+    from tgc.planner.route import is_library, move_signature_to_device, plan_tolerance
+    from tgc.planner.select import plan_function, prepare
+
+    tgc.load_all()
+    module = tgc.parse(text)
+    PassManager.from_text("lower-for-planning").run(module)
+    func = module.funcs[0]
+    with ck.planning_kernels(arch):
+        move_signature_to_device(func)
+        prepare(func)
+        pool = [k for k in KERNELS.values() if not is_library(k)]
+        ctx = PlanContext(pool, plan_tolerance(func), backends={"cuda"}, host_constants=True)
+        costs = CachedCosts(RooflineCostSource.gpu_defaults())
+        materialise(func, plan_function(func, ctx, costs), costs)
+    generated = {t.name for t in ck.TEMPLATE_OF_KIND.values()}
+    chosen = {"arch": arch, **(params or {})} if arch else dict(params or {})
+    for op in func.body.ops:
+        if op.attributes.get("callee") in generated:  # the planner's choices give way
+            for key in [k for k in op.attributes if k.startswith("param.")]:
+                del op.attributes[key]
+            op.attributes.update({f"param.{k}": v for k, v in chosen.items()})
+    return func
+
+
+def callees(func) -> list[str]:
+    """The kernels a planned function calls, in order."""
+    return [
+        str(op.attributes.get("callee") or op.name)
+        for op in func.body.ops
+        if op.name in ("kernel.call", "kernel.copy")
+    ]
 
 
 # -- --backend auto: tgc-profile, then select-kernels on the measurements (issue 7, item 6) ---------
@@ -128,7 +162,7 @@ AUTO_BACKENDS = ("cuda", "torch")  # the GPU's kernels: inputs and results live 
 
 def on_device(text: str) -> str:
     """`text` with its values in device memory (every tensor type but a constant attribute's):
-    the plan keeps the arguments and results there, as the fixed route's runner does, and
+    the plan keeps the arguments and results there, as the GPU route does, and
     places the rest as it finds fastest."""
     import re
 
@@ -221,26 +255,6 @@ def checked_result(value):
     return torch.from_numpy(torch_storable(SPACES["cuda"].to_host(value))).cuda()
 
 
-def run_tgc(runner, inputs_torch, stream):
-    import torch
-
-    runner.upload([host_array(x) for x in inputs_torch])
-    runner.poison()
-    runner.launch(check_each=True)
-    outs = [torch.from_numpy(torch_storable(o)).cuda() for o in runner.download()]
-    ms = time_ms(lambda: runner.launch(), stream)
-    return outs, ms
-
-
-def host_array(x):
-    """A torch tensor as a host array for the runner's upload: bf16, which numpy lacks, as f32
-    (exact; the runner converts to the argument's type)."""
-    import torch
-
-    x = x.detach()
-    return (x.float() if x.dtype == torch.bfloat16 else x).cpu().numpy()
-
-
 def torch_storable(a):
     """A downloaded result as an array torch.from_numpy takes: bf16 (ml_dtypes) as f32."""
     import numpy as np
@@ -272,43 +286,25 @@ def bench_one(
     bandwidth=None,
     do_compile=True,
     tol=2e-4,
-    variants=None,
     auto_db: Path | None = None,
     auto_budget: float = 60.0,
     auto_tune_budget: float = 60.0,
 ):
     import torch
 
-    best = None
-    for params in variants or [None]:
-        runner = tgc_runner(text, pipeline, params)
-        torch_stream = torch.cuda.ExternalStream(runner.stream.handle)
-        with torch.cuda.stream(torch_stream):
-            want = torch_fn(*inputs)
-            torch.cuda.synchronize()
-            outs, ms = run_tgc(runner, inputs, torch_stream)
-            err = results_error(outs, want)
-        label = ", ".join(f"{k}={v}" for k, v in (params or {}).items()) or "defaults"
-        if not err <= tol:
-            res.note += f" [{label}: differs from PyTorch by {err:.2e}, tolerance {tol:g}]"
-            continue
-        res.variants.append((label, ms))
-        print(f"  {res.name} [{label}]: {ms:.4f} ms", flush=True)
-        if best is None or ms < best[0]:
-            best = (
-                ms,
-                err,
-                label,
-                [
-                    s.kernel.name if hasattr(s, "kernel") else type(s).__name__
-                    for s in runner.plan.steps
-                ],
-            )
-            res.profile = runner.profile() if len(runner.plan.steps) > 1 else []
-        del runner
-    if best is not None:
-        res.tgc_ms, res.error, res.best_variant, res.kernels = best
     torch_stream = torch.cuda.current_stream()
+    program = tgc_program(text, pipeline)
+    with torch.cuda.stream(torch_stream):
+        want = torch_fn(*inputs)
+        torch.cuda.synchronize()
+        outs = program(list(inputs))
+        err = results_error([checked_result(o) for o in outs], want)
+    if err <= tol:
+        res.tgc_ms = time_ms(lambda: program(list(inputs)), torch_stream)
+        res.error, res.kernels = err, callees(program.func)
+        print(f"  {res.name} [route]: {res.tgc_ms:.4f} ms; {program.report.summary()}", flush=True)
+    else:
+        res.note += f" [route: differs from PyTorch by {err:.2e}, tolerance {tol:g}]"
     if auto_db is not None:
         with torch.cuda.stream(torch_stream):
             want = torch_fn(*inputs)
@@ -548,29 +544,6 @@ def gemm_gelu_text(m: int, k: int, n: int, dtype: str) -> str:
 }}"""
 
 
-# Template parameter sets tried for the memory-bound kernels (what a profiler would search);
-# the fastest correct one is reported, and every one is listed.
-ELEMENTWISE_VARIANTS = [
-    None,
-    {"block_size": 128},
-    {"block_size": 512},
-    {"streaming": True},
-    {"streaming": True, "block_size": 512},
-]
-ROW_VARIANTS = [
-    None,
-    {"merge_passes": True},
-    {"streaming": True},
-    {"keep_in_registers": False},
-    {"block_size": 128},
-    {"block_size": 512},
-    {"warp_per_row_max": 512, "block_size": 128},
-    {"block_size": 256, "warp_per_row_max": 2048},
-]
-
-
-GPT2_VARIANTS = [None, {"attention_kernel": False}, {"matmul_epilogue": True}]
-
 # --only's names: the fp32 rows, then each bf16/f16 workload as `<workload>_<dtype>`.
 F32_WORKLOADS = (
     "gelu64M",
@@ -610,7 +583,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--commit", default=os.environ.get("TGC_COMMIT", "unknown"))
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--no-sweep", action="store_true", help="template defaults only")
     ap.add_argument(
         "--auto",
         metavar="DB",
@@ -651,24 +623,22 @@ class Workload:
     flops: float
     shape: tuple  # what its PyTorch side (TORCH_SIDES[kind]) takes
     pipeline: str = ""
-    variants: list | None = None
     note: str = ""
 
 
-def low_precision_workloads(kind: str, dtype: str, quick: bool, sweep: bool) -> list[Workload]:
+def low_precision_workloads(kind: str, dtype: str, quick: bool) -> list[Workload]:
     """The rows of workload `kind` in `dtype` (issue 8's sizes; smaller for --quick)."""
-    return WORKLOADS_OF[kind](dtype, quick, sweep)
+    return WORKLOADS_OF[kind](dtype, quick)
 
 
-def gpt2_workloads(dtype: str, quick: bool, sweep: bool) -> list[Workload]:
+def gpt2_workloads(dtype: str, quick: bool) -> list[Workload]:
     b, s = (8, 1024) if not quick else (2, 256)
     name = f"GPT-2 block {dtype}, batch {b} x {s} tokens"
     text, flops = gpt2_text(b, s, dtype=dtype), gpt2_flops(b, s)
-    variants = GPT2_VARIANTS if sweep else None
-    return [Workload("gpt2", name, "beat_eager_le_compile", text, flops, (b, s), variants=variants)]
+    return [Workload("gpt2", name, "beat_eager_le_compile", text, flops, (b, s))]
 
 
-def qkv_workloads(dtype: str, quick: bool, sweep: bool) -> list[Workload]:
+def qkv_workloads(dtype: str, quick: bool) -> list[Workload]:
     t, d = (8192, 768) if not quick else (1024, 768)
     name = f"QKV projection {dtype}, {t}x{d} @ 3 x {d}x{d} parameters"
     note = "pipeline 'optimize'; weights {tgc.param}; stacked: one batched GEMM, q, k, v returned as views"
@@ -677,16 +647,15 @@ def qkv_workloads(dtype: str, quick: bool, sweep: bool) -> list[Workload]:
     return [row]
 
 
-def gemm_gelu_workloads(dtype: str, quick: bool, sweep: bool) -> list[Workload]:
+def gemm_gelu_workloads(dtype: str, quick: bool) -> list[Workload]:
     m, k, n = (8192, 768, 3072) if not quick else (1024, 768, 3072)
     name = f"GEMM + bias + GELU(tanh) {dtype}, {m}x{k} @ {k}x{n}"
     text, flops = gemm_gelu_text(m, k, n, dtype), 2.0 * m * n * k
-    variants = [None, {"matmul_epilogue": True}] if sweep else None
-    return [Workload("gemm_gelu", name, "le_eager", text, flops, (m, k, n), variants=variants)]
+    return [Workload("gemm_gelu", name, "le_eager", text, flops, (m, k, n))]
 
 
-def attention_workloads(dtype: str, quick: bool, sweep: bool) -> list[Workload]:
-    """Both shapes, causal and not (no template sweep: each variant is one more nvcc build)."""
+def attention_workloads(dtype: str, quick: bool) -> list[Workload]:
+    """Both shapes, causal and not."""
     rows = []
     for i, (b, h, s, d) in enumerate(ATTENTION_SHAPES):
         if quick:
@@ -746,7 +715,6 @@ class LowPrecisionRun:
             pipeline=w.pipeline,
             do_compile=self.do_compile,
             tol=tol,
-            variants=w.variants,
             **self.auto,
         )
         res.note += f" {w.note}" if w.note else ""
@@ -762,7 +730,7 @@ def bench_low_precision(dtype: str, args, stream, want, do_compile: bool, auto: 
         run.bench(w)
         for kind in LOW_WORKLOADS
         if want(f"{kind}_{dtype}")
-        for w in low_precision_workloads(kind, dtype, args.quick, not args.no_sweep)
+        for w in low_precision_workloads(kind, dtype, args.quick)
     ]
 
 
@@ -857,7 +825,6 @@ def main(argv=None) -> int:
             nbytes=8 * n,
             bandwidth=bw,
             do_compile=do_compile,
-            variants=None if args.no_sweep else ELEMENTWISE_VARIANTS,
             **auto,
         )
         results.append(res)
@@ -879,7 +846,6 @@ def main(argv=None) -> int:
             nbytes=8 * r * n,
             bandwidth=bw,
             do_compile=do_compile,
-            variants=None if args.no_sweep else ROW_VARIANTS,
             **auto,
         )
         results.append(res)
@@ -901,7 +867,6 @@ def main(argv=None) -> int:
             nbytes=8 * r * n + 8 * n,
             bandwidth=bw,
             do_compile=do_compile,
-            variants=None if args.no_sweep else ROW_VARIANTS,
             **auto,
         )
         results.append(res)
@@ -939,7 +904,6 @@ def main(argv=None) -> int:
             stream,
             do_compile=do_compile,
             tol=2e-3,
-            variants=None if args.no_sweep else GPT2_VARIANTS,
             **auto,
         )
         results.append(res)
@@ -956,7 +920,8 @@ def main(argv=None) -> int:
 
 
 def judge(res: Result, bw: float, ms: float | None = None) -> bool | None:
-    """Whether `res` meets its target with tgc's time `ms` (default: the fixed route's)."""
+    """Whether `res` meets its target with tgc's time `ms` (default: the route's, nothing
+    measured)."""
     if res.target == "none":
         return None
     ms = res.tgc_ms if ms is None else ms
@@ -1072,6 +1037,10 @@ def write_report(results, device, bw, commit, out: Path, quick: bool) -> None:
             "against PyTorch"
         ),
         "- percentages: the floor (bytes that must move / copy bandwidth) over the measured time",
+        (
+            "- tgc: the GPU route (`--backend cuda`) with `--no-measure` on an empty database: "
+            "the default cost source's plan, checked whole against the plan of library kernels"
+        ),
         *low_precision_method(results),
         "",
     ]
@@ -1081,8 +1050,7 @@ def write_report(results, device, bw, commit, out: Path, quick: bool) -> None:
             (
                 "- tgc auto: `--backend auto` on the kernels of the cuda and torch backends, planned "
                 "by select-kernels from what tgc-profile measured into the database (arguments "
-                "and results in device memory); auto tuned: the same after `tgc-profile --tune`; "
-                "tgc: the fixed `cuda` route, its best template parameters of the sweep"
+                "and results in device memory); auto tuned: the same after `tgc-profile --tune`"
             )
         ]
     compute = any(r.flops for r in results)
@@ -1111,14 +1079,8 @@ def write_report(results, device, bw, commit, out: Path, quick: bool) -> None:
     lines.append("")
     for r in results:
         lines.append(
-            f"- {r.name}: tgc steps: {', '.join(r.kernels)}{'. ' + r.note.strip() if r.note.strip() else ''}"
+            f"- {r.name}: tgc kernels: {', '.join(r.kernels)}{'. ' + r.note.strip() if r.note.strip() else ''}"
         )
-        if r.profile:
-            steps = "; ".join(f"{name}: {ms:.3f}" for name, ms in r.profile)
-            lines.append(f"  - time per step (ms, one run, events between steps): {steps}")
-        if r.variants:
-            tried = "; ".join(f"{label}: {ms:.4f} ms" for label, ms in r.variants)
-            lines.append(f"  - template parameters tried (best: {r.best_variant}): {tried}")
         if r.auto_plan:
             lines.append(f"  - auto plan: {r.auto_plan}")
         if r.tuned_plan:

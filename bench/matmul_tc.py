@@ -5,9 +5,10 @@ On a GPU machine (PyTorch, PyCUDA and nvcc there), from the repository root:
 
     python3 bench/matmul_tc.py [--only bf16,4096,...] [--params block_k=16,...] [--out DIR]
 
-Each case is C = A @ B (A m x k, B k x n, row-major, N(0, 1)) through the `cuda-standalone`
-route and the PyCUDA executor with the library off: the template's SIMT skeleton (defaults) and
-its tensor-core skeleton (`tensor_cores=true`, plus `--params`). Each result is checked against
+Each case is C = A @ B (A m x k, B k x n, row-major, N(0, 1)) planned on tgc's generated
+kernels alone (`gpu_suite.generated_plan`: no cuBLAS) and run by the planner's executor: the
+template's SIMT skeleton (`tensor_cores=false`) and its tensor-core skeleton
+(`tensor_cores=true`, plus `--params`). Each result is checked against
 torch.mm's (max error relative to the largest |torch result|), then timed by
 `gpu_suite.time_ms` (median of 30 CUDA-event timings after 3 warm-ups). TFLOP/s is 2 m n k over
 the median. Writes bench/results/matmul_tc-<device>-<date>.md.
@@ -55,35 +56,21 @@ class Case:
         )
 
 
-def template_runner(case: Case, params: dict):
-    """The `cuda-standalone` plan of `case` (the generated template runs the matmul whole)."""
-    import tgc
-    from tgc.codegen.plan import build_plan
-    from tgc.parser import parse_module
-    from tgc.pass_manager import PassManager
-    from tgc.runtime.cuda_executor import CudaPlanRunner
-
-    tgc.load_all()
-    module = parse_module(case.text())
-    PassManager.from_text("cuda-standalone").run(module)
-    plan = build_plan(module.funcs[0], {"*": params} if params else None, library_matmul=False)
-    return CudaPlanRunner(plan)
-
-
 def measure(case: Case, params: dict, a, b, want) -> tuple[float, float]:
     """(median ms, max error relative to max |want|) of the template with `params`."""
     import torch
-    from gpu_suite import time_ms
+    from gpu_suite import checked_result, generated_plan, time_ms
 
-    runner = template_runner(case, params)
-    runner.upload([x.float().cpu().numpy() for x in (a, b)])
-    runner.poison()
-    runner.launch(check_each=True)
-    (out,) = runner.download()
-    got = torch.from_numpy(out.astype("float32")).cuda().double()
+    from tgc.planner import load_backends
+    from tgc.planner.backends import cuda_kernels as ck
+    from tgc.planner.executor import PlannedFunction
+
+    load_backends(("cuda",), required=True)
+    program = PlannedFunction(generated_plan(case.text(), params, ck.TARGET["arch"]))
+    (out,) = program([a, b])
+    got = checked_result(out).double()
     error = float((got - want.double()).abs().max() / want.double().abs().max())
-    torch_stream = torch.cuda.ExternalStream(runner.stream.handle)
-    return time_ms(lambda: runner.launch(), torch_stream), error
+    return time_ms(lambda: program([a, b]), torch.cuda.current_stream()), error
 
 
 def main(argv=None) -> int:
@@ -107,8 +94,8 @@ def main(argv=None) -> int:
         f"# tgc's generated matmul template vs torch.mm: {device}, {today}",
         "",
         f"- device: {device}; date: {today}; commit: {args.commit}",
-        "- method: `bench/matmul_tc.py`; C = A @ B row-major, N(0, 1) inputs; the `cuda-standalone`",
-        "  route without cuBLAS; medians of 30 CUDA-event timings after 3 warm-ups; error: max",
+        "- method: `bench/matmul_tc.py`; C = A @ B row-major, N(0, 1) inputs; planned on tgc's",
+        "  generated kernels alone (no cuBLAS); medians of 30 CUDA-event timings after 3 warm-ups; error: max",
         "  |tgc - torch.mm| / max |torch.mm|",
         f"- tensor-core parameters: {tc_params}",
         "",
@@ -124,7 +111,7 @@ def main(argv=None) -> int:
         want = a @ b
         stream = torch.cuda.current_stream()
         torch_ms = time_ms(lambda: torch.mm(a, b), stream)
-        simt_ms, simt_err = measure(case, {}, a, b, want)
+        simt_ms, simt_err = measure(case, {"tensor_cores": False}, a, b, want)
         tc_ms, tc_err = measure(case, tc_params, a, b, want)
         flops = 2.0 * case.m * case.n * case.k
         line = (

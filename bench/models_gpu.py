@@ -5,9 +5,9 @@ On the GPU machine (PyTorch, transformers, PyCUDA and nvcc there), from the repo
 
     python3 bench/models_gpu.py [--only tiny_gpt2,...] [--commit HASH] [--out bench/results]
 
-For each model: tgc imports the committed model.onnx and runs it through the `cuda` route (the
-route of `tgc-run --backend cuda`: optimize, fuse, place-on-device; fused kernels through PyCUDA,
-plain matmuls through cuBLAS); PyTorch runs the model that bench/make_tiny_models.py builds (same
+For each model: tgc imports the committed model.onnx and runs it through the GPU route (`tgc-run
+--backend cuda`, planner/route.py) with `--no-measure` on an empty database, as
+bench/gpu_suite.py's tgc column does; PyTorch runs the model that bench/make_tiny_models.py builds (same
 config, same seed), on the stored inputs. When that model does not reproduce the stored outputs
 (other torch or transformers versions may draw other weights), it is exported again here and tgc
 imports that export instead; the report says which. Every tgc result is checked against PyTorch's
@@ -19,8 +19,9 @@ bench/results/models-<device>-<date>.md with the device, date, commit and versio
 
 Without a GPU, `--dry-run` does the parts that need none: import, `optimize` and a numpy run
 against PyTorch's stored float64 outputs (rtol 1e-3, atol 1e-4, as test/test_import_models.py),
-then the `cuda` route and its plan (kernels and cuBLAS calls), and with `--nvcc` every kernel
-compiled by nvcc for `--arch` (default sm_90). It needs neither PyTorch nor PyCUDA.
+then the plan the route makes where nothing is measured, on tgc's own kernels (the standalone
+file's: `tgc-translate --emit=cuda`), and with `--nvcc` that file compiled by nvcc for `--arch`
+(default sm_90). It needs neither PyTorch nor PyCUDA.
 """
 
 from __future__ import annotations
@@ -90,19 +91,13 @@ def import_module(path: Path):
     return import_onnx(path)
 
 
-def plan_summary(plan) -> str:
-    launches = sum(1 for s in plan.steps if type(s).__name__ == "Launch")
-    gemms = sum(1 for s in plan.steps if type(s).__name__ == "Gemm")
-    copies = len(plan.steps) - launches - gemms
-    text = f"{launches} kernels, {gemms} cuBLAS"
-    return text + (f", {copies} copies" if copies else "")
-
-
 def dry_run_one(name: str, nvcc: bool, arch: str) -> Row:
-    """Everything but the GPU: numpy against PyTorch float64, the cuda route's plan, and the
-    kernels compiled (with `nvcc`)."""
-    from tgc.codegen.plan import build_plan
+    """Everything but the GPU: numpy against PyTorch float64, the plan of the standalone file,
+    and that file compiled (with `nvcc`)."""
+    from gpu_suite import plan_summary
+
     from tgc.pass_manager import PassManager
+    from tgc.planner.standalone import emit_standalone_cuda
     from tgc.runtime.interpreter import run_function
 
     row = Row(name)
@@ -114,25 +109,22 @@ def dry_run_one(name: str, nvcc: bool, arch: str) -> Row:
         np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL, err_msg=name)
     row.error = max(float(np.abs(g - w).max() / np.abs(w).max()) for g, w in zip(got, f64))
     module = import_module(MODELS / name / "model.onnx")
-    PassManager.from_text("cuda").run(module)
-    plan = build_plan(module.funcs[0])
-    row.steps = plan_summary(plan)
+    PassManager.from_text("lower-for-planning").run(module)
+    source = emit_standalone_cuda(module, name, arch=arch)  # plans the function in place
+    row.steps = plan_summary(module.funcs[0])
     if nvcc:
-        compile_kernels(plan.kernels, arch)
-        row.note = f"{len(plan.kernels)} kernels compiled for {arch}"
+        compile_file(source, arch)
+        row.note = f"standalone file compiled for {arch}"
     return row
 
 
-def compile_kernels(kernels, arch: str) -> None:
-    """All kernels in one translation unit (their names are distinct), as the executor compiles
-    each: the prelude, then the source; nvcc -cubin."""
-    from tgc.codegen.kernels import prelude
-
-    source = prelude() + "\n" + "\n".join(k.source for k in kernels)
+def compile_file(source: str, arch: str) -> None:
+    """nvcc -c on a standalone file (with its own target where a kernel needs one)."""
+    target = next((w for w in source.split() if w.startswith("-gencode=")), f"-arch={arch}")
     with tempfile.TemporaryDirectory(prefix="tgc-models-") as tmp:
-        src = Path(tmp) / "kernels.cu"
+        src = Path(tmp) / "model.cu"
         src.write_text(source)
-        cmd = ["nvcc", "-cubin", f"-arch={arch}", "-O3", "-std=c++17", "-o", f"{src}.cubin", src]
+        cmd = ["nvcc", target, "-c", "-o", f"{src}.o", str(src)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"nvcc failed:\n{proc.stderr[:2000]}")
@@ -161,34 +153,31 @@ def torch_model(name: str):
 
 def gpu_one(name: str, do_compile: bool) -> Row:
     import torch
-    from gpu_suite import rel_error, run_tgc, tgc_runner, time_ms
+    from gpu_suite import checked_result, plan_summary, rel_error, tgc_program, time_ms
 
     from tgc.printer import print_module
 
     row = Row(name)
     model, path, row.source = torch_model(name)
     inputs = [torch.tensor(x, device="cuda") for x in stored(name)[0]]
-    runner = tgc_runner(print_module(import_module(path)))
-    row.steps = plan_summary(runner.plan)
+    program = tgc_program(print_module(import_module(path)))
+    row.steps = plan_summary(program.func)
 
     def eager():
         with torch.no_grad():
             return model(*inputs)
 
-    stream = torch.cuda.ExternalStream(runner.stream.handle)
-    with torch.cuda.stream(stream):
-        want = eager()
-        want = list(want) if isinstance(want, tuple) else [want]
-        torch.cuda.synchronize()
-        outs, ms = run_tgc(runner, inputs, stream)
-        row.error = max(rel_error(o, w) for o, w in zip(outs, want, strict=True))
+    stream = torch.cuda.current_stream()
+    want = eager()
+    want = list(want) if isinstance(want, tuple) else [want]
+    torch.cuda.synchronize()
+    outs = [checked_result(o) for o in program(list(inputs))]
+    row.error = max(rel_error(o, w) for o, w in zip(outs, want, strict=True))
     if row.error <= GPU_TOL:
-        row.tgc_ms = ms
+        row.tgc_ms = time_ms(lambda: program(list(inputs)), stream)
     else:
         row.note += f" tgc differs from PyTorch by {row.error:.2e} (tolerance {GPU_TOL:g});"
         row.failed = True
-    del runner
-    stream = torch.cuda.current_stream()
     with torch.cuda.stream(stream):
         row.eager_ms = time_ms(eager, stream)
         if do_compile:
@@ -285,7 +274,8 @@ def report(rows: list[Row], device: str, commit: str, dry_run: bool) -> list[str
     if not dry_run:
         lines.append(
             "- method: bench/gpu_suite.py's: medians of 30 repetitions timed with CUDA events "
-            "after 3 warm-ups, a sleep kernel queued first; tgc through the `cuda` route; every "
+            "after 3 warm-ups, a sleep kernel queued first; tgc through the GPU route with "
+            "`--no-measure` on an empty database; every "
             f"tgc result within {GPU_TOL:g} x max |PyTorch| of PyTorch's before its time is kept"
         )
     lines += ["", *table(rows, dry_run), ""]

@@ -15,9 +15,9 @@ while the passes run (as tgc.parser does while parsing) to separate its cost fro
 own. `--profile N` prints cProfile's top functions for size N.
 
 `--cuda`: the whole route of `tgc-translate --emit=cuda` on the same models, in process (parse and
-verify, the passes of its `cuda-standalone` pipeline with `fuse` apart, then placement (the
-`place-on-device` pass) and code generation (`emit_standalone_cuda`)) and as the command itself (wall time of a fresh process: Python start
-and imports included). `--chain`: `-p fuse` on one function chaining N `atomic.exp` (one kernel),
+verify, `lower-for-planning`, the plan (planner/standalone.py `plan_standalone`), then code
+generation (`device_program` and the file)) and as the command itself (wall time of a fresh
+process: Python start and imports included). `--chain`: `-p fuse` on one function chaining N `atomic.exp` (one kernel),
 in process and as `tgc-opt -p fuse`. Both report best of K and the time growth relative to the
 previous size divided by the size growth (1.0 = linear).
 """
@@ -171,28 +171,35 @@ def command_seconds(argv: list[str], text: str, repeat: int) -> float:
 
 
 def cuda_route_once(text: str) -> dict:
-    """Seconds of each stage of `tgc-translate --emit=cuda`, in process."""
-    from tgc.codegen.standalone import emit_standalone_cuda
+    """Seconds of each stage of `tgc-translate --emit=cuda`, in process (planner/standalone.py's
+    `emit_standalone_cuda`, its planning and writing timed apart)."""
+    from tgc.codegen.kernels import module_names
+    from tgc.codegen.standalone import write_file
+    from tgc.planner.backends.cuda_kernels import planning_kernels
+    from tgc.planner.standalone import device_program, plan_standalone
 
     start = time.perf_counter()
     module = parse_module(text, "bench.tg")
     verify(module)
     parsed = time.perf_counter()
-    pm = PassManager(parse_pipeline("cuda-standalone"))
-    pm.run(module)
-    passed = time.perf_counter()
-    source = emit_standalone_cuda(module)
+    PassManager(parse_pipeline("lower-for-planning")).run(module)
+    lowered = time.perf_counter()
+    (func,) = module.funcs
+    names = module_names()
+    entry = names.allocate(func.sym_name, "tgc_run_", ["{}_scratch_bytes", "tgc_main_{}"])
+    with planning_kernels(None):
+        plan_standalone(func)
+        planned = time.perf_counter()
+        ops = count_ops(module)
+        source = write_file([device_program(func, names, None)], [entry], names, "bench.tg")
     done = time.perf_counter()
-    fuse = sum(seconds for name, seconds in pm.timings if name.startswith("fuse"))
-    # Placement counts with code generation ("emit"), as when the emitter ran it.
-    place = sum(seconds for name, seconds in pm.timings if name == "place-on-device")
     return {
         "parse": parsed - start,
-        "optimize": passed - parsed - fuse - place,
-        "fuse": fuse,
-        "emit": done - passed + place,
+        "lower": lowered - parsed,
+        "plan": planned - lowered,
+        "emit": done - planned,
         "total": done - start,
-        "ops": count_ops(module),
+        "ops": ops,
         "kernels": source.count("__global__"),
     }
 
@@ -240,15 +247,15 @@ def print_cuda_table(sizes: list[int], repeat: int) -> None:
     rows = [measure_cuda(n, repeat) for n in sizes]
     print(machine_line("tgc-translate --emit=cuda", repeat))
     print(
-        "| blocks | ops after fuse | kernels | parse s | optimize s | fuse s | place + generate s "
+        "| blocks | ops planned | kernels | parse s | lower s | plan s | generate s "
         "| in process s | growth / block growth | command s | growth / block growth |"
     )
     print("|" + "---:|" * 11)
     previous = None
     for r in rows:
         print(
-            f"| {r['size']} | {r['ops']} | {r['kernels']} | {r['parse']:.3f} | {r['optimize']:.3f}"
-            f" | {r['fuse']:.3f} | {r['emit']:.3f} | {r['total']:.3f} | "
+            f"| {r['size']} | {r['ops']} | {r['kernels']} | {r['parse']:.3f} | {r['lower']:.3f}"
+            f" | {r['plan']:.3f} | {r['emit']:.3f} | {r['total']:.3f} | "
             f"{growth(r, previous, 'total')} | {r['cli']:.2f} | {growth(r, previous, 'cli')} |"
         )
         previous = r

@@ -3,8 +3,8 @@ run as a `PlannedFunction` on values in device memory, timed on the GPU (CUDA ev
 gpu_suite) and on the host (each call's Python time while the GPU runs behind), with a
 cProfile of the host side. A plan whose host time per call exceeds its GPU time is host-bound:
 its kernels wait for their launches. Then each step's GPU time (CUDA events between steps),
-beside each step of the fixed `cuda` route's runner on the same block: where auto and the fixed
-route differ, kernel by kernel.
+beside each step of the GPU route's plan with nothing measured (`--backend cuda --no-measure`,
+gpu_suite's tgc column) on the same block: where the two plans differ, kernel by kernel.
 
     python3 bench/plan_host_overhead.py --db DB [--dtype bf16] [--calls 200]
 
@@ -28,9 +28,8 @@ from gpu_suite import (  # noqa: E402
     auto_plan,
     gpt2_text,
     gpt2_torch,
-    host_array,
     on_device,
-    tgc_runner,
+    tgc_program,
     time_ms,
 )
 
@@ -120,15 +119,13 @@ def main(argv=None) -> int:
     print(out.getvalue())
 
     auto_steps = step_times(func, list(inputs))
-    runner = tgc_runner(gpt2_text(b, s, dtype=args.dtype))
-    runner.upload([host_array(x) for x in inputs])
-    runner.launch()
-    fixed_steps = runner.profile(reps=10)
+    route = tgc_program(gpt2_text(b, s, dtype=args.dtype))
+    route_steps = step_times(route.planned, list(inputs))
     print(f"per step (ms): auto {sum(t for _, t in auto_steps):.4f} in {len(auto_steps)} steps")
     for name, t in auto_steps:
         print(f"  {t:.4f}  {name}")
-    print(f"per step (ms): fixed route {sum(t for _, t in fixed_steps):.4f}")
-    for name, t in fixed_steps:
+    print(f"per step (ms): route, nothing measured {sum(t for _, t in route_steps):.4f}")
+    for name, t in route_steps:
         print(f"  {t:.4f}  {name}")
     return 0
 

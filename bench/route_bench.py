@@ -1,13 +1,12 @@
-"""The GPU route (planner/route.py) on bench/gpu_suite.py's rows, beside the fixed CUDA route it
-replaces, PyTorch eager and torch.compile, on the same GPU in the same run.
+"""The GPU route (planner/route.py) on bench/gpu_suite.py's rows, first use and second run,
+beside PyTorch eager and torch.compile, on the same GPU in the same run.
 
 On the GPU machine, from the repository root:
 
     python3 bench/route_bench.py [--dtypes bf16,f32] [--only gpt2,attn,...] [--budget S]
                                  [--commit HASH] [--out bench/results]
 
-For each row: the fixed route (`build_plan` + `CudaPlanRunner`, what `--backend cuda` ran
-before the route); the route on first use with an empty database (its measuring inside
+For each row: the route on first use with an empty database (its measuring inside
 `--budget`, its first-use seconds reported); the route again on that database (plan seconds:
 nothing measured); the route with `--no-measure` and an empty database (the default cost source
 alone); eager; torch.compile. Every tgc result is checked against PyTorch's within the type's
@@ -37,7 +36,6 @@ F32_TOL = 2e-4
 @dataclass
 class Row:
     name: str
-    fixed_ms: float | None = None
     first_ms: float | None = None
     first_use_s: float | None = None
     measured: int = 0
@@ -86,15 +84,6 @@ def bench_row(w: gs.Workload, dtype: str, stream, budget: float, do_compile: boo
     tol = F32_TOL if dtype == "f32" else gs.LOW_PRECISION_TOL[dtype]
     want = fn(*inputs)
     torch.cuda.synchronize()
-    try:
-        runner = gs.tgc_runner(w.text, w.pipeline)
-        outs, row.fixed_ms = gs.run_tgc(runner, inputs, torch.cuda.current_stream())
-        if not gs.results_error(outs, want) <= tol:
-            row.notes.append("fixed route differs from PyTorch")
-            row.fixed_ms = None
-        del runner
-    except Exception as e:  # noqa: BLE001  (a row that fails is reported, the others go on)
-        row.notes.append(f"fixed route: {type(e).__name__}: {e}"[:200])
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "measurements.sqlite"
         for label in ("first", "second", "no_measure"):
@@ -115,7 +104,7 @@ def bench_row(w: gs.Workload, dtype: str, stream, budget: float, do_compile: boo
                 else:
                     row.no_measure_ms = ms
                 del prog
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001  (a row that fails is reported, the others go on)
                 row.notes.append(f"route {label}: {type(e).__name__}: {e}"[:300])
                 print(f"  {w.name} [route {label}]: failed: {e}", flush=True)
     row.eager_ms = gs.time_ms(lambda: fn(*inputs), stream)
@@ -138,21 +127,21 @@ def write_report(rows: list[Row], device: str, commit: str, out: Path, budget: f
     date = datetime.date.today().isoformat()
     path = out / f"route-{gs.device_slug(device)}-{date}.md"
     lines = [
-        f"# The GPU route against the fixed route, eager and torch.compile ({date})",
+        f"# The GPU route against eager and torch.compile ({date})",
         "",
         f"Device: {device}. Commit: {commit}. `python3 bench/route_bench.py` (first-use budget "
         f"{budget:g} s). Times in ms, medians of 30 CUDA-event timings; every tgc result "
         "checked against PyTorch first.",
         "",
-        "| row | fixed route | route, first use | first use (s) | measured | route, second run"
+        "| row | route, first use | first use (s) | measured | route, second run"
         " | plan (s), second run | route, --no-measure, empty db | eager | torch.compile "
         "| whole plans (ms) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         cands = ", ".join(f"{k} {v:.4f}" for k, v in r.candidates.items())
         lines.append(
-            f"| {r.name} | {fmt(r.fixed_ms)} | {fmt(r.first_ms)} | {fmt(r.first_use_s, 1)} | "
+            f"| {r.name} | {fmt(r.first_ms)} | {fmt(r.first_use_s, 1)} | "
             f"{r.measured} | {fmt(r.second_ms)} | {fmt(r.second_plan_s, 2)} | "
             f"{fmt(r.no_measure_ms)} | {fmt(r.eager_ms)} | {fmt(r.compile_ms)} | "
             f"{cands}; ran {r.chosen} |"
@@ -191,7 +180,7 @@ def main(argv=None) -> int:
             workloads = [
                 w
                 for kind in args.only.split(",")
-                for w in gs.low_precision_workloads(kind, dtype, args.quick, False)
+                for w in gs.low_precision_workloads(kind, dtype, args.quick)
             ]
         for w in workloads:
             rows.append(bench_row(w, dtype, stream, args.budget, not args.no_compile))

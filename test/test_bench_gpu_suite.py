@@ -4,15 +4,17 @@ The GPU run is the lead's; what can fail before it is checked here: every worklo
 parses and verifies at full size; at a small size it computes, on the numpy backend in its own
 element type, what an independent float64 numpy reference computes, within the tolerance the
 benchmark itself applies against PyTorch (LOW_PRECISION_TOL; 1e-4 for f32), on fresh random
-inputs; the fixed `cuda` route plans every row at full size with every template variant the
-sweep tries, and nvcc compiles each kernel of those plans; PyTorch's side of each row (on the
-CPU) computes what the text computes; the options and the report. The benchmark imports torch
+inputs; every row plans at full size as the GPU route plans it with nothing measured, on tgc's
+own kernels (the standalone file's planning: PyTorch's kernels need the GPU), and the standalone
+file of each row compiles with nvcc; PyTorch's side of each row (on the CPU) computes what the
+text computes; the options and the report. The benchmark imports torch
 only inside functions, so all but the PyTorch check run without it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -24,6 +26,9 @@ import numpy as np
 import pytest
 
 from tgc.parser import parse_module
+from tgc.pass_manager import PassManager
+from tgc.planner.backends import cuda_kernels as ck
+from tgc.planner.standalone import plan_standalone
 from tgc.runtime.interpreter import run_function
 from tgc.types import NUMPY_DTYPES
 from tgc.verifier import verify
@@ -39,7 +44,7 @@ ALL_ROWS = [(kind, dtype) for dtype in gpu_suite.LOW_DTYPES for kind in gpu_suit
 
 
 def full_size(kind: str, dtype: str) -> list[gpu_suite.Workload]:
-    return gpu_suite.low_precision_workloads(kind, dtype, quick=False, sweep=True)
+    return gpu_suite.low_precision_workloads(kind, dtype, quick=False)
 
 
 # -- float64 references, written from the ops' definitions (not from tgc) ---------------------------
@@ -169,33 +174,43 @@ def test_full_size_texts_parse_and_verify(kind, dtype):
         assert all(a.type.element_type == dtype for a in func.body.args), w.name
 
 
+def planned_row(w: gpu_suite.Workload, arch: str | None = None):
+    """The row's function after its pipeline (tgc_program's), planned as the route plans it
+    with nothing measured, for a GPU of `arch`, on tgc's own kernels."""
+    module = parse_module(w.text)
+    PassManager.from_text(w.pipeline or "lower-for-planning").run(module)
+    with ck.planning_kernels(arch):
+        plan_standalone(module.funcs[0])
+    return module.funcs[0]
+
+
 @pytest.mark.parametrize(("kind", "dtype"), ALL_ROWS)
-def test_cuda_route_plans_every_row_and_variant(kind, dtype):
-    """What tgc_runner does before it needs the GPU (the pipeline, the cuda route with the
-    variant's options, the plan with its template parameters), at full size: a pass or
-    codegen error here would end the lead's run."""
+def test_the_route_plans_every_row(kind, dtype):
+    """What tgc_program does before it needs the GPU (the pipeline, the plan, at full size): a
+    pass or planning error here would end the lead's run."""
     for w in full_size(kind, dtype):
-        for params in w.variants or [None]:
-            plan = gpu_suite.tgc_plan(w.text, w.pipeline, params)
-            assert plan.steps, (w.name, params)
-
-
-def step_kinds(plan, steps):
-    return [type(plan.steps[i]).__name__ for i in steps]
+        assert gpu_suite.callees(planned_row(w)), w.name
 
 
 @pytest.mark.parametrize("dtype", gpu_suite.LOW_DTYPES)
 def test_qkv_row_returning_its_products_times_one_batched_gemm_and_no_copies(dtype):
     """The QKV row returns q, k and v, so `-p optimize` stacks its matmuls: the weights packed
-    once (the prologue), one batched GEMM per call, and the products returned as views of its
-    buffer (no slice kernel, no copy)."""
+    (a kernel the route runs once per set of parameters), one batched GEMM, and the products
+    returned as views of its result (no slice kernel, no copy)."""
     (w,) = full_size("qkv", dtype)
     assert w.pipeline == "optimize"
-    plan = gpu_suite.tgc_plan(w.text, w.pipeline)
-    assert step_kinds(plan, plan.per_call) == ["Gemm"]
-    assert plan.steps[plan.per_call[0]].batch == 3
-    assert step_kinds(plan, plan.prologue) == ["Launch"]
-    assert all(b.base is plan.steps[plan.per_call[0]].c for b in plan.buffers if b.kind == "output")
+    func = planned_row(w)
+    assert gpu_suite.callees(func) == [
+        "cuda.elementwise",
+        "cuda.cublas.gemm",
+        "cuda.split_view",
+        *["cuda.reshape_view"] * 3,
+    ]
+    (gemm,) = [op for op in func.body.ops if op.attributes.get("callee") == "cuda.cublas.gemm"]
+    assert gemm.results[0].type.shape[0] == 3
+    for v in func.body.last.operands:
+        piece = v.defining_op.operands[0].defining_op
+        assert piece.attr("callee") == "cuda.split_view" and piece.operands[0] is gemm.results[0]
 
 
 @pytest.mark.parametrize("dtype", gpu_suite.LOW_DTYPES)
@@ -205,36 +220,36 @@ def test_attention_rows_are_one_kernel_each(dtype):
     rows = full_size("attn", dtype)
     assert len(rows) == 2 * len(gpu_suite.ATTENTION_SHAPES)
     for w in rows:
-        plan = gpu_suite.tgc_plan(w.text, w.pipeline, arch="sm_90")
-        assert step_kinds(plan, range(len(plan.steps))) == ["Launch"], w.name
-        assert plan.kernels[0].params["wgmma"], w.name
+        func = planned_row(w, "sm_90")
+        assert gpu_suite.callees(func) == ["cuda.attention"], w.name
+        assert func.body.first.attributes["param.wgmma"], w.name
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-def test_nvcc_compiles_every_kernel_of_the_low_precision_rows(tmp_path):
-    """Each distinct kernel the bf16/f16 rows' plans hold (every variant, planned for sm_90 as
-    the GPU run plans them) compiles for it with the executor's options, so that the GPU run
+def test_nvcc_compiles_the_standalone_file_of_every_low_precision_row(tmp_path):
+    """Each bf16/f16 row's standalone file (its kernels as the route plans them for sm_90,
+    tgc-translate --emit=cuda --arch=sm_90's) compiles as its header says, so that the GPU run
     does not stop at nvcc."""
-    from tgc.codegen.render import prelude
+    from tgc.planner.standalone import emit_standalone_cuda
 
-    sources = {}
+    files = []
     for kind, dtype in ALL_ROWS:
         for w in full_size(kind, dtype):
-            for params in w.variants or [None]:
-                for k in gpu_suite.tgc_plan(w.text, w.pipeline, params, "sm_90").kernels:
-                    label = f"{w.name}, {params or 'defaults'}: {k.name}"
-                    sources.setdefault(k.source, (label, k.nvcc_target("sm_90")))
+            module = parse_module(w.text)
+            PassManager.from_text(w.pipeline or "lower-for-planning").run(module)
+            files.append((w.name, emit_standalone_cuda(module, w.name, arch="sm_90")))
 
     def build(item):
-        i, (source, (label, target)) = item
-        src = tmp_path / f"k{i}.cu"
-        src.write_text(prelude() + "\n" + source)
-        cmd = [NVCC, "-cubin", *target, "-O3", "-std=c++17", "-o", f"{src}.cubin", str(src)]
+        i, (name, source) = item
+        src = tmp_path / f"row{i}.cu"
+        src.write_text(source)
+        target = re.search(r"nvcc (-\S+) -c FILE\.cu", source).group(1)
+        cmd = [NVCC, target, "-c", "-o", f"{src}.o", str(src)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        return None if proc.returncode == 0 else f"{label}:\n{proc.stderr[-2000:]}"
+        return None if proc.returncode == 0 else f"{name}:\n{proc.stderr[-2000:]}"
 
     with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
-        failures = [f for f in pool.map(build, enumerate(sources.items())) if f]
+        failures = [f for f in pool.map(build, enumerate(files)) if f]
     assert not failures, "\n".join(failures)
 
 
@@ -294,18 +309,14 @@ def test_torch_side_computes_what_the_text_computes():
             assert err <= 1e-4, f"{name}: max rel. error {err:.2e}"
 
 
-def test_bf16_tensors_cross_to_the_runner_and_back_exactly():
-    """run_tgc's conversions: a bf16 tensor goes up as f32 (numpy has no bf16) holding the same
-    values, and a bf16 result (ml_dtypes) comes back as an f32 array torch takes."""
+def test_bf16_results_come_back_to_torch_exactly():
+    """checked_result's conversion: a bf16 result (ml_dtypes) comes back as an f32 array torch
+    takes, holding the same values."""
     torch = pytest.importorskip("torch")
     x = torch.randn(5, 7).to(torch.bfloat16)
-    up = gpu_suite.host_array(x)
-    assert up.dtype == np.float32
-    assert np.array_equal(up, x.float().numpy())
-    back = gpu_suite.torch_storable(up.astype(NUMPY_DTYPES["bf16"]))
+    back = gpu_suite.torch_storable(x.float().numpy().astype(NUMPY_DTYPES["bf16"]))
+    assert back.dtype == np.float32
     assert torch.equal(torch.from_numpy(back).to(torch.bfloat16), x)
-    h = torch.randn(3).half()
-    assert gpu_suite.host_array(h).dtype == np.float16
 
 
 # -- options and report ----------------------------------------------------------------------------
@@ -376,7 +387,7 @@ def test_report_of_fp32_rows_has_no_flops_column(tmp_path):
 def test_report_of_low_precision_rows(tmp_path):
     """bf16/f16 rows: the TFLOP/s column (tgc / eager / compile), their checks' tolerance, a
     method line that does not call them fp32, "-" for a row with no target."""
-    (attn, *_) = gpu_suite.low_precision_workloads("attn", "f16", quick=False, sweep=False)
+    (attn, *_) = gpu_suite.low_precision_workloads("attn", "f16", quick=False)
     low = gpu_suite.Result(attn.name, attn.target, 2.0, 1.0, 0.5, None, 1e-3, None)
     low.flops, low.dtype = 1e12, "f16"
     gemm = gpu_suite.Result("GEMM bf16", "le_eager", 1.0, 2.0, None, error=1e-2)
@@ -413,8 +424,8 @@ def test_judge_new_targets(target, tgc, eager, compiled, met):
 
 
 def test_a_target_is_judged_on_either_route_and_the_report_names_the_one_that_met_it(tmp_path):
-    """The fixed route misses torch.compile and auto beats it: "met by auto"; a row that both
-    miss stays "missed"."""
+    """The route with nothing measured misses torch.compile and auto beats it: "met by auto"; a
+    row that both miss stays "missed"."""
     res = gpu_suite.Result("GPT-2 block bf16", "beat_eager_le_compile", 0.38, 0.48, 0.32)
     res.auto_ms = 0.30
     assert gpu_suite.judge(res, 3e12) is False
@@ -433,11 +444,11 @@ def test_a_target_is_judged_on_either_route_and_the_report_names_the_one_that_me
 @pytest.mark.parametrize(("kind", "dtype"), ALL_ROWS)
 def test_torch_side_inputs_and_results_fit_the_text(kind, dtype, quick):
     """Each row's PyTorch inputs are the tgc function's arguments (shape, type, order: the
-    runner uploads them as they are) and PyTorch's results have its result types, at the
+    route takes them as they are) and PyTorch's results have its result types, at the
     sizes the GPU run uses (on torch's meta device: shapes only, nothing computed)."""
     torch = pytest.importorskip("torch")
     run = gpu_suite.LowPrecisionRun(dtype, None, False, {}, device="meta")
-    for w in gpu_suite.low_precision_workloads(kind, dtype, quick, sweep=False):
+    for w in gpu_suite.low_precision_workloads(kind, dtype, quick):
         fn, inputs = gpu_suite.TORCH_SIDES[w.kind](run, *w.shape)
         (func,) = parse_module(w.text).funcs
         args = [a.type for a in func.body.args]
