@@ -412,3 +412,18 @@ def test_a_wrong_torch_kernel_makes_the_mixed_plan_wrong():
     finally:
         torch_backend.TENSOR_RUN[name] = good
     assert rel_error(got, want) > 1e-2
+
+
+def test_attention_broadcasts_its_batches_without_torchs_python_reference(monkeypatch):
+    """torch.broadcast_shapes runs PyTorch's Python reference implementation (14 us a call on
+    the host, where a GPU attention takes tens of us; its first call imports sympy, about 1 s):
+    the kernel broadcasts with numpy's, and only where the batches differ."""
+
+    def refused(*shapes):
+        raise AssertionError("torch.broadcast_shapes called")
+
+    monkeypatch.setattr(torch, "broadcast_shapes", refused)
+    rng = np.random.default_rng(0)
+    for text in _attention_instances("hl.attention", rng, "f32"):
+        func = parse(text)
+        check_kernel_on(KERNELS["torch-cpu.hl.attention"], func, random_inputs(func, rng))

@@ -141,8 +141,13 @@ def _linear(op: Operation, x, w, b=None):
 def _attention(op: Operation, q, k, v, mask=None):
     """hl.attention's causal mask is aligned to the end (query i sees key j <= i + seq_k -
     seq_q); torch's `is_causal` to the start, so it is used only where the two agree."""
-    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    q, k, v = (t.expand(batch + t.shape[-2:]) for t in (q, k, v))
+    # numpy's broadcast_shapes, and only where the batches differ: torch's goes through its
+    # Python reference implementation, 14 us a call on the host (and its first call imports
+    # sympy, 0.6-1.5 s), where a GPU attention takes tens of us.
+    batches = (q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    if len(set(batches)) > 1:
+        batch = tuple(np.broadcast_shapes(*batches))
+        q, k, v = (t.expand(batch + tuple(t.shape[-2:])) for t in (q, k, v))
     seq_q, seq_k = q.shape[-2], k.shape[-2]
     causal = bool(op.attr("causal"))
     if causal and (mask is not None or seq_q != seq_k):
