@@ -72,8 +72,24 @@ class Match:
     reference: FuncOp | None = None
 
 
-def _types(op: Operation):
-    return [v.type for v in op.operands], [r.type for r in op.results]
+# Whether a kernel's constraints accept the operand and result types, by (kernel, operand types,
+# result types): a constraint is a function of the types alone (planner/kernel.py), and a model's
+# layers ask the same question at every layer (twelve equal linears, one answer). Types are
+# interned, so the key hashes at C speed. Kept while it stays small: generated kernels are made
+# per region, and the table must not hold every kernel a long process made.
+_ACCEPTED: dict[tuple, bool] = {}
+_ACCEPTED_LIMIT = 100_000
+
+
+def accepts(kernel: Kernel, operand_types, result_types) -> bool:
+    """Whether `kernel`'s constraints accept these types (asked once per distinct question)."""
+    key = (kernel, tuple(operand_types), tuple(result_types))
+    found = _ACCEPTED.get(key)
+    if found is None:
+        if len(_ACCEPTED) >= _ACCEPTED_LIMIT:
+            _ACCEPTED.clear()
+        found = _ACCEPTED[key] = kernel.constraints((list(key[1]), list(key[2]))) is None
+    return found
 
 
 # -- the index: op kernels by op name, graph-kernel references by root op name -----------------
@@ -151,8 +167,11 @@ def matches_at(
     `find_matches` passes it."""
     op_kernels, refs = _candidates(op, kernels)
     out = []
+    if op_kernels:
+        ins = tuple(v.type for v in op.operands)
+        outs = tuple(r.type for r in op.results)
     for k in op_kernels:
-        if k.constraints(_types(op)) is None:
+        if accepts(k, ins, outs):
             out.append(Match(k, op, (op,), tuple(op.operands), tuple(op.results)))
     for k, ref in refs:
         out += _graph_matches(k, ref, op, positions)
@@ -206,7 +225,7 @@ def _accept(kernel, ref, root, output, matcher, positions) -> Match | None:
             return None  # a result of p_op is used outside the match
         covered.append(p_op)
     inputs = tuple(matcher.args[a] for a in ref.body.args)
-    if kernel.constraints(([v.type for v in inputs], [output.type])) is not None:
+    if not accepts(kernel, [v.type for v in inputs], (output.type,)):
         return None
     ops = _in_block_order(covered, root, positions)
     return Match(kernel, root, ops, inputs, (output,), tuple(constants), ref)

@@ -32,9 +32,11 @@ options, and regions are independent (see `planner.paths`).
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
+from operator import attrgetter
 
 import numpy as np
 
@@ -42,7 +44,7 @@ from tgc.attributes import attribute_key
 from tgc.builder import Builder
 from tgc.builtin import FuncOp, ModuleOp, ReturnOp
 from tgc.ir import Block, Operation, Value
-from tgc.planner.kernel import BACKEND_SPACE, KERNELS, Kernel, register_kernel
+from tgc.planner.kernel import BACKEND_SPACE, KERNELS, Kernel, register_kernel, registry_version
 from tgc.planner.match import Match, matches_at
 
 # -- copies ------------------------------------------------------------------------------------
@@ -294,9 +296,26 @@ class PlanContext:
     def block_options(self, block: Block) -> BlockOptions:
         found = self._blocks.get(block)
         if found is None:
-            found = BlockOptions(block, self)
+            found = _shared_options(block, self)
             self._blocks[block] = found
         return found
+
+    def share_key(self) -> tuple | None:
+        """What the options of a block depend on besides the block (see `_shared_options`),
+        or None where they may depend on more: a kernel pool or matcher a caller passed in."""
+        if self.kernels is not None or self.match is not _default_match:
+            return None
+        # `generated` is not in it: the options without generated kernels are those with
+        # them, less the fused ones (`options_at`), so either serves a context without
+        return (
+            self.tolerance,
+            self.decompose,
+            self.backends,
+            self.host_constants,
+            frozenset(self._building),
+            tuple(FUSED_OPTIONS),
+            registry_version(),
+        )
 
     def forget(self, block: Block) -> None:
         """Drop the options of a block that changed."""
@@ -337,6 +356,10 @@ class BlockOptions:
         for op in self.ops:
             found = ctx.options_at(op)
             self.options[op] = [o for o in found if all(x in self.position for x in o.ops)]
+        self._derive()
+
+    def _derive(self) -> None:
+        """The interior-able and optional ops and the regions, from the options."""
         self.interior = {x for opts in self.options.values() for o in opts for x in o.ops[:-1]}
         # Ops a plan may leave out: covered inside another op's option, or constants that a
         # graph kernel reads by value (run only if some other chosen kernel reads them).
@@ -362,3 +385,191 @@ class BlockOptions:
         for op in self.ops:
             groups.setdefault(find(op), []).append(op)
         return list(groups.values())
+
+
+# -- options shared between copies of a block --------------------------------------------------------
+#
+# The GPU route (planner/route.py) finds the options of one function three times a compile: for
+# the instances first use would measure (planner/profile.py walks them), for the plan and for the
+# plan of the default costs, each on its own copy of the function (planning changes the function
+# it plans); and a second compile in one process (bench/real_models.py) again. Matching every op
+# against the kernels and asking the fused-kernel hook at every op is most of planning's work (on
+# a 12-layer GPT-2 about 0.3 s each time, on a 2-core machine). The options of an op depend on the
+# block's ops, attributes, types and wiring, the registered kernels and the context (`share_key`)
+# and on nothing else, so a block that copies one seen before op for op (a clone, a function
+# imported again) gets that block's options mapped onto its own ops and values: found once.
+
+SHARE_OPTIONS = True  # tests turn it off to check that plans do not change
+_SHARED_LIMIT = 256  # blocks remembered (a model's function and its decompositions' blocks)
+_SHARED: OrderedDict[tuple, list[tuple[_Shape, _Template]]] = OrderedDict()
+
+_RESULTS, _OPERANDS, _REGIONS = attrgetter("results"), attrgetter("operands"), attrgetter("regions")
+_ATTRIBUTES, _TYPE = attrgetter("attributes"), attrgetter("type")
+
+
+class _Shape:
+    """A block flattened into lists that compare at C speed: its ops' classes, attributes,
+    result types and operand counts, each operand as the index of the result it reads (an
+    argument i as -1 - i), the argument types and the function's attributes. Two blocks of equal
+    shapes are copies op for op. `ops` and `results` are this block's, to map options onto."""
+
+    def __init__(self, block: Block) -> None:
+        self.ops = ops = list(block.ops)
+        result_lists = list(map(_RESULTS, ops))
+        operand_lists = list(map(_OPERANDS, ops))
+        self.results = results = [r for rs in result_lists for r in rs]
+        index: dict[Value, int] = dict(zip(results, range(len(results))))
+        index.update(zip(block.args, range(-1, -len(block.args) - 1, -1)))
+        wires = list(map(index.get, (v for vs in operand_lists for v in vs)))
+        # A value from outside the block or an op with regions: uses this flattening misses.
+        self.shareable = None not in wires and not any(map(_REGIONS, ops))
+        parent = block.region.parent if block.region is not None else None
+        attributes = getattr(parent, "attributes", None) or {}
+        self.key = (tuple(map(type, ops)), tuple(map(_TYPE, block.args)))
+        self.body = (
+            wires,
+            list(map(len, operand_lists)),
+            list(map(len, result_lists)),
+            list(map(_TYPE, results)),
+            list(map(_ATTRIBUTES, ops)),
+            {k: v for k, v in attributes.items() if k != "sym_name"},
+        )
+
+    def value_refs(self, block: Block) -> dict[Value, int]:
+        refs: dict[Value, int] = dict(zip(self.results, range(len(self.results))))
+        refs.update(zip(block.args, range(-1, -len(block.args) - 1, -1)))
+        return refs
+
+
+@dataclass(eq=False)
+class _Template:
+    """A block's options by position: the live ops and the ops an option covers as indices
+    into the block's ops, values as `_Shape` references; `fused`: found with the fused-kernel
+    hook's options."""
+
+    live: list[int]
+    options: list[list[tuple]]
+    fused: bool
+
+
+def _shared_options(block: Block, ctx: PlanContext) -> BlockOptions:
+    """The options of `block`: mapped from a block of the same shape seen before in a context
+    of the same `share_key`, else found (and kept for the next copy)."""
+    key = ctx.share_key() if SHARE_OPTIONS else None
+    if key is None:
+        return BlockOptions(block, ctx)
+    shape = _Shape(block)
+    if not shape.shareable:
+        return BlockOptions(block, ctx)
+    slot = (key, shape.key)
+    fused = ctx.generated and bool(FUSED_OPTIONS)
+    for seen, template in _SHARED.get(slot, ()):
+        if seen.body == shape.body and (template.fused or not fused):
+            _SHARED.move_to_end(slot)
+            return _instantiate(template, block, shape, template.fused and not fused)
+    found = BlockOptions(block, ctx)
+    template = _template(found, block, shape, fused)
+    if template is not None:
+        # The shape is kept without the block's ops and values (the template names them by
+        # position), and with copies of their attribute dicts: the block may be planned and
+        # rewritten afterwards.
+        shape.ops = shape.results = ()
+        shape.body[4][:] = map(dict, shape.body[4])
+        _SHARED.setdefault(slot, []).append((shape, template))
+        _SHARED.move_to_end(slot)
+        while len(_SHARED) > _SHARED_LIMIT:
+            _SHARED.popitem(last=False)
+    return found
+
+
+def _template(bo: BlockOptions, block: Block, shape: _Shape, fused: bool) -> _Template | None:
+    """`bo` by position (None when an option reaches an op or value outside the block)."""
+    at = dict(zip(shape.ops, range(len(shape.ops))))
+    refs = shape.value_refs(block)
+    try:
+        options = []
+        for op in bo.ops:
+            row = []
+            for o in bo.options[op]:
+                m = o.match
+                match = None
+                if m is not None:
+                    match = (
+                        m.kernel,
+                        at[m.root],
+                        tuple(at[x] for x in m.ops),
+                        tuple(refs[v] for v in m.inputs),
+                        tuple(refs[v] for v in m.outputs),
+                        tuple(at[c] for c in m.constants),
+                        m.reference,
+                    )
+                row.append(
+                    (
+                        o.kind,
+                        at[o.root],
+                        tuple(at[x] for x in o.ops),
+                        tuple(refs[v] for v in o.inputs),
+                        tuple(refs[v] for v in o.outputs),
+                        match,
+                        o.decomposition,
+                    )
+                )
+            options.append(row)
+        return _Template([at[op] for op in bo.ops], options, fused)
+    except KeyError:
+        return None
+
+
+_new = object.__new__
+
+
+def _instantiate(t: _Template, block: Block, shape: _Shape, drop_fused: bool) -> BlockOptions:
+    """The options of `t` on `block`, a copy of the block `t` was made from (`drop_fused`:
+    less the fused-kernel hook's, for a context without generated kernels). Options and matches
+    are made as their frozen dataclasses' `__init__` would, without its per-field
+    `object.__setattr__` (a few thousand options a function)."""
+    ops, results, args = shape.ops, shape.results, block.args
+
+    def value(r: int) -> Value:
+        return results[r] if r >= 0 else args[-1 - r]
+
+    bo = _new(BlockOptions)
+    bo.block = block
+    bo.ops = [ops[i] for i in t.live]
+    bo.position = {op: i for i, op in enumerate(bo.ops)}
+    bo.options = {}
+    for op, row in zip(bo.ops, t.options):
+        made = []
+        for kind, root, covered, inputs, outputs, m, decomposition in row:
+            if drop_fused and kind == FUSED:
+                continue
+            covered = tuple(ops[i] for i in covered)
+            inputs = tuple(map(value, inputs))
+            outputs = tuple(map(value, outputs))
+            match = None
+            if m is not None:
+                kernel, m_root, m_ops, m_inputs, m_outputs, constants, reference = m
+                match = _new(Match)
+                match.__dict__.update(
+                    kernel=kernel,
+                    root=ops[m_root],
+                    ops=tuple(ops[i] for i in m_ops),
+                    inputs=tuple(map(value, m_inputs)),
+                    outputs=tuple(map(value, m_outputs)),
+                    constants=tuple(ops[i] for i in constants),
+                    reference=reference,
+                )
+            option = _new(Option)
+            option.__dict__.update(
+                kind=kind,
+                root=ops[root],
+                ops=covered,
+                inputs=inputs,
+                outputs=outputs,
+                match=match,
+                decomposition=decomposition,
+            )
+            made.append(option)
+        bo.options[op] = made
+    bo._derive()
+    return bo

@@ -299,18 +299,30 @@ def plan_cost(plan: Plan, costs: CostSource | CachedCosts) -> float:
         want = declared[i].encoding if declared is not None else v.type.encoding
         needs.setdefault(env[v], set()).add(want)
     total = 0.0
+    # Seconds by kernel and types, and by copy: a model's equal layers run the same kernels on
+    # the same types, asked once each rather than once a layer.
+    seconds: dict[tuple, float] = {}
     for k in kernels:
         if not any(key in needs for key in k.outputs):
             continue  # a constant nobody reads
-        p = k.option.space
-        ins = [t.with_encoding(p) for t in k.types_in]
-        outs = [t.with_encoding(p) for t in k.types_out]
+        kernel = k.option.kernel
+        p = kernel.space
+        ins = tuple(t.with_encoding(p) for t in k.types_in)
+        outs = tuple(t.with_encoding(p) for t in k.types_out)
+        found = seconds.get((kernel, ins, outs))
+        if found is None:
+            found = seconds[kernel, ins, outs] = costs.cost(kernel, ins, outs).seconds
         weight = ONCE_WEIGHT if k.outputs and state[k.outputs[0]] == PARAM else 1.0
-        total += weight * costs.cost(k.option.kernel, ins, outs).seconds
+        total += weight * found
     for key, spaces in needs.items():
         weight = ONCE_WEIGHT if state[key] == PARAM else 1.0
         for s in spaces - {space[key]}:
-            total += weight * copy_seconds(costs, space[key], s, types[key])
+            t = types[key]
+            asked = (space[key], s, t.with_encoding(None))  # (the copy's types carry spaces)
+            found = seconds.get(asked)
+            if found is None:
+                found = seconds[asked] = copy_seconds(costs, space[key], s, t)
+            total += weight * found
     return total
 
 

@@ -124,7 +124,13 @@ class Solver:
         self.spaces = spaces
         self.budget = budget
         self._kernel_seconds: dict[Option, float] = {}
+        # kernel seconds by (kernel, operand types, result types): the options of a model's
+        # equal layers are distinct objects asking one question (planner/cost.py's CachedCosts
+        # would answer it from its memo, but only after its key is built, types moved to the
+        # kernel's space and parameters looked up, for every option of every layer)
+        self._kernel_types: dict[tuple, float] = {}
         self._spread: dict[tuple, list[float]] = {}
+        self._copies: dict[tuple, float] = {}
         self._tables: dict[tuple, dict[tuple, tuple[Problem, Solution]]] = {}
         self._nested: dict[tuple, Reconstruction] = {}
         self.inexact = 0  # problems solved by the plain recurrence
@@ -138,10 +144,19 @@ class Solver:
     def kernel_seconds(self, o: Option) -> float:
         found = self._kernel_seconds.get(o)
         if found is None:
-            p = o.space
-            ins = [v.type.with_encoding(p) for v in o.inputs]
-            outs = [v.type.with_encoding(p) for v in o.outputs]
-            found = self.costs.cost(o.kernel, ins, outs).seconds
+            kernel = o.kernel
+            key = (kernel, tuple(v.type for v in o.inputs), tuple(v.type for v in o.outputs))
+            found = self._kernel_types.get(key)
+            if found is None:
+                p = kernel.space
+                ins = tuple(t.with_encoding(p) for t in key[1])
+                outs = tuple(t.with_encoding(p) for t in key[2])
+                placed = (kernel, ins, outs)  # (values typed with and without their space)
+                found = self._kernel_types.get(placed)
+                if found is None:
+                    found = self.costs.cost(kernel, ins, outs).seconds
+                    self._kernel_types[placed] = found
+                self._kernel_types[key] = found
             if self.fixed.reads(o.inputs):
                 found *= ONCE_WEIGHT
             self._kernel_seconds[o] = found
@@ -155,11 +170,19 @@ class Solver:
             found = [0.0] * self.spaces.count
             for mask in self.spaces.masks:
                 found[mask] = sum(
-                    copy_seconds(self.costs, space, s, t)
-                    for s in self.spaces.members(mask)
-                    if s != space
+                    self.copy_seconds(space, s, t) for s in self.spaces.members(mask) if s != space
                 )
             self._spread[key] = found
+        return found
+
+    def copy_seconds(self, src, dst, t) -> float:
+        """A copy of a value of type t from space `src` to `dst`, asked once per shape and
+        element type: each mask holding `dst` needs it, and a value's type may or may not
+        carry its space already."""
+        key = (src, dst, t.with_encoding(None))
+        found = self._copies.get(key)
+        if found is None:
+            found = self._copies[key] = copy_seconds(self.costs, src, dst, t)
         return found
 
     def spread_of(self, space, v: Value) -> list[float]:
