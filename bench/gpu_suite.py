@@ -113,36 +113,20 @@ def generated_plan(text: str, params: dict | None = None, arch: str | None = Non
     """`text` (after lower-for-planning) planned for the GPU on tgc's generated kernels alone
     (no cuBLAS, cuBLASLt or PyTorch: what a benchmark of the templates runs), every generated
     kernel made with the template defaults for a GPU of `arch` (None: any sm_80 or later) and
-    `params` over them, as the fixed route's plans were. No GPU needed; on one, run it with
-    `PlannedFunction` (after `load_backends(("cuda",))`)."""
+    `params` over them. No GPU needed; on one, run it with `PlannedFunction` (after
+    `load_backends(("cuda",))`)."""
     import tgc
     from tgc.pass_manager import PassManager
-    from tgc.planner.backends import cuda_kernels as ck
-    from tgc.planner.cost import CachedCosts, RooflineCostSource
-    from tgc.planner.kernel import KERNELS
-    from tgc.planner.materialise import materialise
-    from tgc.planner.options import PlanContext
-    from tgc.planner.route import is_library, move_signature_to_device, plan_tolerance
-    from tgc.planner.select import plan_function, prepare
+    from tgc.planner.backends.cuda_kernels import planning_kernels
+    from tgc.planner.standalone import plan_standalone, set_template_params
 
     tgc.load_all()
     module = tgc.parse(text)
     PassManager.from_text("lower-for-planning").run(module)
     func = module.funcs[0]
-    with ck.planning_kernels(arch):
-        move_signature_to_device(func)
-        prepare(func)
-        pool = [k for k in KERNELS.values() if not is_library(k)]
-        ctx = PlanContext(pool, plan_tolerance(func), backends={"cuda"}, host_constants=True)
-        costs = CachedCosts(RooflineCostSource.gpu_defaults())
-        materialise(func, plan_function(func, ctx, costs), costs)
-    generated = {t.name for t in ck.TEMPLATE_OF_KIND.values()}
-    chosen = {"arch": arch, **(params or {})} if arch else dict(params or {})
-    for op in func.body.ops:
-        if op.attributes.get("callee") in generated:  # the planner's choices give way
-            for key in [k for k in op.attributes if k.startswith("param.")]:
-                del op.attributes[key]
-            op.attributes.update({f"param.{k}": v for k, v in chosen.items()})
+    with planning_kernels(arch):
+        plan_standalone(func, libraries=False)
+    set_template_params(func, {"arch": arch, **(params or {})} if arch else dict(params or {}))
     return func
 
 

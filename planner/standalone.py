@@ -8,7 +8,9 @@ it), constants made on the host and copied where they are read (`host_constants`
 route's tolerance by element type, costed by the default cost source
 (`RooflineCostSource.gpu_defaults()`), and the plan is written as IR (`materialise`). The CUDA
 backend's kernels are registered for the while, their regions made for the GPU `arch` names
-(planner/backends/cuda_kernels.py, `planning_kernels`).
+(planner/backends/cuda_kernels.py, `planning_kernels`). Without `libraries` the plan takes
+tgc's generated kernels alone (no cuBLAS, no cuBLASLt): a file that needs only the CUDA runtime,
+and what a benchmark or a test of the templates runs.
 
 Writing (`device_program`) walks the planned function's ops in order:
 
@@ -56,21 +58,34 @@ from tgc.planner.backends import cuda_kernels as ck
 from tgc.planner.cost import CachedCosts, RooflineCostSource
 from tgc.planner.materialise import materialise
 from tgc.planner.options import HOST_CONSTANT, PlanContext
-from tgc.planner.route import DEVICE, DEVICE_BACKENDS, move_signature_to_device, plan_tolerance
+from tgc.planner.kernel import KERNELS
+from tgc.planner.route import (
+    DEVICE,
+    DEVICE_BACKENDS,
+    is_library,
+    move_signature_to_device,
+    plan_tolerance,
+)
 from tgc.planner.select import plan_function, prepare
 from tgc.runtime.cublaslt import EPILOGUES, WORKSPACE_BYTES
 from tgc.types import TensorType
 
 # The route's device kernels but PyTorch's: a standalone program cannot call it.
 FILE_BACKENDS = DEVICE_BACKENDS - kernel_backends(("torch",))
+# The callees of generated kernels (their regions are their code).
+GENERATED = frozenset(t.name for t in ck.TEMPLATE_OF_KIND.values())
 
 
 def emit_standalone_cuda(
-    module: ModuleOp, source_name: str = "<module>", arch: str | None = None
+    module: ModuleOp,
+    source_name: str = "<module>",
+    arch: str | None = None,
+    libraries: bool = True,
 ) -> str:
     """The .cu of `module` (module doc), its kernels for a GPU of `arch` (nvcc's name,
-    "sm_90"; None: any sm_80 or later). The functions are planned in place. Where a kernel
-    needs its architecture's own features (sm_90a's wgmma), the header says how to build."""
+    "sm_90"; None: any sm_80 or later), with cuBLAS and cuBLASLt among its kernels unless
+    `libraries` is false. The functions are planned in place. Where a kernel needs its
+    architecture's own features (sm_90a's wgmma), the header says how to build."""
     for func in module.funcs:
         refuse_unplannable(func)
     names = module_names()
@@ -82,7 +97,7 @@ def emit_standalone_cuda(
     programs = []
     with ck.planning_kernels(arch):
         for func in module.funcs:
-            plan_standalone(func)
+            plan_standalone(func, libraries)
             programs.append(device_program(func, names, arch))
     return write_file(programs, entries, names, source_name)
 
@@ -107,15 +122,28 @@ def refuse_unplannable(func: FuncOp) -> None:
             )
 
 
-def plan_standalone(func: FuncOp) -> None:
-    """Plan `func` in place as the standalone file runs it (module doc), with the kernels of the
-    CUDA backend registered (`planning_kernels`)."""
+def plan_standalone(func: FuncOp, libraries: bool = True) -> None:
+    """Plan `func` in place as the standalone file runs it (module doc; without `libraries`, on
+    the generated kernels alone), with the kernels of the CUDA backend registered
+    (`planning_kernels`)."""
     load_backends(("numpy",))  # its constant kernel makes constants on the host
     move_signature_to_device(func)
     prepare(func)
-    ctx = PlanContext(tolerance=plan_tolerance(func), backends=FILE_BACKENDS, host_constants=True)
+    pool = None if libraries else [k for k in KERNELS.values() if not is_library(k)]
+    ctx = PlanContext(pool, plan_tolerance(func), backends=FILE_BACKENDS, host_constants=True)
     costs = CachedCosts(RooflineCostSource.gpu_defaults())
     materialise(func, plan_function(func, ctx, costs), costs)
+
+
+def set_template_params(func: FuncOp, params: dict) -> None:
+    """Make every generated kernel of planned `func` with template parameters `params` and the
+    template's defaults for the rest, in place of the planner's choices: what a benchmark or a
+    test of one template's parameters runs."""
+    for op in func.body.ops:
+        if op.attributes.get("callee") in GENERATED:
+            for key in [k for k in op.attributes if k.startswith("param.")]:
+                del op.attributes[key]
+            op.attributes.update({f"param.{k}": v for k, v in params.items()})
 
 
 def device_program(func: FuncOp, names: NameAllocator, arch: str | None) -> DeviceProgram:
@@ -272,4 +300,10 @@ def _constant_bytes(call: CallOp) -> bytes:
     return np.ascontiguousarray(value).astype(t.dtype).tobytes()
 
 
-__all__ = ["FILE_BACKENDS", "emit_standalone_cuda", "plan_standalone", "refuse_unplannable"]
+__all__ = [
+    "FILE_BACKENDS",
+    "emit_standalone_cuda",
+    "plan_standalone",
+    "refuse_unplannable",
+    "set_template_params",
+]

@@ -138,14 +138,14 @@ class HostModel:
             self.write(step.dst, chunk, row * step.width)
 
 
-def planned(text: str, pipeline: str = "lower-for-planning", arch: str | None = None):
-    """The module parsed, run through `pipeline`, and its first function planned as the
+def planned(text: str, libraries: bool = True, arch: str | None = None):
+    """The module parsed, lowered for planning, and its first function planned as the
     standalone file plans it; the function and its program."""
     module = tgc.parse(text)
-    PassManager.from_text(pipeline).run(module)
+    PassManager.from_text("lower-for-planning").run(module)
     func = module.funcs[0]
     with ck.planning_kernels(arch):
-        plan_standalone(func)
+        plan_standalone(func, libraries)
         program = device_program(func, module_names(), arch)
     return func, program
 
@@ -162,11 +162,14 @@ def assert_matches_float64(text: str, func, program: DeviceProgram, seed: int = 
         assert float(np.max(np.abs(g64 - w))) <= tol, f"result {i}"
 
 
+@pytest.mark.parametrize("libraries", [True, False], ids=["libraries", "generated-only"])
 @pytest.mark.parametrize("name", EXAMPLES)
-def test_the_examples_standalone_programs_compute_the_float64_results(name):
+def test_the_examples_standalone_programs_compute_the_float64_results(name, libraries):
     text = (ROOT / "examples" / name).read_text()
-    func, program = planned(text)
+    func, program = planned(text, libraries)
     assert program.steps
+    if not libraries:
+        assert all(isinstance(s, (Launch, DeviceCopy)) for s in program.steps)
     assert_matches_float64(text, func, program, seed=3)
 
 

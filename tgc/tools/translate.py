@@ -34,6 +34,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
         help="the GPU the .cu is for, as nvcc names it (e.g. sm_90: the attention kernel is then "
         "the wgmma one, which needs sm_90a); default: kernels for any sm_80 or later",
     )
+    ap.add_argument(
+        "--no-libraries",
+        action="store_true",
+        help="cuda: plan on tgc's generated kernels alone (no cuBLAS or cuBLASLt calls): a file "
+        "that needs only the CUDA runtime",
+    )
     ap.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
     return ap
 
@@ -61,7 +67,8 @@ def run(args) -> int:
 
     pipeline = args.passes if args.passes is not None else CUDA_PIPELINE
     PassManager(parse_pipeline(pipeline)).run(module)
-    write_output(args.output, emit_standalone_cuda(module, arch=args.arch))
+    source = emit_standalone_cuda(module, arch=args.arch, libraries=not args.no_libraries)
+    write_output(args.output, source)
     return EXIT_OK
 
 
