@@ -8,6 +8,7 @@ theirs through `_map_option`.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 from tgc.builtin import FuncOp
@@ -125,9 +126,15 @@ class _Chain:
             chain[0].input = self._first_input(chain, self.bo.position)
         self._close(chain)
         entries, kinds = [], {}
+        # Equal segments have as many ops: a segment alone of its size is not hashed (a model
+        # that no cut splits, GPT-2 with its tied embedding, is one segment of every op).
+        sizes = Counter(len(seg.ops) for seg in chain)
         for k, seg in enumerate(chain):
             required = self.last_required if k == len(chain) - 1 else {}
-            key = segment_key(seg, required, self._describe) if self.reuse else f"segment {k}"
+            if self.reuse and sizes[len(seg.ops)] > 1:
+                key = segment_key(seg, required, self._describe)
+            else:
+                key = f"segment {k}"
             if key not in kinds:
                 kinds[key] = _Kind(seg, self._tables(seg, required))
             entries.append(_Entry(seg, kinds[key]))

@@ -180,3 +180,31 @@ def test_equal_layers_cost_each_kernel_once(stand_in):  # noqa: F811
     # planner/paths.py `plan_cost`: the solver's questions again, once each).
     assert 0 < len(asked[4]) == len(asked[2])
     assert len(asked[4]) <= 2 * len(set(asked[4]))
+
+
+def test_a_segment_alone_of_its_size_is_not_hashed(stand_in, monkeypatch):  # noqa: F811
+    from tgc.planner import chain
+    from tgc.planner.select import plan_function
+
+    hashed = []
+    real = chain.segment_key
+
+    def counted(seg, *rest):
+        hashed.append(len(seg.ops))
+        return real(seg, *rest)
+
+    monkeypatch.setattr(chain, "segment_key", counted)
+    costs = CachedCosts(RooflineCostSource.gpu_defaults())
+    tied = lowered(layers(2))
+    selection = plan_function(tied, route._context(route.plan_tolerance(tied)), costs)
+    assert selection.segments == 1 and hashed == []  # one segment of every op: nothing to match
+    # Without generated kernels (whose regions span the blocks' cuts), with every backend (numpy
+    # runs the reductions) and through planner/chain.py (a matcher passed in: not the copies of
+    # planner/copies.py), equal blocks are segments of equal sizes, hashed and planned once.
+    untied = lowered(layers(3, tied=False))
+    ctx = options.PlanContext(
+        tolerance=1e-3, match=lambda op, kernels: match.matches_at(op, kernels), generated=False
+    )
+    selection = plan_function(untied, ctx, costs)
+    assert selection.distinct_segments < selection.segments
+    assert hashed and all(sorted(hashed).count(n) > 1 for n in hashed)
