@@ -14,8 +14,9 @@ same two instances on the CPU, with the torch-cpu kernel (torch-cpu takes f32, n
 
 Each run is `measure(instance)` in a fresh process (what one instance costs a first use that
 meets it first, imports included), split into `check` (everything but the timing: inputs,
-reference, the checked call, comparison) and `timing` (`time_call`, whose run counts and
-MIN_TIME are the design's and not changed here). Paths: `torch` is `measure` as it is (the check
+reference, the checked call, comparison; the checked call of the kernel itself is reported
+apart, as are the CPU seconds) and `timing` (`time_call`, whose run counts and MIN_TIME are the
+design's and not changed here). Paths: `torch` is `measure` as it is (the check
 on the kernel's device with PyTorch, planner/torch_check.py), `numpy` forces the host check
 (`HostCheck`, what runs without PyTorch); `--before TREE` runs the same instances with the tgc of
 another checkout (e.g. `git archive <commit> | tar -x -C TREE`), the code before the change.
@@ -77,26 +78,46 @@ def child(name: str, path: str, profile_to: str | None) -> dict:
     if path == "numpy":  # the host check whatever is loaded
         profile.checker = lambda inst, ref, seed: profile.HostCheck(ref, inst.kernel.space, seed)
     used = getattr(profile, "checker", None)
-    timed = [0.0]
+    timed = [0.0, 0.0]  # wall and CPU seconds in time_call
     time_call = profile.time_call
 
     def counted(*args, **kwargs):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         try:
             return time_call(*args, **kwargs)
         finally:
             timed[0] += time.perf_counter() - start
+            timed[1] += time.process_time() - cpu
+
+    checked_call = []  # the first call of the kernel: the one the check compares
+    invocation = profile._invocation
+
+    def first_call_timed(inst, ref):
+        invoke = invocation(inst, ref)
+        if isinstance(invoke, str):
+            return invoke
+
+        def call(values):
+            if checked_call:
+                return invoke(values)
+            start = time.perf_counter()
+            out = invoke(values)
+            checked_call.append(time.perf_counter() - start)
+            return out
+
+        return call
 
     profile.time_call = counted
+    profile._invocation = first_call_timed
     profiler = cProfile.Profile() if profile_to else None
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     if profiler:
         profiler.enable()
     m = profile.measure(inst)
     if profiler:
         profiler.disable()
         profiler.dump_stats(profile_to)
-    total = time.perf_counter() - start
+    total, total_cpu = time.perf_counter() - start, time.process_time() - cpu
     check = None
     if used is not None and path == "torch":
         from tgc.planner import torch_check
@@ -107,6 +128,8 @@ def child(name: str, path: str, profile_to: str | None) -> dict:
         "total": total,
         "timing": timed[0],
         "check": total - timed[0],
+        "check_cpu": total_cpu - timed[1],
+        "checked_call": checked_call[0] if checked_call else 0.0,
         "ok": m.ok,
         "message": m.message,
         "max_error": m.max_error,
@@ -202,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                 r.update(instance=name, label=label)
                 rows.append(r)
                 print(
-                    f"{name:10s} {label:24s} check {r['check']:7.2f} s  timing "
+                    f"{name:10s} {label:24s} check {r['check']:7.2f} s (kernel "
+                    f"{r['checked_call']:5.2f} s, cpu {r['check_cpu']:6.2f} s)  timing "
                     f"{r['timing']:7.2f} s  total {r['total']:7.2f} s  "
                     f"{'ok' if r['ok'] else r['message']}  ({r['checked_by']})",
                     flush=True,
@@ -215,18 +239,23 @@ def main(argv: list[str] | None = None) -> int:
         f"numpy {numpy.__version__}, torch {torch.__version__} ({torch.get_num_threads()} "
         f"threads); load average (1/5/15 min) {load_before} before, {load()} after.",
         "",
-        "Each row is one `measure(instance)` in a fresh process: `check` is everything but "
-        "`time_call` (inputs, reference, the checked call, comparison), `timing` the design's "
-        "timed calls (at least 5 after a warm-up and a first call).",
+        "Each row is one `measure(instance)` in a fresh process, wall seconds: `check` is "
+        "everything but `time_call` (inputs, reference, the checked call of the kernel, "
+        "comparison), of which `kernel` is the checked call itself and `checking` the rest (what "
+        "checking adds to the kernel's own time); `check CPU` is the process's CPU seconds for "
+        "the check (all threads; less sensitive than wall time to other load on the machine); "
+        "`timing` the design's timed calls (at least 5 after a warm-up and a first call).",
         "",
-        "| instance | code | checked by | check (s) | timing (s) | total (s) | max error | result |",
-        "|---|---|---|---|---|---|---|---|",
+        "| instance | code | checked by | check (s) | kernel (s) | checking (s) | check CPU (s) "
+        "| timing (s) | total (s) | max error | result |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         error = "-" if r["max_error"] is None else f"{r['max_error']:.2e}"
         lines.append(
             f"| {r['instance']} | {r['label']} | {r['checked_by']} | {r['check']:.2f} | "
-            f"{r['timing']:.2f} | {r['total']:.2f} | {error} | "
+            f"{r['checked_call']:.2f} | {r['check'] - r['checked_call']:.2f} | "
+            f"{r['check_cpu']:.2f} | {r['timing']:.2f} | {r['total']:.2f} | {error} | "
             f"{'ok' if r['ok'] else r['message']} |"
         )
     args.out.mkdir(parents=True, exist_ok=True)
