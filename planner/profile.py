@@ -56,6 +56,7 @@ import ml_dtypes
 import numpy as np
 
 from tgc.builtin import FuncOp, ReturnOp
+from tgc.diagnostics import TgcError
 from tgc.ir import Block
 from tgc.opdef import OPS, create
 from tgc.planner.backends import BACKENDS, SPACES
@@ -419,10 +420,14 @@ def measure(inst: Instance, min_time: float = MIN_TIME, origin: str = "profile")
     if isinstance(invoke, str):
         return _failure(inst, invoke, None, origin)
     backend, space = BACKENDS[kernel.backend], SPACES[kernel.space]
-    check = checker(inst, ref, secrets.randbits(32))
     host_outs = [t.with_encoding(None) for t in inst.result_types]
     with np.errstate(all="ignore"):
-        want = check.reference("f64")
+        try:
+            check = checker(inst, ref, secrets.randbits(32))
+            want = check.reference("f64")
+        except TgcError as e:  # e.g. indices computed in the graph, out of range when random
+            message = f"its reference cannot be evaluated on random inputs: {e.message}"
+            return _failure(inst, message, None, origin)
         try:
             values = check.operands(inst.operand_types, backend)
             got = check.results(invoke(values), backend)

@@ -20,6 +20,7 @@ from tgc.planner.cost import DictCostSource, RooflineCostSource
 from tgc.planner.db import Database
 from tgc.planner.estimate import DatabaseCostSource
 from tgc.planner.executor import run_plan
+from tgc.diagnostics import TgcError
 from tgc.planner.kernel import KERNELS, Kernel, register_kernel, unregister_kernel
 from tgc.planner.options import PlanContext
 from tgc.planner.profile import (
@@ -77,6 +78,26 @@ def test_measure_checks_then_times():
     assert m.ok and m.runs >= MIN_RUNS and 0 < m.min <= m.median
     assert 0 <= m.max_error < 1e-5  # float32 BLAS against float64
     assert (m.bytes, m.flops) == (4.0 * (48 * 64 + 64 * 32 + 48 * 32), 2.0 * 48 * 32 * 64)
+
+
+def test_a_reference_that_cannot_run_on_random_inputs_is_a_failure_not_a_crash(monkeypatch):
+    """A region whose indices are computed inside it may index out of range on random inputs
+    (BERT's first use on the GPU stopped with that error): the instance fails, the run goes
+    on."""
+    from tgc.planner import profile
+
+    class Unrunnable:
+        def reference(self, precision):
+            raise TgcError("'atomic.gather' op index 3 is out of range [0, 2) of axis 0")
+
+    monkeypatch.setattr(profile, "checker", lambda inst, ref, seed: Unrunnable())
+    x = TensorType.get((4, 8), "f32")
+    m = measure(Instance(KERNELS["numpy.atomic.exp"], (x,), (x,)), min_time=0.005)
+    assert not m.ok
+    assert m.message == (
+        "its reference cannot be evaluated on random inputs: 'atomic.gather' op index 3 is out "
+        "of range [0, 2) of axis 0"
+    )
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
