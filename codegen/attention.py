@@ -14,9 +14,9 @@ the score matrix never in memory). Two skeletons:
 - `attention.cu.j2` for everything else: exact f32 arithmetic (no TF32; f16 and bf16 are
   loaded into f32 and rounded on store).
 
-On the CUDA route (the `cuda` pipeline) `lower-unsupported-attention` and
-`lower-hl{keep=attention}` leave `hl.attention` alone when `attention_supported` holds, and
-`place-on-device` wraps it into its own region. Its q, k, v and mask operands may be views
+What the planner plans (`lower-for-planning`) keeps `hl.attention`, and the CUDA backend offers
+its own region (planner/backends/cuda_kernels.py) where `attention_supported` holds. Its q, k, v
+and mask operands may be views
 (transpose, reshape, slice, broadcast) of kernel inputs: `strided_layout` turns the chain of
 views into an offset and one stride per dim, so the transposes that split heads are index
 arithmetic on the tile loads instead of copy kernels. The two live below codegen and the passes

@@ -25,23 +25,18 @@ class _Region:
     """What the body of an elementwise kernel reads and writes."""
 
     op: FusedOp
-    args: list[Value]  # the region's inputs, then the extra values read as inputs
+    args: list[Value]  # the region's inputs
     ptrs: dict[Value, str]
     outs: list[str]
     space: tuple[int, ...]  # the shape of every output
     coords: Coords  # the output position of linear index i
 
 
-def generate_elementwise(
-    op: FusedOp, params: dict, symbol: str, extra: tuple[Value, ...] = ()
-) -> KernelSource:
-    """The elementwise kernel of `op`; `extra` values (defined in the region) are read as more
-    inputs after the region's own (a library matmul's result for its epilogue)."""
-    decls, ptrs, outs = params_decl(op, extra)
+def generate_elementwise(op: FusedOp, params: dict, symbol: str) -> KernelSource:
+    """The elementwise kernel of `op`."""
+    decls, ptrs, outs = params_decl(op)
     space = _output_space(op)
-    region = _Region(
-        op, list(op.body.args) + list(extra), ptrs, outs, space, delinearize("i", space)
-    )
+    region = _Region(op, list(op.body.args), ptrs, outs, space, delinearize("i", space))
     numel = math.prod(space)
     block_size = int(params.setdefault("block_size", 256))
     scalar_body, identity = _body(region, False, set())

@@ -19,8 +19,7 @@ from contextlib import contextmanager
 from tgc.codegen.attention import generate_attention
 from tgc.codegen.cuda_ops import literal
 from tgc.codegen.elementwise import generate_elementwise
-from tgc.codegen.matmul import generate_epilogue_kernel as _epilogue
-from tgc.codegen.matmul import generate_matmul, matmul_of
+from tgc.codegen.matmul import generate_matmul
 from tgc.codegen.names import c_identifier
 from tgc.codegen.render import KernelSource, module_names, prelude, render
 from tgc.codegen.row_reduction import generate_row_reduction, reductions_of
@@ -57,17 +56,6 @@ def generate_kernel(
         return GENERATORS[template_of(op)](op, dict(params or {}), symbol)
 
 
-def generate_epilogue_kernel(
-    op: FusedOp, params: dict | None = None, name: str | None = None
-) -> KernelSource:
-    """The epilogue of a matmul kernel alone, as an elementwise kernel that reads the matmul's
-    result as one more input (after the region's inputs): for a library matmul (cuBLAS) followed
-    by the generated epilogue. `name` is its C symbol, as for `generate_kernel`."""
-    symbol = name or c_identifier(f"{op.attr('name')}_epilogue")
-    with _located_at(op):
-        return _epilogue(op, dict(params or {}), symbol)
-
-
 @contextmanager
 def _located_at(op: FusedOp) -> Iterator[None]:
     """A TgcError without a location gets the kernel's."""
@@ -83,10 +71,8 @@ __all__ = [
     "GENERATORS",
     "KernelSource",
     "c_identifier",
-    "generate_epilogue_kernel",
     "generate_kernel",
     "literal",
-    "matmul_of",
     "module_names",
     "prelude",
     "render",

@@ -19,7 +19,6 @@ Two skeletons:
   for it is an error (so a parameter search skips the point). The double-buffered 128x128
   skeleton ran 4096^3 bf16 at 255 TFLOP/s on an H100, a third of cuBLAS's
   (bench/results/matmul_tc-*.md), 14x the SIMT skeleton.
-`generate_epilogue_kernel` gives the epilogue alone, for a library matmul.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ import math
 from dataclasses import dataclass
 
 from tgc.codegen.cuda_ops import COMPUTE_CTYPE, STORAGE_CTYPE, load_expression, store_value
-from tgc.codegen.elementwise import generate_elementwise
 from tgc.codegen.emitter import Coords, Emitter, broadcast_coords, delinearize, linear_offset
 from tgc.codegen.render import KernelSource, idx_type, kernel_label, params_decl, render, yields_of
 from tgc.diagnostics import TgcError
@@ -229,12 +227,6 @@ def _tensor_core_misfit(mm: Operation, shape: _Shape, elem: str, tb: bool) -> st
     if shape.k % 8 or (not tb and shape.n % 8):
         return f"k{'' if tb else ' and n'} must be multiples of 8 (16-byte rows)"
     return None
-
-
-def generate_epilogue_kernel(op: FusedOp, params: dict, symbol: str) -> KernelSource:
-    """The epilogue of a matmul kernel alone, as an elementwise kernel that reads the matmul's
-    result as one more input (after the region's inputs)."""
-    return generate_elementwise(op, params, symbol, extra=(matmul_of(op).results[0],))
 
 
 def _shape(mm: Operation) -> _Shape:

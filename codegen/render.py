@@ -104,13 +104,11 @@ class KernelSource:
         return [f"-gencode=arch=compute_{self.arch_features[3:]},code={self.arch_features}"]
 
 
-def params_decl(
-    op: FusedOp, extra: tuple[Value, ...] = ()
-) -> tuple[list[str], dict[Value, str], list[str]]:
-    """The kernel's C parameters (inputs `in<i>`, then `extra` values read as more inputs, then
-    outputs `out<j>`), the pointer naming each input value, and the output pointers."""
+def params_decl(op: FusedOp) -> tuple[list[str], dict[Value, str], list[str]]:
+    """The kernel's C parameters (inputs `in<i>`, then outputs `out<j>`), the pointer naming
+    each input value, and the output pointers."""
     decls, ptrs, outs = [], {}, []
-    for i, arg in enumerate(list(op.body.args) + list(extra)):
+    for i, arg in enumerate(op.body.args):
         decls.append(f"const {STORAGE_CTYPE[arg.type.element_type]}* __restrict__ in{i}")
         ptrs[arg] = f"in{i}"
     for j, r in enumerate(op.results):

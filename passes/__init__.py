@@ -8,7 +8,6 @@ from tgc.passes import (  # noqa: F401
     fuse,
     lower_hl,
     optimize,
-    place_on_device,
     print_op_stats,
     raise_attention,
     verify,

@@ -4,8 +4,7 @@ A function argument marked `{tgc.param}` (`FuncOp.is_param`) is a weight that do
 between calls. An op with no side effects (every op but the terminators is PURE; `kernel.call`
 and `kernel.copy` are too) whose operands are all fixed and at least one of them comes from a
 parameter computes the same values on every call with the same parameter arrays: such an op is
-*once*. The fixed CUDA route runs the like once per set of parameter arrays (codegen/plan.py
-`prologue_steps`); the planner does so too:
+*once*. The planner runs such ops once per set of parameter arrays:
 
 - planning (planner/solve.py, chain.py, paths.py `plan_cost`): a once option's kernel time, and
   the copies of a once value, count `ONCE_WEIGHT` of their time: kernels are still chosen for

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 import pycuda.driver as cuda
 
-from tgc.runtime.cuda_executor import compile_cubin, context, device_arch
+from tgc.runtime.cuda_compile import compile_cubin, context, device_arch
 
 _SPIN_SOURCE = """extern "C" __global__ void tgc_spin(long long cycles) {
   long long start = clock64();

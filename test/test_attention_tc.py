@@ -23,7 +23,13 @@ import pytest
 from tgc.codegen.kernels import generate_kernel
 from tgc.codegen.render import prelude
 from tgc.diagnostics import TgcError
-from tgc.planner.standalone import emit_standalone_cuda
+from tgc.planner.backends import cuda_kernels as ck
+from tgc.planner.standalone import (
+    GENERATED,
+    emit_standalone_cuda,
+    plan_standalone,
+    set_template_params,
+)
 from tgc.dialects.kernel import FusedOp
 from tgc.parser import parse_module
 from tgc.pass_manager import PassManager
@@ -103,18 +109,35 @@ def heads_text(
     )
 
 
-def attention_region(text: str, pipeline: str = "cuda") -> FusedOp:
-    """The one attention region `pipeline` makes of `text`."""
+def planned(text: str, arch: str | None = None):
+    """`text` planned as the GPU route plans it with nothing measured, on tgc's generated
+    kernels alone (planner/standalone.py), for a GPU of `arch`."""
     module = parse_module(text)
-    PassManager.from_text(pipeline).run(module)
-    fused = [o for o in module.walk() if isinstance(o, FusedOp)]
+    PassManager.from_text("lower-for-planning").run(module)
+    func = module.funcs[0]
+    with ck.planning_kernels(arch):
+        plan_standalone(func, libraries=False)
+    return func
+
+
+def regions(func) -> list[FusedOp]:
+    """The `kernel.fused` each generated kernel of planned `func` stands for (what codegen and
+    the executor generate it from)."""
+    calls = [op for op in func.body.ops if op.attributes.get("callee") in GENERATED]
+    with ck.planning_kernels(None):  # the templates the calls name
+        return [ck.fused_from_call(op) for op in calls]
+
+
+def attention_region(text: str) -> FusedOp:
+    """The one attention region of `text`'s plan."""
+    fused = regions(planned(text))
     assert [o.attr("template") for o in fused] == ["attention"]
     return fused[0]
 
 
-def attention_kernel(text: str, pipeline: str = "cuda"):
-    """The KernelSource of the one attention region `pipeline` makes of `text`."""
-    return generate_kernel(attention_region(text, pipeline))
+def attention_kernel(text: str):
+    """The KernelSource of the one attention region of `text`'s plan."""
+    return generate_kernel(attention_region(text))
 
 
 # -- which kernel ----------------------------------------------------------------------------------
@@ -160,9 +183,7 @@ def test_template_parameters_choose_rows_per_warp_and_q_registers():
     `rows_per_warp` and `q_in_registers` override them."""
     text64 = heads_text(1, 2, 65, 65, 64, 64)
     text128 = heads_text(1, 2, 65, 65, 128, 128)
-    module = parse_module(text64)
-    PassManager.from_text("cuda").run(module)
-    (fused,) = [o for o in module.walk() if isinstance(o, FusedOp)]
+    fused = attention_region(text64)
     default = generate_kernel(fused)
     assert (default.params["block_m"], default.params["q_in_registers"]) == (128, True)
     one = generate_kernel(fused, {"rows_per_warp": 1, "q_in_registers": False})
@@ -262,21 +283,22 @@ def test_the_wgmma_kernel_is_the_default_for_sm_90_where_it_runs(text, arch, wgm
 
 
 def test_a_plan_for_sm_90_runs_the_wgmma_kernel():
-    """build_plan's `arch` reaches every kernel's parameters, under those given ("*" or by name),
-    which still win."""
-    from tgc.codegen.plan import build_plan
+    """The plan for an sm_90 runs the wgmma kernel (the template's default there), for another
+    GPU the mma.sync one; template parameters given over the plan's (set_template_params)
+    still win."""
 
-    module = parse_module(heads_text(1, 2, 300, 300, 64, 64, "bf16", True))
-    PassManager.from_text("cuda").run(module)
-    func = module.funcs[0]
-
-    def wgmma(params=None, arch=None) -> bool:
-        (k,) = build_plan(func, params, arch=arch).kernels
+    def wgmma(arch=None, params=None) -> bool:
+        func = planned(heads_text(1, 2, 300, 300, 64, 64, "bf16", True), arch)
+        if params is not None:
+            set_template_params(func, {"arch": arch, **params})
+        (fused,) = regions(func)
+        (call,) = [op for op in func.body.ops if op.attributes.get("callee") in GENERATED]
+        k = generate_kernel(fused, {"arch": arch, **ck.call_params(call)} if arch else None)
         return bool(k.params.get("wgmma")) and "wgmma.mma_async" in k.source
 
-    assert wgmma(arch="sm_90") and not wgmma() and not wgmma(arch="sm_80")
-    assert wgmma({"*": {"block_n": 128}}, arch="sm_90")
-    assert not wgmma({"*": {"wgmma": False}}, arch="sm_90")
+    assert wgmma("sm_90") and not wgmma() and not wgmma("sm_80")
+    assert wgmma("sm_90", {"block_n": 128})
+    assert not wgmma("sm_90", {"wgmma": False})
 
 
 @pytest.mark.parametrize("arch", [90, "sm_9x", "sm_"])
@@ -418,9 +440,7 @@ def test_the_f32_kernel_refuses_a_tile_size_it_does_not_take():
 def test_bad_template_parameter_is_a_located_error():
     from tgc.diagnostics import TgcError
 
-    module = parse_module(heads_text(1, 2, 65, 65, 64, 64))
-    PassManager.from_text("cuda").run(module)
-    (fused,) = [o for o in module.walk() if isinstance(o, FusedOp)]
+    fused = attention_region(heads_text(1, 2, 65, 65, 64, 64))
     with pytest.raises(TgcError, match="rows_per_warp must be 1 or 2") as info:
         generate_kernel(fused, {"rows_per_warp": 3})
     assert info.value.loc is not None
@@ -430,7 +450,7 @@ def test_over_48k_of_shared_memory_is_raised_in_the_standalone_launcher():
     """Head dim 128 needs more than 48 KB of dynamic shared memory: the standalone host code
     sets the function's limit before its launch (the PyCUDA executor does the same)."""
     text = heads_text(1, 2, 65, 65, 128, 128, "bf16", True)
-    k = attention_kernel(text, "cuda-standalone")
+    k = attention_kernel(text)
     assert k.shared_bytes > 48 * 1024
     module = parse_module(text)
     PassManager.from_text("lower-for-planning").run(module)
@@ -526,25 +546,29 @@ def rel_frobenius(got: np.ndarray, want: np.ndarray) -> float:
 
 
 def run_gpu(text: str, seed: int, q_gain: float = 1.0, edit=None, params=None):
-    """(result, float64 reference, runner): placed by `cuda`, outputs poisoned first. `q_gain`
-    scales the first input (peakier softmax: the running max moves more); `edit(inputs)` may
-    change the inputs further; `params` are the kernel's template parameters."""
-    from tgc.codegen.plan import build_plan
-    from tgc.runtime.cuda_executor import CudaPlanRunner
+    """(result, float64 reference, kernels): `text` planned on tgc's generated kernels for this
+    GPU (`planned`) and run by the planner's executor, `params` the template parameters of its
+    kernels over the defaults for this GPU; the KernelSource of each kernel of the plan.
+    `q_gain` scales the first input (peakier softmax: the running max moves more);
+    `edit(inputs)` may change the inputs further."""
+    from tgc.planner import load_backends
+    from tgc.planner.executor import run_plan
 
+    load_backends(("cuda",), required=True)
     ref = parse_module(text)
     verify(ref)
     inputs = random_inputs(ref.funcs[0], seed)
     inputs[0] = (inputs[0].astype(np.float32) * q_gain).astype(inputs[0].dtype)
     if edit is not None:
         edit(inputs)
-    module = parse_module(text)
-    PassManager.from_text("cuda").run(module)
-    runner = CudaPlanRunner(build_plan(module.funcs[0], {"*": params} if params else None))
-    runner.poison()
-    (got,) = runner.run(inputs)
+    func = planned(text, ck.TARGET["arch"])
+    if params:
+        set_template_params(func, {"arch": ck.TARGET["arch"], **params})
+    (got,) = run_plan(func, inputs)
     (want,) = run_function(ref.funcs[0], inputs, "f64")
-    return got, want, runner
+    calls = [op for op in func.body.ops if op.attributes.get("callee") in GENERATED]
+    kernels = [generate_kernel(f, ck.call_params(c)) for f, c in zip(regions(func), calls)]
+    return got, want, kernels
 
 
 SHAPES = [
@@ -578,8 +602,8 @@ CASES = [
 def test_tensor_core_attention_matches_float64(b, h, sq, sk, d, dv, layout, mask, causal, dtype):
     text = heads_text(b, h, sq, sk, d, dv, dtype, causal, mask, layout)
     seed = b * 1000 + sq + sk + d + 7 * mask + 13 * causal
-    got, want, runner = run_gpu(text, seed, q_gain=3.0 if seed % 2 else 1.0)
-    assert [k.params.get("tensor_cores") for k in runner.plan.kernels] == [True]
+    got, want, kernels = run_gpu(text, seed, q_gain=3.0 if seed % 2 else 1.0)
+    assert [k.params.get("tensor_cores") for k in kernels] == [True]
     assert not np.isnan(got).any(), "NaN in the result (an element left unwritten?)"
     err = rel_frobenius(got, want)
     assert err < REL_ERROR[dtype], f"relative error {err:.2e}"
@@ -604,8 +628,8 @@ def test_every_tile_shape_matches_float64(
     # Heads in groups of 4 (of 6 or 2): a last group smaller than the others, or one group.
     params = {"rows_per_warp": rows, "block_n": block_n, "warps": warps, "head_group": 4}
     text = heads_text(b, h, sq, sk, d, dv, "bf16", causal, mask, layout)
-    got, want, runner = run_gpu(text, sq + block_n + warps, q_gain=2.0, params=params)
-    (kernel,) = runner.plan.kernels
+    got, want, kernels = run_gpu(text, sq + block_n + warps, q_gain=2.0, params=params)
+    (kernel,) = kernels
     assert (kernel.params["block_n"], kernel.params["warps"]) == (block_n, warps)
     assert not np.isnan(got).any(), "NaN in the result (an element left unwritten?)"
     assert rel_frobenius(got, want) < REL_ERROR["bf16"]
@@ -625,14 +649,14 @@ WGMMA_SHAPES = [
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("b,h,sq,sk,d,dv,layout,mask,causal", WGMMA_SHAPES)
 def test_wgmma_attention_matches_float64(b, h, sq, sk, d, dv, layout, mask, causal, dtype):
-    from tgc.runtime.cuda_executor import context, device_arch
+    from tgc.runtime.cuda_compile import context, device_arch
 
     context()  # device_arch asks the current context
     if device_arch() != "sm_90":
         pytest.skip(f"wgmma needs an sm_90 GPU, this one is {device_arch()}")
     text = heads_text(b, h, sq, sk, d, dv, dtype, causal, mask, layout)
-    got, want, runner = run_gpu(text, sq + d, q_gain=2.0, params={"wgmma": True})
-    (kernel,) = runner.plan.kernels
+    got, want, kernels = run_gpu(text, sq + d, q_gain=2.0, params={"wgmma": True})
+    (kernel,) = kernels
     assert kernel.params["wgmma"]
     assert not np.isnan(got).any(), "NaN in the result (an element left unwritten?)"
     assert rel_frobenius(got, want) < REL_ERROR[dtype]
@@ -681,15 +705,15 @@ WGMMA_VARIANTS = [
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("shape, params", WGMMA_VARIANTS)
 def test_wgmma_variants_match_float64(shape, params, dtype):
-    from tgc.runtime.cuda_executor import context, device_arch
+    from tgc.runtime.cuda_compile import context, device_arch
 
     context()  # device_arch asks the current context
     if device_arch() != "sm_90":
         pytest.skip(f"wgmma needs an sm_90 GPU, this one is {device_arch()}")
     b, h, sq, sk, d, dv, layout, mask, causal = shape
     text = heads_text(b, h, sq, sk, d, dv, dtype, causal, mask, layout)
-    got, want, runner = run_gpu(text, sq + d + 5, q_gain=2.0, params={"wgmma": True, **params})
-    (kernel,) = runner.plan.kernels
+    got, want, kernels = run_gpu(text, sq + d + 5, q_gain=2.0, params={"wgmma": True, **params})
+    (kernel,) = kernels
     assert kernel.params["wgmma"] and all(kernel.params[k] == v for k, v in params.items())
     assert not np.isnan(got).any(), "NaN in the result (an element left unwritten?)"
     assert rel_frobenius(got, want) < REL_ERROR[dtype]
@@ -731,25 +755,25 @@ def test_unaligned_base_pointers_take_the_plain_load_path(dtype):
     stores the result one element at a time, with the same results."""
     import pycuda.driver as cuda
 
-    from tgc.codegen.plan import Launch
+    from tgc.runtime.cuda_compile import load_kernels
 
     text = heads_text(2, 2, 100, 150, 128, 128, dtype, True, True, "flat")
-    _, want, runner = run_gpu(text, 5)
-    inputs = random_inputs(parse_module(text).funcs[0], 5)
-    (step,) = [s for s in runner.plan.steps if isinstance(s, Launch)]
-    fn = runner.functions[id(step)]
+    _, want, (k,) = run_gpu(text, 5)
+    inputs = random_inputs(parse_module(text).funcs[0], 5)  # q, k, v, mask: the kernel's inputs
+    (fn,) = load_kernels([k])
+    (out_type,) = parse_module(text).funcs[0].function_type.results
     keep, pointers = [], []
-    for buf in step.args:
-        mem = cuda.mem_alloc(buf.nbytes + 16)
+    for value in [*inputs, None]:
+        nbytes = out_type.nbytes if value is None else value.nbytes
+        mem = cuda.mem_alloc(nbytes + 16)
         keep.append(mem)
         ptr = int(mem) + 2
-        if buf.kind == "input":
-            cuda.memcpy_htod(ptr, np.ascontiguousarray(inputs[buf.index]))
+        if value is not None:
+            cuda.memcpy_htod(ptr, np.ascontiguousarray(value))
         else:
-            cuda.memset_d8(ptr, 0xFF, buf.nbytes)
-            out_ptr, out_type = ptr, buf.type
+            cuda.memset_d8(ptr, 0xFF, nbytes)
+            out_ptr = ptr
         pointers.append(ptr)
-    k = step.kernel
     fn.prepared_call(k.grid, k.block, *pointers, shared_size=k.shared_bytes)
     cuda.Context.synchronize()
     got = np.empty(out_type.shape, dtype=out_type.dtype)
@@ -850,18 +874,21 @@ def merged_ids(case) -> str:
     )
 
 
-def placed_kernels(text: str) -> list[FusedOp]:
+def fused_kernels(text: str) -> list[FusedOp]:
+    """The regions `fuse` makes of what the planner plans (attention with the head merge after
+    it, as the planner offers it)."""
     module = parse_module(text)
-    PassManager.from_text("cuda").run(module)
+    PassManager.from_text("lower-for-planning,fuse{matmul-epilogue=false}").run(module)
     return [o for o in module.funcs[0].body.ops if isinstance(o, FusedOp)]
 
 
 @pytest.mark.parametrize("case", MERGED, ids=merged_ids)
 def test_head_merge_is_no_kernel_of_its_own(case):
-    """The `cuda` route's kernels: the attention kernel (on tensor cores for bf16/f16), which
-    takes the transpose and the reshape after it, and, for `consumer`, the add: no transpose."""
+    """The kernels `fuse` offers the planner: the attention kernel (on tensor cores for
+    bf16/f16), which takes the transpose and the reshape after it, and, for `consumer`, the add:
+    no transpose."""
     b, h, s, d, dtype, causal, mask, form = case
-    kernels = placed_kernels(merged_text(b, h, s, d, dtype, causal, mask, form))
+    kernels = fused_kernels(merged_text(b, h, s, d, dtype, causal, mask, form))
     want = ["attention", "elementwise"] if form == "consumer" else ["attention"]
     assert [k.attr("template") for k in kernels] == want
     inner = [op.name for op in kernels[0].body.ops]
@@ -897,7 +924,7 @@ def test_output_addresses_are_the_merged_layout(case):
     addresses taken from the generated source, checked against the region's own ops run on an
     attention result of distinct values (its flat index)."""
     b, h, s, d, dtype, causal, mask, form = case
-    (fused, *_) = placed_kernels(merged_text(b, h, s, d, dtype, causal, mask, form))
+    (fused, *_) = fused_kernels(merged_text(b, h, s, d, dtype, causal, mask, form))
     att = next(op for op in fused.body.ops if op.name == "hl.attention")
     shape = att.results[0].type.shape
     index = np.arange(int(np.prod(shape))).reshape(shape)
@@ -954,7 +981,7 @@ FOLDED_COMPILED = [
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("dtype,d,causal", FOLDED_COMPILED)
 def test_folded_kernel_compiles(tmp_path, dtype, d, causal):
-    (fused,) = placed_kernels(merged_text(2, 3, 97, d, dtype, causal, not causal))
+    (fused,) = fused_kernels(merged_text(2, 3, 97, d, dtype, causal, not causal))
     k = generate_kernel(fused)
     assert "Written as its consumer reads it" in k.source
     nvcc(tmp_path, prelude() + "\n" + k.source, "-cubin", "-arch=sm_90")
@@ -983,8 +1010,8 @@ def test_folded_head_merge_matches_float64(case):
     b, h, s, d, dtype, causal, mask, form = case
     text = merged_text(b, h, s, d, dtype, causal, mask, form)
     seed = 101 * b + s + d + 7 * mask + 13 * causal
-    got, want, runner = run_gpu(text, seed, q_gain=1.5 if seed % 2 else 1.0)
-    templates = [k.template for k in runner.plan.kernels]
+    got, want, kernels = run_gpu(text, seed, q_gain=1.5 if seed % 2 else 1.0)
+    templates = [k.template for k in kernels]
     assert templates == (["attention", "elementwise"] if form == "consumer" else ["attention"])
     assert got.shape == want.shape
     assert not np.isnan(got.astype(np.float64)).any(), "NaN in the result (left unwritten?)"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tgc.codegen.kernels import GENERATORS, generate_epilogue_kernel, generate_kernel, template_of
+from tgc.codegen.kernels import GENERATORS, generate_kernel, template_of
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import TEMPLATES, FusedOp
 from tgc.parser import parse_module
@@ -189,14 +189,6 @@ def test_a_region_the_template_cannot_generate_is_one_located_error(case):
     region, message, where = REFUSED[case]
     with pytest.raises(TgcError) as info:
         generate_kernel(region.fused())
-    assert info.value.message == message
-    assert str(info.value.loc) == f"case.tg:{where}"
-
-
-def test_an_epilogue_without_a_matmul_is_one_located_error():
-    region, message, where = REFUSED["a matmul kernel without a matmul"]
-    with pytest.raises(TgcError) as info:
-        generate_epilogue_kernel(region.fused())
     assert info.value.message == message
     assert str(info.value.loc) == f"case.tg:{where}"
 

@@ -1,8 +1,10 @@
 """GPU tests (marker `cuda`): every kernel kind against the numpy interpreter on random inputs.
 
-Sizes are odd (not multiples of the block size or the vector width), every broadcast pattern
-appears, f32 and bf16 both run, and outputs and scratch memory are poisoned (NaN bytes) before
-each run, so an element a kernel forgets to write fails the comparison.
+Each function is planned for the GPU as the route plans it with nothing measured (planner/
+standalone.py: cuBLAS and cuBLASLt among the kernels, or tgc's generated kernels alone) and run
+by the planner's executor. Sizes are odd (not multiples of the block size or the vector width),
+every broadcast pattern appears, f32 and bf16 both run. (Poisoning memory with NaN bytes, so
+that an element a kernel forgets to write shows, is the host model's: test/test_standalone.py.)
 """
 
 from __future__ import annotations
@@ -14,9 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from test_attention_tc import regions
+
+from tgc.codegen.kernels import generate_kernel
 from tgc.diagnostics import TgcError
 from tgc.parser import parse_module
 from tgc.pass_manager import PassManager
+from tgc.planner.backends import cuda_kernels as ck
+from tgc.planner.standalone import GENERATED, plan_standalone, set_template_params
 from tgc.runtime.interpreter import random_inputs, run_function
 from tgc.verifier import verify
 
@@ -31,32 +38,52 @@ def t(shape, dtype) -> str:
     return f"tensor<{dims}{dtype}>"
 
 
-def place(module, library: bool = True):
-    """The first function of `module` placed by the CUDA route: `cuda` (cuBLAS for plain
-    matmuls), or without a library `cuda-standalone` (matmul kernels with their epilogues)."""
-    PassManager.from_text("cuda" if library else "cuda-standalone").run(module)
-    return module.funcs[0]
+def planned(text: str, library: bool = True, params: dict | None = None, name: str = "<string>"):
+    """`text` (from file `name`) planned for this GPU (module doc): with `library`, cuBLAS and
+    cuBLASLt among the kernels, else tgc's generated kernels alone; `params`, the template
+    parameters of every generated kernel over the defaults for this GPU."""
+    from tgc.planner import load_backends
+
+    load_backends(("cuda",), required=True)
+    module = parse_module(text, name)
+    PassManager.from_text("lower-for-planning").run(module)
+    func = module.funcs[0]
+    plan_standalone(func, library)
+    if params:
+        set_template_params(func, {"arch": ck.TARGET["arch"], **params})
+    return func
+
+
+def kernels(func) -> list:
+    """The KernelSource of each generated kernel of planned `func`, as the executor makes it."""
+    calls = [op for op in func.body.ops if op.attributes.get("callee") in GENERATED]
+    out = []
+    for fused, call in zip(regions(func), calls):
+        k = generate_kernel(fused, ck.call_params(call))
+        k.loc = call.loc
+        out.append(k)
+    return out
+
+
+def callees(func) -> list[str]:
+    return [str(op.attributes.get("callee")) for op in func.body.ops if op.name == "kernel.call"]
 
 
 def run_on_gpu(text: str, seed: int = 0, library: bool = True, params=None):
-    from tgc.codegen.plan import build_plan
-    from tgc.runtime.cuda_executor import CudaPlanRunner
+    from tgc.planner.executor import run_plan
 
     ref = parse_module(text)
     verify(ref)
-    module = parse_module(text)
     inputs = random_inputs(ref.funcs[0], seed)
-    func = place(module, library)
-    # Without the library, the generated matmul template runs each matmul whole.
-    runner = CudaPlanRunner(build_plan(func, params, library_matmul=library))
-    runner.poison()
-    got = runner.run(inputs)
+    func = planned(text, library, params)
+    got = run_plan(func, inputs)
     want = run_function(ref.funcs[0], inputs, "f64")
-    return got, want, runner
+    return got, want, func
 
 
 def check(text: str, seed: int = 0, library: bool = True, params=None):
-    got, want, runner = run_on_gpu(text, seed, library, params)
+    """The planned function, after its results matched float64 within TOLERANCE."""
+    got, want, func = run_on_gpu(text, seed, library, params)
     for g, w in zip(got, want):
         elem = str(g.dtype)
         tol = TOLERANCE[
@@ -65,10 +92,10 @@ def check(text: str, seed: int = 0, library: bool = True, params=None):
             else {"float32": "f32", "float64": "f64", "float16": "f16"}.get(elem, "f32")
         ]
         g64 = g.astype(np.float64)
-        assert not np.isnan(g64).any() or np.isnan(w).any(), "unwritten (NaN) elements"
+        assert not np.isnan(g64).any() or np.isnan(w).any(), "NaN elements"
         scale = max(float(np.max(np.abs(w))) if w.size else 0.0, 1.0)
         np.testing.assert_allclose(g64, w.astype(np.float64), atol=tol * scale, rtol=tol)
-    return runner
+    return func
 
 
 # -- elementwise -----------------------------------------------------------------------------------
@@ -282,8 +309,8 @@ def test_generated_matmul_with_epilogue(a, b, ta, tb, dtype):
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 @pytest.mark.parametrize("a,b,ta,tb", MATMULS)
 def test_cublas_matmul(a, b, ta, tb, dtype):
-    runner = check(_matmul_text(a, b, ta, tb, dtype, False), library=True)
-    assert any(type(s).__name__ == "Gemm" for s in runner.plan.steps) or len(a) > 3
+    func = check(_matmul_text(a, b, ta, tb, dtype, False), library=True)
+    assert any(c.startswith("cuda.cublas") for c in callees(func)) or len(a) > 3
 
 
 # Shapes the tensor-core skeleton takes (k, and n unless B is transposed, multiples of 8), with
@@ -312,20 +339,16 @@ def test_tensor_core_matmul_matches_float64(a, b, ta, tb, dtype, tiles):
     """codegen/matmul_tc.cu.j2 with its epilogue (bias, relu, residual), outputs poisoned with
     NaN first."""
     text = _matmul_text(a, b, ta, tb, dtype, True)
-    runner = check(text, library=False, params={"*": {"tensor_cores": True, **tiles}})
-    (kernel,) = runner.plan.kernels
+    func = check(text, library=False, params={"tensor_cores": True, **tiles})
+    (kernel,) = kernels(func)
     assert kernel.params["tensor_cores"] and "mma.sync" in kernel.source
 
 
 def test_generated_matmul_tile_parameters():
     text = _matmul_text((70, 50), (50, 90), False, False, "f32", True)
-    module = parse_module(text)
-    from tgc.dialects.kernel import FusedOp
-
-    place(module, library=False)
-    (name,) = [op.attr("name") for op in module.funcs[0].body.ops if isinstance(op, FusedOp)]
-    params = {name: {"block_m": 32, "block_n": 128, "block_k": 8, "thread_m": 2, "thread_n": 8}}
-    check(text, library=False, params=params)
+    params = {"block_m": 32, "block_n": 128, "block_k": 8, "thread_m": 2, "thread_n": 8}
+    (kernel,) = kernels(check(text, library=False, params=params))
+    assert all(kernel.params[k] == v for k, v in params.items())
 
 
 # -- examples, the executor, the standalone file ---------------------------------------------------
@@ -360,31 +383,36 @@ def test_tgc_run_cuda_check(name, pipeline, tmp_path):
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
-def test_standalone_main_matches_pycuda(name, tmp_path):
-    from tgc.codegen.plan import build_plan
-    from tgc.codegen.standalone import checksums, emit_standalone_cuda, standalone_inputs
-    from tgc.runtime.cuda_executor import CudaPlanRunner, device_arch
+def test_standalone_main_matches_float64(name, tmp_path):
+    """The standalone file (tgc-translate --emit=cuda --arch of this GPU), built as its header
+    says and run: the checksums its main() prints are those of the float64 reference on the
+    inputs main() generates."""
+    import re
+
+    from tgc.codegen.standalone import checksums, standalone_inputs
+    from tgc.planner.standalone import emit_standalone_cuda
+    from tgc.runtime.cuda_compile import device_arch
 
     text = (ROOT / "examples" / name).read_text()
-    src = tmp_path / "k.cu"
-    standalone = parse_module(text)
-    place(standalone, library=False)
-    src.write_text(emit_standalone_cuda(standalone, name))
-    exe = tmp_path / "k"
+    module = parse_module(text)
+    PassManager.from_text("lower-for-planning").run(module)
+    source = emit_standalone_cuda(module, name, arch=device_arch())
+    src, exe = tmp_path / "k.cu", tmp_path / "k"
+    src.write_text(source)
+    target, libs = re.search(
+        r"nvcc (\S+) -DTGC_STANDALONE_MAIN FILE\.cu -o FILE(.*) &&", source
+    ).groups()
     build = subprocess.run(
-        ["nvcc", f"-arch={device_arch()}", "-DTGC_STANDALONE_MAIN", str(src), "-o", str(exe)],
+        ["nvcc", target, "-DTGC_STANDALONE_MAIN", str(src), "-o", str(exe), *libs.split()],
         capture_output=True,
         text=True,
         check=False,
     )
     assert build.returncode == 0, build.stderr
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
-    module = parse_module(text)
-    func = module.funcs[0]
-    inputs = standalone_inputs(func, 0)
-    place(module)
-    results = CudaPlanRunner(build_plan(func)).run(inputs)
-    for i, (s, a) in enumerate(checksums(results)):
+    reference = parse_module(text).funcs[0]
+    want = run_function(reference, standalone_inputs(reference, 0), "f64")
+    for i, (s, a) in enumerate(checksums(want)):
         line = next(x for x in out.splitlines() if f"result {i}:" in x)
         got_s = float(line.split("sum=")[1].split()[0])
         got_a = float(line.split("abs_sum=")[1].split()[0])
@@ -393,28 +421,26 @@ def test_standalone_main_matches_pycuda(name, tmp_path):
 
 
 def test_compile_error_names_the_kernel_and_the_op():
-    from tgc.codegen.plan import build_plan
-    from tgc.runtime.cuda_executor import CudaPlanRunner
+    from tgc.runtime.cuda_compile import load_kernels
 
     text = """func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
   %y = atomic.exp %x : (tensor<4xf32>) -> tensor<4xf32>
   func.return %y : tensor<4xf32>
 }"""
-    module = parse_module(text, "broken.tg")
-    func = place(module)
-    plan = build_plan(func)
-    plan.kernels[0].source = plan.kernels[0].source.replace("expf(", "no_such_function(")
+    (k,) = kernels(planned(text, library=False, name="broken.tg"))
+    k.source = k.source.replace("expf(", "no_such_function(")
     with pytest.raises(TgcError) as e:
-        CudaPlanRunner(plan)
-    text = e.value.render()
-    assert "f_exp" in text and "failed to compile" in text and "broken.tg:2:" in text
+        load_kernels([k])
+    rendered = e.value.render()
+    assert f"({k.name})" in rendered and "failed to compile" in rendered
+    assert "broken.tg:2:" in rendered
 
 
 def test_a_kernel_name_with_a_newline_stays_on_one_line_of_the_error():
-    """IR names reach executor messages through display_name: the line naming the kernel is one
+    """IR names reach compile errors through display_name: the line naming the kernel is one
     line (nvcc's own lines follow it)."""
-    from tgc.codegen.plan import build_plan
-    from tgc.runtime.cuda_executor import CudaPlanRunner
+    from tgc.dialects.kernel import FusedOp
+    from tgc.runtime.cuda_compile import load_kernels
 
     text = """func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
   %y = kernel.fused %x {name = "two\\nlines", template = "elementwise"} : (tensor<4xf32>) -> tensor<4xf32> {
@@ -425,11 +451,12 @@ def test_a_kernel_name_with_a_newline_stays_on_one_line_of_the_error():
   func.return %y : tensor<4xf32>
 }"""
     module = parse_module(text, "named.tg")
-    plan = build_plan(place(module))
-    assert "\n" in plan.kernels[0].ir_name
-    plan.kernels[0].source = plan.kernels[0].source.replace("expf(", "no_such_function(")
+    (fused,) = [op for op in module.funcs[0].body.ops if isinstance(op, FusedOp)]
+    k = generate_kernel(fused)
+    assert "\n" in k.ir_name
+    k.source = k.source.replace("expf(", "no_such_function(")
     with pytest.raises(TgcError) as e:
-        CudaPlanRunner(plan)
+        load_kernels([k])
     first = e.value.message.splitlines()[0]
     assert first.startswith("kernel 'two\\x0alines' (") and first.endswith("failed to compile:")
 
@@ -444,7 +471,7 @@ def test_row_reduction_template_options(op, n, params):
     args, types = ("%x, %g, %b", f"({x}, {p}, {p})") if op == "layernorm" else ("%x", f"({x})")
     sig = f"%x: {x}, %g: {p}, %b: {p}" if op == "layernorm" else f"%x: {x}"
     text = f"func.func @f({sig}) -> {x} {{\n  %y = hl.{op} {args} : {types} -> {x}\n  func.return %y : {x}\n}}"
-    check(text, seed=n, params={"*": params})
+    check(text, seed=n, params=params)
 
 
 def test_elementwise_streaming_option():
@@ -452,7 +479,7 @@ def test_elementwise_streaming_option():
   %y = hl.gelu %x {approximate = "tanh"} : (tensor<100003xf32>) -> tensor<100003xf32>
   func.return %y : tensor<100003xf32>
 }"""
-    check(text, params={"*": {"streaming": True, "block_size": 128}})
+    check(text, params={"streaming": True, "block_size": 128})
 
 
 # -- fused attention ----------------------------------------------------------------------------
@@ -495,8 +522,8 @@ ATTENTION_CASES = [
 @pytest.mark.parametrize("q,k,v,mask,causal", ATTENTION_CASES)
 def test_fused_attention(q, k, v, mask, causal):
     text = attention_text(q, k, v, mask, causal)
-    runner = check(text, seed=len(q) + q[-2])
-    templates = [kern.template for kern in runner.plan.kernels]
+    func = check(text, seed=len(q) + q[-2])
+    templates = [kern.template for kern in kernels(func)]
     assert templates == ["attention"], templates
 
 
@@ -507,18 +534,14 @@ def test_fused_attention_bf16_and_scale():
 
 def test_fused_attention_with_minus_inf_mask_rows():
     """An additive -inf mask over a whole first key tile: the running max stays -inf there."""
-    from tgc.codegen.plan import build_plan
-    from tgc.runtime.cuda_executor import CudaPlanRunner
+    from tgc.planner.executor import run_plan
 
     text = attention_text((2, 80, 64), (2, 150, 64), (2, 150, 64), (80, 150), True)
     ref = parse_module(text)
-    module = parse_module(text)
     inputs = random_inputs(ref.funcs[0], 3)
     inputs[3][:, :70] = -np.inf  # keys 0..69 masked for every query
     inputs[3][5, :] = -np.inf  # query 5 sees no key: NaN, as in numpy
-    runner = CudaPlanRunner(build_plan(place(module)))
-    runner.poison()
-    (got,) = runner.run(inputs)
+    (got,) = run_plan(planned(text, library=False), inputs)
     (want,) = run_function(ref.funcs[0], inputs, "f64")
     assert np.isnan(got[:, 5]).all() and np.isnan(want[:, 5]).all()
     keep = np.ones(80, bool)
@@ -550,11 +573,11 @@ def test_fused_attention_reads_head_views_without_copies():
             "}",
         ]
     )
-    runner = check(text)
-    assert [kern.template for kern in runner.plan.kernels] == ["attention"]
+    func = check(text)
+    assert [kern.template for kern in kernels(func)] == ["attention"]
 
 
 def test_attention_fallback_for_large_head_dim():
     """Head dims over 128 are lowered (matmul, softmax, matmul) and still correct."""
-    runner = check(attention_text((2, 40, 160), (2, 40, 160), (2, 40, 160), None, True))
-    assert "attention" not in [kern.template for kern in runner.plan.kernels]
+    func = check(attention_text((2, 40, 160), (2, 40, 160), (2, 40, 160), None, True))
+    assert "attention" not in [kern.template for kern in kernels(func)]

@@ -1,6 +1,5 @@
 """tgc.evaluate, the op evaluator every consumer shares (the interpreter, the rule checker, the
-region ops), and tgc.patterns.erase_dead_ops, the dead-op helper of dce, fuse and
-place-on-device. Numbers are checked against numpy float64 on fresh random inputs."""
+region ops), and tgc.patterns.erase_dead_ops, the dead-op helper of dce and fuse. Numbers are checked against numpy float64 on fresh random inputs."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ ALLOWED = {
     "core": set(),
     "dialects": {"core"},
     "passes": {"core", "dialects"},
-    "codegen": {"core", "dialects", "passes"},
+    "codegen": {"core", "dialects"},
     "runtime": {"core", "dialects", "codegen"},
     "planner": {"core", "dialects", "passes", "codegen", "runtime"},
     "importers": {"core", "dialects"},

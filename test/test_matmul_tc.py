@@ -22,7 +22,8 @@ def t(shape, dtype) -> str:
 
 
 def matmul_region(a, b, dtype="bf16", tb=False, ta=False, gelu=True) -> FusedOp:
-    """The `cuda-standalone` route's matmul kernel of a @ b (+ bias, tanh GELU)."""
+    """The matmul kernel `fuse` makes of a @ b (+ bias, tanh GELU) after lower-for-planning,
+    as the planner offers it."""
     from tgc.dialects._shapes import matmul_shape
 
     out = matmul_shape(a, b, ta, tb)
@@ -38,7 +39,7 @@ def matmul_region(a, b, dtype="bf16", tb=False, ta=False, gelu=True) -> FusedOp:
         lines.append(f'  %g = hl.gelu %y {{approximate = "tanh"}} : ({o}) -> {o}')
     lines += [f"  func.return {'%g' if gelu else '%y'} : {o}", "}"]
     module = parse_module("\n".join(lines))
-    PassManager.from_text("cuda-standalone").run(module)
+    PassManager.from_text("lower-for-planning,fuse").run(module)
     (fused,) = [op for op in module.funcs[0].body.ops if isinstance(op, FusedOp)]
     assert fused.attr("template") == "matmul"
     return fused

@@ -1033,7 +1033,7 @@ def test_device_values_pass_between_pycuda_and_torch_without_a_copy(gpu_backends
 
 
 def test_a_kernel_fused_on_device_values_runs_as_a_generated_kernel(stand_in):
-    """A `kernel.fused` in device memory (as `fuse` and place-on-device write it) runs through
+    """A `kernel.fused` in device memory (as `fuse` writes it in a planned function) runs through
     the backend that generates kernels; on the host it is interpreted."""
     d = 'tensor<4x8xf32, "cuda">'
     text = f"""

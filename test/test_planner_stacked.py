@@ -19,7 +19,6 @@ import secrets
 import ml_dtypes
 import numpy as np
 import pytest
-from test_plan_views import qkv_text
 from test_planner_split_view import stand_in  # noqa: F401 (the fixture)
 
 import tgc
@@ -29,6 +28,19 @@ from tgc.planner.backends import cuda_kernels as ck
 from tgc.planner.executor import run_plan
 from tgc.planner.kernel import rel_error
 from tgc.planner.select import select_kernels
+
+
+def qkv_text(dtype: str, m: int, k: int, n: int) -> str:
+    """q, k, v of x (m x k) by three parameter weights (k x n), all three returned."""
+    x, w, y = (f"tensor<{a}x{b}x{dtype}>" for a, b in ((m, k), (k, n), (m, n)))
+    lines = [
+        f"func.func @qkv(%x: {x}, %wq: {w} {{tgc.param}}, %wk: {w} {{tgc.param}}, "
+        f"%wv: {w} {{tgc.param}}) -> ({y}, {y}, {y}) {{"
+    ]
+    lines += [f"  %{p} = atomic.matmul %x, %w{p} : ({x}, {w}) -> {y}" for p in "qkv"]
+    lines += [f"  func.return %q, %k, %v : {y}, {y}, {y}", "}"]
+    return "\n".join(lines)
+
 
 DTYPES = {"f32": np.float32, "bf16": ml_dtypes.bfloat16}
 # Normwise error of the planned products against float64 on the same (rounded) inputs: f32

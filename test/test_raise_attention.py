@@ -329,17 +329,23 @@ def test_imported_models_fresh_inputs_after_raising(name):
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
-def test_cuda_route_runs_the_attention_kernel_on_imported_models(name):
-    """The `cuda` pipeline raises the attention of the imported models: the placed IR has one
-    attention kernel per layer and no softmax kernel, and (run by the numpy interpreter, which
-    runs placed IR) still matches PyTorch's float64 outputs."""
+def test_the_gpu_plan_runs_the_attention_kernel_on_imported_models(name):
+    """What the planner plans (lower-for-planning) raises the attention of the imported models:
+    the GPU plan (tgc's kernels, nothing measured) has one attention kernel per layer, and (run
+    by the numpy interpreter, which runs planned IR) still matches PyTorch's float64 outputs."""
     pytest.importorskip("onnx", reason="the onnx extra is not installed")
-    models, module = _import(name, "cuda")
-    kernels = [op for op in module.funcs[0].walk() if op.name == "kernel.fused"]
-    attention = [op for op in kernels if op.attr("template") == "attention"]
-    assert len(attention) == 2, [op.attr("name") for op in kernels]
+    from tgc.planner.backends.cuda_kernels import planning_kernels
+    from tgc.planner.standalone import plan_standalone
+
+    models, module = _import(name, "lower-for-planning")
+    with planning_kernels(None):
+        plan_standalone(module.funcs[0])
+    calls = [op.attributes.get("callee") for op in module.funcs[0].body.ops]
+    assert calls.count("cuda.attention") == 2, calls
     inputs, _, f64 = models.stored_case(name)
-    models.assert_close(models.run(module, inputs), f64, f"{name} through cuda vs PyTorch f64")
+    models.assert_close(
+        models.run(module, inputs), f64, f"{name} planned for the GPU vs PyTorch f64"
+    )
 
 
 # -- a hand-written PyTorch attention --------------------------------------------------------------

@@ -146,8 +146,8 @@ def test_every_view_op_has_a_stride_rule():
 
 
 def test_trait_implications():
-    """A view does no arithmetic (MOVE: the cost model counts no flops, place-on-device runs it
-    in the elementwise template); every trait of this family sits on pure ops only."""
+    """A view does no arithmetic (MOVE: the cost model counts no flops, a kernel that only moves
+    data is named after its moves); every trait of this family sits on pure ops only."""
     for cls in OPS.values():
         if VIEW in cls.traits:
             assert MOVE in cls.traits, cls.name

@@ -234,7 +234,7 @@ def test_out_of_memory_outside_the_interpreter_is_one_line(capsys):
         guarded("tgc-run", body, debug=True)
 
 
-# -- the CUDA route: a pipeline, placed IR, no environment ---------------------------------------
+# -- the CUDA route: a pipeline, kernels made by -p, no environment ------------------------------
 
 
 def test_precision_f64_with_the_cuda_backend_is_a_usage_error():

@@ -19,8 +19,8 @@ Some ops cost nothing per call:
   fixed when it is a function argument marked `{tgc.param}` (a weight that does not change
   between calls) or the result of a PURE op whose operands are all fixed (so every constant and
   iota, which have no operands). Such an op computes the same value on every call, so a plan
-  runs it once, in its prologue, before the first call with a given set of parameters
-  (codegen/plan.py `prologue_steps`, runtime/cuda_executor.py): a concat of weights that are
+  runs it once, before the first call with a given set of parameters (planner/fixed.py, the
+  executor's once steps): a concat of weights that are
   parameters or constants is packed once, which is what makes merging matmuls that share an
   input pay. A concat of plain arguments keeps costing its bytes and its launch on every call.
 
@@ -29,9 +29,9 @@ views (`is_result`), is its own buffer, so the plan copies it out of the split o
 kernel per piece (on the cuda route, `slice` kernels): the split costs the bytes each such piece
 reads and writes, and a launch per piece. Unless the pieces are contiguous ranges of the operand
 (every dim before the split axis is 1, as in the split of a stacked batched matmul along its
-leading axis): the cuda plan returns those as views of the operand's buffer (codegen/plan.py),
-and numpy's split makes views too, so such a split is free however its pieces are read. Every other reader counts as reading the piece in
-place: an attention kernel or a fused kernel does, through strides (passes/fuse.py clones the
+leading axis): the GPU plan returns those as views of the operand's buffer (the cuda
+backend's `cuda.split_view`), and numpy's split makes views too, so such a split is free
+however its pieces are read. Every other reader counts as reading the piece in place: an attention kernel or a fused kernel does, through strides (passes/fuse.py clones the
 view into the kernel). A matmul is priced so too, although on today's cuda route a cuBLAS GEMM
 reads whole buffers only (fuse.py `reads_whole`) and gets the piece through a slice kernel as
 well: a function result is the one reader that needs a buffer of its own whatever a GEMM can

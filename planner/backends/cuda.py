@@ -11,7 +11,7 @@ device pieces here:
 - the "cuda" backend: `run_region(op, inputs)` turns a generated-kernel call (or a
   `kernel.fused`) into a `kernel.fused`, generates its code (with the template parameters the
   call names as `param.<name>`, the generator's own choice for the rest), compiles it through the CUDA
-  runtime's caches (runtime/cuda_executor.py: nvcc to a cubin, in memory and on disk) and
+  runtime's caches (runtime/cuda_compile.py: nvcc to a cubin, in memory and on disk) and
   launches it; `call` runs cuda.cublas.gemm through runtime/cublas.py, and the linear layers
   with their epilogues (cuda.cublaslt.*) through runtime/cublaslt.py, with a workspace of
   32 MiB made on first use; cuda.split_view returns each piece as a DeviceArray at its offset
@@ -57,7 +57,7 @@ from tgc.dialects.kernel import CallOp, FusedOp
 from tgc.ir import Operation
 from tgc.planner.backends import Backend, Space, Template
 from tgc.planner.backends import cuda_kernels as planner_side
-from tgc.runtime.cuda_executor import context, device_arch, load_kernels
+from tgc.runtime.cuda_compile import context, device_arch, load_kernels
 from tgc.runtime.cuda_timing import time_queued
 from tgc.types import TensorType
 

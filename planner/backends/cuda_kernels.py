@@ -6,7 +6,7 @@ Kernels:
 
 - the generated templates (`Template`s, the code generator's skeletons): "cuda.elementwise",
   "cuda.row_reduction", "cuda.matmul" (with its epilogue), "cuda.attention". An option of one
-  is a *region*: one op a template runs alone (as `place-on-device` wraps it), or a group of ops
+  is a *region*: one op a template runs alone, or a group of ops
   that `fuse` would form into one kernel (with and without matmul epilogues). Regions are
   offered through the fused-kernel hook (`planner.options.FUSED_OPTIONS`, `cuda_options`);
   select-kernels writes each as a `kernel.call {callee = "cuda.<template>"}` whose region holds
