@@ -1,11 +1,14 @@
 """Shared pytest setup: tgc's dialects and passes are registered before any test module is
 collected (tests use the core modules, which know only what is registered, directly), tests
-marked `cuda` are skipped, with the reason, where there is no GPU, and the planner backends a
-test loads are unloaded after it."""
+marked `cuda` are skipped, with the reason, where there is no GPU, the planner backends a
+test loads are unloaded after it, and the lit suite runs in the background (test/lit_runner.py),
+started by xdist's controller where pytest-xdist spreads the tests over workers."""
 
 from __future__ import annotations
 
 import functools
+import os
+import re
 
 import pytest
 
@@ -29,6 +32,41 @@ def cuda_unavailable_reason() -> str | None:
 
 def pytest_configure(config):
     tgc.load_all()
+    import lit_runner
+
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and "tgc_lit_dir" in workerinput:
+        lit_runner.attach(workerinput["tgc_lit_dir"])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject's addopts): a worker per core, at most 4 (each holds up to about
+    400 MB; lit's processes run beside them)."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """Each xdist worker reads the lit results of the run the controller starts."""
+    import lit_runner
+
+    node.workerinput["tgc_lit_dir"] = str(lit_runner.work_dir())
+
+
+LIT_ID = re.compile(r"test_lit\.py::test_lit_folder\[(.+)\]$")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """The controller starts lit once the first worker has collected (every worker collects the
+    same tests), on the folders selected, a lit worker per core: the cores are shared with the
+    xdist workers while both run, and lit has them all once the other tests are done."""
+    import lit_runner
+
+    if node.config.option.collectonly:
+        return
+    lit_runner.start(sorted({m.group(1) for m in map(LIT_ID.search, ids) if m}))
 
 
 @pytest.fixture(autouse=True)
@@ -47,6 +85,8 @@ def planner_backends_as_found():
 
 
 def pytest_collection_modifyitems(config, items):
+    # The lit folder tests wait for lit: last, so that no worker waits while tests are left.
+    items.sort(key=lambda item: getattr(item, "originalname", None) == "test_lit_folder")
     reason = None
     for item in items:
         if item.get_closest_marker("cuda") is None:
@@ -57,8 +97,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    """Start the lit suite in the background once the tests are known (test/lit_runner.py)."""
+    """Start the lit suite in the background once the tests are known (test/lit_runner.py),
+    unless xdist's controller starts it."""
     import lit_runner
+
+    if getattr(session.config, "workerinput", None) is not None:
+        return
 
     folders = sorted(
         {
