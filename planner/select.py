@@ -25,20 +25,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 from tgc.builtin import FuncOp
 from tgc.diagnostics import TgcError
 from tgc.ir import Value, paused_gc
 from tgc.pass_manager import Pass, PassStatistics, PipelineError, register_pass
-from tgc.planner.blocks import localize_sources
-from tgc.planner.chain import Selection, _Chain
-from tgc.planner.copies import _CopyChain
-from tgc.planner.cost import CachedCosts, CostSource, RooflineCostSource
-from tgc.planner.estimate import DatabaseCostSource
-from tgc.planner.fixed import mark_once
-from tgc.planner.materialise import materialise
-from tgc.planner.options import PlanContext, live_ops
-from tgc.planner.paths import default_context
-from tgc.planner.solve import EXACT_BUDGET, Solver, Spaces
+
+if TYPE_CHECKING:
+    from tgc.planner.chain import Selection
+    from tgc.planner.cost import CachedCosts, CostSource
+    from tgc.planner.materialise import materialise
+    from tgc.planner.options import PlanContext
+
+# The planner itself is imported where it is used: every tool registers this pass at start-up
+# (tgc.load_all), and most runs never plan (about 40 ms of each tool's start).
 
 # Re-exported: tools, tests and benches import these from here.
 __all__ = [
@@ -54,6 +55,19 @@ __all__ = [
 ]
 
 OBJECTIVES = ("time",)
+
+
+def __getattr__(name: str):
+    """The re-exports from the planner's modules, imported on first use."""
+    if name == "Selection":
+        from tgc.planner.chain import Selection
+
+        return Selection
+    if name == "materialise":
+        from tgc.planner.materialise import materialise
+
+        return materialise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- planning -------------------------------------------------------------------------------------
@@ -74,12 +88,18 @@ def plan_function(
     ctx: PlanContext | None = None,
     cost_source: CostSource | CachedCosts | None = None,
     reuse: bool = True,
-    budget: int = EXACT_BUDGET,
+    budget: int | None = None,
 ) -> Selection:
     """The cheapest plan of `func`. The only change to `func`: a source (constant) read by
     several segments is cloned into each. `reuse`: plan segments with equal hashes once.
-    Raises TgcError when some op has no option within the tolerance. Without `ctx`: every
-    backend that loads, no tolerance."""
+    `budget`: the solver's (default planner.solve.EXACT_BUDGET). Raises TgcError when some op
+    has no option within the tolerance. Without `ctx`: every backend that loads, no
+    tolerance."""
+    from tgc.planner.cost import CachedCosts, RooflineCostSource
+    from tgc.planner.paths import default_context
+    from tgc.planner.solve import EXACT_BUDGET
+
+    budget = EXACT_BUDGET if budget is None else budget
     ctx = ctx or default_context()
     costs = (
         cost_source
@@ -93,6 +113,12 @@ def plan_function(
 def _plan(
     func: FuncOp, ctx: PlanContext, costs: CachedCosts, reuse: bool, budget: int
 ) -> Selection:
+    from tgc.planner.blocks import localize_sources
+    from tgc.planner.chain import _Chain
+    from tgc.planner.copies import _CopyChain
+    from tgc.planner.options import live_ops
+    from tgc.planner.solve import Solver, Spaces
+
     block = func.body
     declared = func.function_type.results
     spaces = Spaces(
@@ -135,6 +161,10 @@ def select_kernels(
     the matcher (tests). `generated` False: no generated fused kernel is an option (the plan
     of library kernels alone, planner/route.py)."""
     from tgc.planner import kernel_backends, load_backends
+    from tgc.planner.cost import CachedCosts, RooflineCostSource
+    from tgc.planner.fixed import mark_once
+    from tgc.planner.materialise import materialise
+    from tgc.planner.options import PlanContext
 
     load_backends(backends if kernels is None else ("numpy",))
     if canonicalize:
@@ -197,6 +227,8 @@ class SelectKernels(Pass):
             raise PipelineError(f"pass 'select-kernels': {e.message}") from None
 
     def run_on_func(self, func: FuncOp, stats: PassStatistics) -> None:
+        from tgc.planner.estimate import DatabaseCostSource
+
         costs = DatabaseCostSource(self.db) if self.db else None
         backends = self.backends or None
         if backends is not None:
