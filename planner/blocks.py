@@ -580,6 +580,25 @@ def block_hash(ops: list[Operation]) -> str:
     return segment_key(seg)
 
 
+def function_hash(func) -> str:
+    """The canonical hash of a whole function (a `FuncOp` in the form the planner plans): the
+    structural hashes of its ops with each argument named by its position and type (two
+    arguments of one type are not interchangeable here, as they are inside a segment), the
+    terminator's (which values are returned, in order) and the argument types. Value names, the
+    function's name and the order of independent ops do not enter it. What the GPU route keys
+    its whole-plan times by (planner/plan_memory.py)."""
+    args = list(func.body.args)
+    hashes = op_hashes(list(func.body.ops), {a: f"arg{i}:{a.type}" for i, a in enumerate(args)})
+    text = (
+        ",".join(str(a.type) for a in args)
+        + "||"
+        + "|".join(sorted(hashes.values()))
+        + "||"
+        + hashes[func.body.last]
+    )
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
 def correspondence(a: Segment, b: Segment) -> dict[Operation, Operation]:
     """Map each op of `a` to the op of `b` with the same structural hash (segments with equal
     keys; ops with equal hashes, which CSE would have merged, pair up in block order)."""

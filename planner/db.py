@@ -536,7 +536,11 @@ class Database:
                 return 0
             gone = con.execute(f"DELETE FROM measurements WHERE {condition}", tuple(values))
             con.execute("DELETE FROM kernels WHERE id NOT IN (SELECT kernel_id FROM measurements)")
-            con.execute("DELETE FROM devices WHERE id NOT IN (SELECT device_id FROM measurements)")
+            # a device may hold whole-plan times alone (planner/db_plans.py)
+            con.execute(
+                "DELETE FROM devices WHERE id NOT IN (SELECT device_id FROM measurements) "
+                "AND id NOT IN (SELECT device_id FROM plan_times)"
+            )
             return gone.rowcount
 
         return self._transaction(change)

@@ -13,6 +13,11 @@ Tables (schema version in `PRAGMA user_version`, upgraded by `MIGRATIONS`):
   import); and whether the time is *noisy* (its spread stayed above the profiler's
   `NOISY_SPREAD` however often it was taken again). One row per instance and device: measuring
   again replaces it.
+- `plan_times` (schema 4): whole-plan times the GPU route took (planner/plan_memory.py): per
+  function (its canonical hash) and device, each candidate plan (`planned`, `library`,
+  `default`) by the hash of its kernels, its time or why it did not run, and which one was
+  chosen. A later compile of the function whose candidate plans are the same takes the choice
+  without timing them again. A compile that times them replaces the function's rows.
 
 Readers read a file of schema `READABLE_FROM` or later as it is (a column added since reads as
 its default); only a writer upgrades it.
@@ -26,12 +31,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # The oldest schema a reader reads without an upgrade: later versions only add columns with
 # defaults (`column_or_default`). Version 1 lacks `origin`, which every read names.
 READABLE_FROM = 2
 OK, FAILED = "ok", "failed"
 ORIGINS = ("profile", "tune", "import")
+PLAN_ORIGINS = ("route", "import")  # what took a whole-plan time
 
 # -- schema -----------------------------------------------------------------------------------------
 
@@ -101,13 +107,44 @@ def _v3(con: sqlite3.Connection) -> None:
     con.execute("ALTER TABLE measurements ADD COLUMN noisy INTEGER NOT NULL DEFAULT 0")
 
 
+def _v4(con: sqlite3.Connection) -> None:
+    # Whole-plan times, so that the GPU route remembers which candidate plan of a function ran
+    # fastest (planner/plan_memory.py). `kernels`: JSON [[name, backend, source hash], ...] of
+    # the kernels the plan calls (what `tgc-db prune` judges a plan stale by).
+    _statements(
+        con,
+        """
+        CREATE TABLE plan_times (
+            id INTEGER PRIMARY KEY,
+            function_hash TEXT NOT NULL,
+            device_id INTEGER NOT NULL REFERENCES devices(id),
+            candidate TEXT NOT NULL,
+            plan_hash TEXT NOT NULL,
+            kernels TEXT NOT NULL,
+            status TEXT NOT NULL,
+            median REAL,
+            spread REAL,
+            runs INTEGER,
+            noisy INTEGER NOT NULL DEFAULT 0,
+            chosen INTEGER NOT NULL DEFAULT 0,
+            message TEXT,
+            created REAL NOT NULL,
+            origin TEXT NOT NULL,
+            UNIQUE (function_hash, device_id, candidate)
+        );
+        CREATE INDEX plan_times_by_function ON plan_times (function_hash, device_id);
+        """,
+    )
+
+
 # MIGRATIONS[i] takes a database from version i to i + 1; a new file runs them all.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 # measurements' column -> (the schema version that added it, what a reader of an older file
 # reads instead)
 ADDED_COLUMNS = {"noisy": (3, "0")}
+PLAN_TIMES_SINCE = 4  # a file older than this has no whole-plan times (reads find none)
 
 
 def column_or_default(column: str, version: int, table: str = "") -> str:
@@ -158,6 +195,30 @@ class Measurement:
     created: float = field(default_factory=time.time)
     origin: str = "profile"
     noisy: bool = False  # the spread stayed above NOISY_SPREAD after every repeat
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+
+@dataclass
+class PlanTime:
+    """One row of `plan_times`: a candidate plan of a function on a device, timed whole."""
+
+    function_hash: str  # planner/blocks.py `function_hash` of the function planned
+    device: DeviceInfo
+    candidate: str  # planned, library, default
+    plan_hash: str  # planner/plan_memory.py `plan_hash`: the kernels it calls, in order
+    kernels: list  # [[name, backend, source hash], ...] of the kernels it calls, each once
+    status: str  # ok, or failed: it did not run (message)
+    median: float | None = None  # seconds per call, the whole plan
+    spread: float | None = None
+    runs: int | None = None
+    noisy: bool = False  # the spread stayed large: the choice it made is not remembered
+    chosen: bool = False  # the candidate that ran
+    message: str | None = None
+    created: float = field(default_factory=time.time)
+    origin: str = "route"
 
     @property
     def ok(self) -> bool:

@@ -24,7 +24,11 @@ the benchmarks). There is one: the planner's.
 5. **the whole plan is checked**: a plan's time on a GPU is not the sum of its kernels' (launch
    overlap, host work, caches), so the plan is timed whole beside the plan of library kernels
    alone (what PyTorch eager would run) and the plan of the default costs, on random inputs,
-   and the fastest runs. So tgc is never slower than the library kernels it can call;
+   and the fastest runs. So tgc is never slower than the library kernels it can call. Every
+   candidate's time, and which one ran, is recorded in the database under the function's
+   canonical hash and the device (planner/plan_memory.py): a later compile of the same function
+   whose candidate plans are the same takes that choice without timing them again
+   (`RouteReport.remembered`);
 6. the chosen plan runs as a `PlannedFunction` (planner/executor.py), its device work captured
    into a CUDA graph and replayed where the arguments' buffers repeat (planner/graphs.py;
    `graphs`), which is also how step 5 times the candidates.
@@ -100,6 +104,7 @@ class RouteReport:
     unmeasured: int = 0  # unknown instances the budget (or --no-measure) left
     candidates: dict[str, float] = field(default_factory=dict)
     chosen: str = "planned"
+    remembered: bool = False  # the choice (and the times shown) came from the database
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -114,7 +119,8 @@ class RouteReport:
             parts.append(f"{self.unmeasured} left unmeasured")
         if self.candidates:
             times = ", ".join(f"{k} {v:.4f} ms" for k, v in self.candidates.items())
-            parts.append(f"whole plans: {times}; running '{self.chosen}'")
+            how = " (remembered, not timed again)" if self.remembered else ""
+            parts.append(f"whole plans{how}: {times}; running '{self.chosen}'")
         return "; ".join(parts + self.notes)
 
 
@@ -200,7 +206,10 @@ def compile_function(func: FuncOp, options: RouteOptions = RouteOptions()) -> Co
         candidates["default"] = _plan(func, tolerance, defaults, options.graphs)
     report.plan_s = time.perf_counter() - start
     start = time.perf_counter()
-    chosen = _choose(candidates, report, options.min_time) if len(candidates) > 1 else "planned"
+    chosen = "planned"
+    if len(candidates) > 1:
+        memory = _plan_memory(func, db_path, options)
+        chosen = _choose(candidates, report, options.min_time, memory)
     report.chosen = chosen
     report.check_s = time.perf_counter() - start
     runner = candidates[chosen]
@@ -380,41 +389,66 @@ def _plan(
     return GraphReplay(planned) if graphs else planned
 
 
-def _choose(candidates: dict, report: RouteReport, min_time: float = MIN_TIME) -> str:
-    """The fastest of the candidate plans, each timed whole on the same random inputs."""
-    from tgc.planner.profile import SYNCHRONIZE, time_call
+def _plan_memory(func: FuncOp, db_path: str, options: RouteOptions):
+    """Where `_choose` recalls and records the whole-plan times of `func` (in the form the
+    planner plans): written only where the route may write the database."""
+    from tgc.planner.blocks import function_hash
+    from tgc.planner.plan_memory import PlanMemory, plan_device
+
+    return PlanMemory(db_path, function_hash(func), plan_device(), write=options.measure)
+
+
+def _choose(candidates: dict, report: RouteReport, min_time: float = MIN_TIME, memory=None) -> str:
+    """The fastest of the candidate plans, each timed whole on the same random inputs. With
+    `memory` (planner/plan_memory.py `PlanMemory`): the choice an earlier compile made among
+    the same plans, without timing them; else the times taken are recorded there."""
+    from tgc.planner.plan_memory import identify
+    from tgc.planner.profile import SYNCHRONIZE, steady_time
     from tgc.runtime.interpreter import random_inputs
 
+    plans = {name: identify(p.func) for name, p in candidates.items() if p is not None}
+    if memory is not None:
+        recalled = memory.recall(plans)
+        if recalled is not None:
+            report.remembered = True
+            report.candidates = {k: v * 1e3 for k, v in recalled.times.items()}
+            for name, message in recalled.failures.items():
+                report.notes.append(f"the {name} plan did not run: {message}")
+            return recalled.chosen
     first = candidates["planned"]
     func = first.func
     space = _space(DEVICE)
     inputs = [space.from_host(x, a.type) for x, a in zip(random_inputs(func, 0), func.body.args)]
     sync = SYNCHRONIZE.get(DEVICE, lambda: None)
-    times: dict[str, float] = {}
+    timings: dict = {}
+    failures: dict[str, str] = {}
     seen: dict[str, str] = {}
     for name, planned in candidates.items():
         if planned is None:
             continue
-        text = _plan_text(planned.func)
-        if text in seen:  # the same plan as an earlier candidate: its time
-            times[name] = times[seen[text]]
+        key = plans[name].plan_hash  # the same kernels as an earlier candidate: its outcome
+        if key in seen:
+            if seen[key] in timings:
+                timings[name] = timings[seen[key]]
+            else:
+                failures[name] = failures[seen[key]]
             continue
-        seen[text] = name
+        seen[key] = name
         try:
-            timing = time_call(lambda p=planned: p(inputs), sync, min_time, space.time_queued)
+            timings[name] = steady_time(
+                lambda p=planned: p(inputs), sync, min_time, space.time_queued
+            )
         except TgcError as e:
             report.notes.append(f"the {name} plan did not run: {e.message}")
-            continue
-        times[name] = timing.median
+            failures[name] = e.message
+    times = {k: t.median for k, t in timings.items()}
     report.candidates = {k: v * 1e3 for k, v in times.items()}
-    return min(times, key=lambda k: (times[k], k != "planned")) if times else "planned"
-
-
-def _plan_text(func: FuncOp) -> str:
-    """The kernels a plan calls, in order (what tells two candidate plans apart)."""
-    from tgc.printer import print_op
-
-    return "\n".join(print_op(op) for op in func.body.ops)
+    chosen = min(times, key=lambda k: (times[k], k != "planned")) if times else "planned"
+    if memory is not None:
+        note = memory.remember(plans, timings, failures, chosen)
+        if note is not None:
+            report.notes.append(note)
+    return chosen
 
 
 def _space(name: str | None):

@@ -586,7 +586,14 @@ def test_only_regular_files_are_opened_and_nothing_blocks(tmp_path, kind):
 
 
 def test_expected_tables_are_the_migrations_tables():
-    assert set(expected_tables(SCHEMA_VERSION)) == {"meta", "devices", "kernels", "measurements"}
+    assert set(expected_tables(SCHEMA_VERSION)) == {
+        "meta",
+        "devices",
+        "kernels",
+        "measurements",
+        "plan_times",
+    }
+    assert "plan_times" not in expected_tables(3)
     assert "origin" in expected_tables(2)["measurements"]
     assert "origin" not in expected_tables(1)["measurements"]
 

@@ -4,18 +4,22 @@
     tgc-db [--db PATH] show KERNEL
     tgc-db [--db PATH] export [-o FILE.json]
     tgc-db [--db PATH] import FILE.json
-    tgc-db [--db PATH] prune [--failures] [--noisy] [--older-than DAYS] [--dry-run]
+    tgc-db [--db PATH] prune [--failures] [--noisy] [--older-than DAYS] [--plans] [--dry-run]
     tgc-db [--db PATH] plot KERNEL -o FILE.png
 
 `list`: the devices (`*` this machine) and, per kernel version and device, how many instances
-were measured, how many of those are noisy (their spread stayed large) and how many failed. `show`: a kernel's records and, per device, its fitted curve
+were measured, how many of those are noisy (their spread stayed large) and how many failed;
+then the whole-plan times the GPU route recorded, per function and device. `show`: a kernel's records and, per device, its fitted curve
 (a fixed cost, a bandwidth and a compute rate over every point, and the estimator's
 leave-one-out error). `export` writes JSON (devices with their fingerprints and descriptions,
-kernels with their source hashes, every record); `import` merges such a file: a record of the
-same instance and device is replaced only by a newer one, so nothing is duplicated. `prune`
+kernels with their source hashes, every record, every whole-plan time); `import` merges such a
+file: a record of the same instance (a plan time of the same function and candidate) and device
+is replaced only by a newer one, so nothing is duplicated. `prune`
 deletes records of kernel versions that no longer exist here (their code changed; only kernels
 of backends that load here are judged), with `--failures` failed records too, with `--noisy`
-noisy ones (so that the next profile measures them again), with `--older-than` old ones. `plot` draws measured points against the fitted curve, per device
+noisy ones (so that the next profile measures them again), with `--older-than` old ones; whole-
+plan times that name a kernel version gone, and by the same options; with `--plans` every
+whole-plan time (the GPU route then times its plans again). `plot` draws measured points against the fitted curve, per device
 (matplotlib: `pip install 'tgc[plot]'`). Exit codes: 0, 1 (an unusable database or file, a
 kernel with no records), 2 (usage).
 """
@@ -69,6 +73,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
         "--noisy", action="store_true", help="noisy records too (the next profile measures them)"
     )
     prune.add_argument(
+        "--plans", action="store_true", help="every whole-plan time (the route times plans again)"
+    )
+    prune.add_argument(
         "--older-than", type=float, default=None, metavar="DAYS", help="records older than this"
     )
     prune.add_argument("--dry-run", action="store_true", help="say what would go; delete nothing")
@@ -119,11 +126,15 @@ def _this_machine() -> set[str]:
 
 
 def cmd_list(args) -> int:
+    from tgc.planner.db_plans import plan_times
+    from tgc.tools._db_plans import plan_lines
+
     with _open(args) as db:
-        devices, rows = db.devices(), db.rows()
+        devices, rows, plans = db.devices(), db.rows(), plan_times(db)
     here = _this_machine()
     number = {f: i + 1 for i, (_, f, _, _) in enumerate(sorted(devices, key=lambda d: d[0]))}
-    _say(f"{len(devices)} device(s), {len(rows)} record(s)")
+    whole = f", {len(plans)} whole-plan time(s)" if plans else ""
+    _say(f"{len(devices)} device(s), {len(rows)} record(s){whole}")
     for _, fingerprint, backend, description in sorted(devices, key=lambda d: d[0]):
         mark = "*" if fingerprint in here else " "
         desc = _describe_device(backend, description)
@@ -140,6 +151,8 @@ def cmd_list(args) -> int:
             f"  {name:<32} source {source[:8]}  device {number[fingerprint]}: "
             f"{shown}, {failed} failed"
         )
+    for line in plan_lines(plans, number):
+        _say(line)
     return EXIT_OK
 
 
@@ -213,7 +226,9 @@ def _row_text(m) -> str:
 # -- export, import --------------------------------------------------------------------------------
 
 
-def export_records(rows) -> dict:
+def export_records(rows, plans=()) -> dict:
+    from tgc.tools._db_plans import export_plans
+
     devices, kernels, out = {}, {}, []
     for m in rows:
         devices[m.device.fingerprint] = {
@@ -231,12 +246,14 @@ def export_records(rows) -> dict:
         record["kernel"] = [m.kernel.name, m.kernel.source_hash]
         record["device"] = m.device.fingerprint
         out.append(record)
+    plan_records = export_plans(list(plans), devices)
     return {
         "format": EXPORT_FORMAT,
         "version": EXPORT_VERSION,
         "devices": list(devices.values()),
         "kernels": list(kernels.values()),
         "measurements": out,
+        "plans": plan_records,
     }
 
 
@@ -258,8 +275,10 @@ def _database_path(args) -> str:
 
 def cmd_export(args) -> int:
     check_not_database(args.output, _database_path(args), "export")
+    from tgc.planner.db_plans import plan_times
+
     with _open(args) as db:
-        data = export_records(db.rows())
+        data = export_records(db.rows(), plan_times(db))
     text = json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n"
     if args.output == "-":
         sys.stdout.write(text)
@@ -269,7 +288,10 @@ def cmd_export(args) -> int:
             f.write(text)
     except OSError as e:
         raise TgcError(f"could not write '{args.output}': {e.strerror}") from None
-    print(f"exported {len(data['measurements'])} record(s) to {args.output}", file=sys.stderr)
+    plans = f" and {len(data['plans'])} whole-plan time(s)" if data["plans"] else ""
+    print(
+        f"exported {len(data['measurements'])} record(s){plans} to {args.output}", file=sys.stderr
+    )
     return EXIT_OK
 
 
@@ -305,9 +327,11 @@ def load_export(text: str):
     return json.loads(text, parse_int=_parse_int, parse_constant=_no_constant)
 
 
-def import_records(data, source: str) -> list:
-    """The Measurements of an exported file; TgcError naming the first bad record (and then
-    nothing is imported)."""
+def import_records(data, source: str) -> tuple[list, list]:
+    """The Measurements and PlanTimes of an exported file; TgcError naming the first bad
+    record (and then nothing is imported)."""
+    from tgc.tools._db_plans import import_plans
+
     from tgc.planner.db import ORIGINS, DeviceInfo, KernelInfo, Measurement, measurement_problem
 
     def bad(what: str) -> TgcError:
@@ -366,7 +390,7 @@ def import_records(data, source: str) -> list:
             raise bad(f"record {i} ({_shown(m.kernel.name)[1:-1]}): {problem}")
         m.origin = "import"
         out.append(m)
-    return out
+    return out, import_plans(data, devices, bad)
 
 
 def _shown(value) -> str:
@@ -408,12 +432,20 @@ def cmd_import(args) -> int:
         raise TgcError(f"could not open '{args.file}': no such file or directory") from None
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise TgcError(f"could not read '{args.file}' as JSON: {_error(e)}") from None
-    records = import_records(data, args.file)
+    from tgc.planner.db_plans import merge
+
+    records, plans = import_records(data, args.file)
     with _open(args, readonly=False) as db:
-        stored = db.record_all(records, keep_newer=True)
+        stored, stored_plans = merge(db, records, plans)  # one transaction: all or nothing
+    whole = ""
+    if plans:
+        whole = (
+            f"; {stored_plans} whole-plan time(s), kept {len(plans) - stored_plans} existing as "
+            "newer or equal"
+        )
     print(
-        f"imported {stored} record(s), kept {len(records) - stored} existing as newer or equal "
-        f"(database {db.path})"
+        f"imported {stored} record(s), kept {len(records) - stored} existing as newer or equal"
+        f"{whole} (database {db.path})"
     )
     return EXIT_OK
 
@@ -449,7 +481,9 @@ def cmd_prune(args) -> int:
             f"tgc-db: error: --older-than needs DAYS >= 0, got {args.older_than}", file=sys.stderr
         )
         return 2
+    from tgc.planner.db_plans import count_plans, delete_plans
     from tgc.planner.db_schema import column_or_default
+    from tgc.tools._db_plans import prune_condition
 
     here = current_kernels()  # before the transaction: loading backends takes a while
 
@@ -468,21 +502,29 @@ def cmd_prune(args) -> int:
             values.append(time.time() - args.older_than * 86400)
         return " OR ".join(conditions), values
 
+    def plans(db) -> tuple[str, list]:
+        return prune_condition(db, args, here)
+
     with _open(args, readonly=args.dry_run) as db:
-        if args.dry_run:
-            where, values = condition(db)
-            if not where:
-                print("nothing to prune")
-                return EXIT_OK
-            print(f"would prune {db.count(where, values)} record(s)")
-            return EXIT_OK
-        if not condition(db)[0]:
+        if not condition(db)[0] and not plans(db)[0]:
             print("nothing to prune")
             return EXIT_OK
-        # the ids of stale kernels are read again inside the deleting transaction
+        if args.dry_run:
+            where, values = condition(db)
+            count = db.count(where, values) if where else 0
+            where, values = plans(db)
+            whole = count_plans(db, where, values) if where else 0
+            print(f"would prune {count} record(s){_and_plans(whole)}")
+            return EXIT_OK
+        # the ids of stale kernels and plans are read again inside the deleting transactions
         gone = db.delete(condition)
-    print(f"pruned {gone} record(s)")
+        gone_plans = delete_plans(db, plans)
+    print(f"pruned {gone} record(s){_and_plans(gone_plans)}")
     return EXIT_OK
+
+
+def _and_plans(n: int) -> str:
+    return f" and {n} whole-plan time(s)" if n else ""
 
 
 # -- plot ------------------------------------------------------------------------------------------
