@@ -215,7 +215,8 @@ def test_command_line_import_optimize_run(name, tmp_path):
 
 def test_gpu_benchmark_dry_run(capsys):
     """bench/models_gpu.py --dry-run (no GPU, PyTorch or PyCUDA): every model imports, matches
-    PyTorch on numpy and gets a plan from the `cuda` route, so the GPU session only times."""
+    PyTorch on numpy and gets the GPU route's plan with nothing measured (the standalone file's,
+    planner/standalone.py), so the GPU session only times."""
     sys.path.insert(0, str(ROOT / "bench"))
     try:
         import models_gpu
@@ -226,4 +227,7 @@ def test_gpu_benchmark_dry_run(capsys):
     out = capsys.readouterr().out
     for name in NAMES:
         row = next(line for line in out.splitlines() if line.startswith(f"| {name} |"))
-        assert re.search(r"\| \d+ kernels, \d+ cuBLAS", row), row
+        # the plan's kernels with their counts, every cost from the roofline (nothing measured)
+        kernels = r"[\w.-]+(?: x\d+)?"
+        assert re.search(rf"\| (?:{kernels}, )*{kernels} \(costs: roofline \d+\) \|", row), row
+        assert "cuda." in row, row
