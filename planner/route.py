@@ -309,6 +309,10 @@ def measure_first_use(
         print(f"tgc: warning: not measuring: {e.message}", file=sys.stderr)
         return
     with db:
+        # A second run knows every instance: said by one pass over the database, without the
+        # plan `_guessed` makes or the profiler's runs, each of which would pass over it again.
+        if not unknown(insts, db):
+            return
         profiler = Profiler(db, options.measure_budget, options.min_time, options.progress)
         library = [i for i in insts if is_library(i.kernel) and is_product(i.kernel)]
         runs = [profiler.run(library)]

@@ -208,3 +208,27 @@ def test_a_segment_alone_of_its_size_is_not_hashed(stand_in, monkeypatch):  # no
     selection = plan_function(untied, ctx, costs)
     assert selection.distinct_segments < selection.segments
     assert hashed and all(sorted(hashed).count(n) > 1 for n in hashed)
+
+
+def test_a_second_compile_asks_the_database_once_and_plans_nothing_more(
+    stand_in,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    from tgc.planner import profile
+
+    db = tmp_path / "m.sqlite"
+    text = (EXAMPLES / "mlp.tg").read_text()
+    opts = route.RouteOptions(db=str(db), progress=False, min_time=0.002, whole_plan_check=False)
+    first = route.compile_module(tgc.parse(text), None, opts)
+    assert first.report.measured > 0 and first.report.unmeasured == 0
+    asked, guessed = [], []
+    real_unknown, real_guessed = profile.unknown, route._guessed
+    monkeypatch.setattr(
+        profile, "unknown", lambda insts, d: asked.append(1) or real_unknown(insts, d)
+    )
+    monkeypatch.setattr(route, "_guessed", lambda *a: guessed.append(1) or real_guessed(*a))
+    second = route.compile_module(tgc.parse(text), None, opts)
+    assert second.report.measured == second.report.unmeasured == 0
+    # one look at what the database knows; no plan made to find guesses there are none of
+    assert asked == [1] and guessed == []
