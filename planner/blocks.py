@@ -489,7 +489,9 @@ def _map_source(
 # -- the structural hash --------------------------------------------------------------------------
 
 
-def _attribute_text(value) -> str:
+def attribute_text(value) -> str:
+    """An attribute as hashed text: a dense value by its type and a digest of its bytes (or
+    its file), anything else as printed."""
     if isinstance(value, DenseAttr):
         if value.file is not None:
             # A constant kept in a .npy file is known by its file, as its equality is: hashing
@@ -521,7 +523,7 @@ def op_hashes(ops: list[Operation], inputs: dict[Value, str] | None = None) -> d
         if COMMUTATIVE in op.traits:
             refs.sort()
         attrs = ",".join(
-            f"{k}={_attribute_text(v)}" for k, v in sorted(op.attributes.items()) if "." not in k
+            f"{k}={attribute_text(v)}" for k, v in sorted(op.attributes.items()) if "." not in k
         )
         results = ",".join(str(r.type) for r in op.results)
         hashes[op] = _digest(f"{op.name}({';'.join(refs)}){{{attrs}}}->{results}")

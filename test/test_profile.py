@@ -80,6 +80,35 @@ def test_measure_checks_then_times():
     assert (m.bytes, m.flops) == (4.0 * (48 * 64 + 64 * 32 + 48 * 32), 2.0 * 48 * 32 * 64)
 
 
+def test_a_large_constant_is_keyed_by_a_digest_and_each_key_printed_once(monkeypatch):
+    """GPT-2's causal mask (4x1x512x512) printed into an instance's key was 5.8 MB of text,
+    printed six times a compile: most of a second compile's time."""
+    from tgc.attributes import DenseAttr
+    from tgc.planner import profile
+
+    t = TensorType.get((4, 1, 512, 512), "f32")
+    mask = np.triu(np.full((512, 512), -np.inf, np.float32), 1) * np.ones((4, 1, 1, 1), np.float32)
+    other = mask.copy()
+    other[3, 0, 511, 0] = 1.0
+    kernel = KERNELS["numpy.atomic.constant"]
+    one, two = (Instance(kernel, (), (t,), {"value": DenseAttr(v, t)}) for v in (mask, other))
+    assert len(one.attrs_text) < 200 and one.attrs_key != two.attrs_key
+    again = Instance(kernel, (), (t,), {"value": DenseAttr(mask.copy(), t)})
+    assert again.attrs_key == one.attrs_key
+    printed = []
+    original = profile.format_attr_dict
+    monkeypatch.setattr(
+        profile, "format_attr_dict", lambda attrs: printed.append(attrs) or original(attrs)
+    )
+    fresh = Instance(kernel, (), (t,), {"value": DenseAttr(mask, t)})
+    keys = {fresh.key() for _ in range(5)}
+    assert len(keys) == 1 and len(printed) == 1
+    small = TensorType.get((2, 2), "f32")
+    value = {"value": DenseAttr(np.eye(2, dtype=np.float32), small)}
+    # a small constant keeps the key it had: its printed attributes
+    assert Instance(kernel, (), (small,), value).attrs_text == original(value)
+
+
 def test_a_reference_that_cannot_run_on_random_inputs_is_a_failure_not_a_crash(monkeypatch):
     """A region whose indices are computed inside it may index out of range on random inputs
     (BERT's first use on the GPU stopped with that error): the instance fails, the run goes
