@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from nvcc_batch import compile_unit, unit_source
 
 from tgc.codegen.cuda_ops import CODE_FOR_OP
 from tgc.codegen.kernels import generate_kernel
@@ -102,21 +103,42 @@ def test_template_parameters_reach_the_source():
     assert k.block == (128, 1, 1)
 
 
+def nvcc_compiles(path: Path, *flags: str) -> None:
+    """`nvcc -arch=sm_90 -c flags path` succeeds."""
+    proc = subprocess.run(
+        [NVCC, "-arch=sm_90", "-c", *flags, str(path), "-o", str(path.with_suffix(".o"))],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_standalone_cu_compiles_with_nvcc(name, tmp_path):
+    """Each example's file, with its main. Without the main (the library form) the examples
+    compile together, in one file (the next test): the file is the same prelude and
+    declarations, then each function's kernels and host code."""
     src = tmp_path / f"{name}.cu"
     module = parse_module((ROOT / "examples" / name).read_text())
     PassManager.from_text("lower-for-planning").run(module)
     src.write_text(emit_standalone_cuda(module, name))
-    for flags in ([], ["-DTGC_STANDALONE_MAIN"]):
-        proc = subprocess.run(
-            [NVCC, "-arch=sm_90", "-c", *flags, str(src), "-o", str(tmp_path / "k.o")],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stderr[-4000:]
+    nvcc_compiles(src, "-DTGC_STANDALONE_MAIN")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_the_examples_library_file_compiles_with_nvcc(tmp_path):
+    """Every example's function in one module: its standalone file without the main (one nvcc
+    run instead of one per example: nvcc's fixed cost is most of a small file's)."""
+    module = parse_module("\n".join((ROOT / "examples" / n).read_text() for n in EXAMPLES))
+    assert len(module.funcs) == len(EXAMPLES)
+    PassManager.from_text("lower-for-planning").run(module)
+    src = tmp_path / "examples.cu"
+    src.write_text(emit_standalone_cuda(module, "examples"))
+    for func in module.funcs:
+        assert f"tgc_run_{func.sym_name}(" in src.read_text()
+    nvcc_compiles(src)
 
 
 def rounding_chain(e: str) -> str:
@@ -153,34 +175,28 @@ ROUNDING_CODE = {
 
 
 @pytest.mark.parametrize("element_type", sorted(ROUNDING_CODE))
-def test_rounding_and_mod_chain_is_one_kernel_that_compiles(element_type, tmp_path):
+def test_rounding_and_mod_chain_is_one_kernel(element_type):
     """floor/ceil/round/mod fuse into one elementwise kernel that calls the device functions of
-    CODE_FOR_OP for the element type, and the standalone .cu compiles with nvcc."""
+    CODE_FOR_OP for the element type (the next test compiles them)."""
     module = parse_module(rounding_chain(element_type))
     src = emit_standalone_cuda(module, "rounding")
     assert src.count("__global__") == 1
     body = src[src.index("__global__") :]  # the kernel, past the prelude's definitions
     for call in ROUNDING_CODE[element_type]:
         assert call in body, (call, element_type)
-    if NVCC is None:
-        pytest.skip("nvcc is not installed")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_rounding_and_mod_chains_of_every_element_type_compile(tmp_path):
+    """The chain of each element type, a function each in one module: its standalone .cu, with
+    its main, compiles with nvcc (one run instead of one per type; the file before the kernels
+    is the same whatever the types)."""
+    text = "\n".join(rounding_chain(e).replace("@f(", f"@f_{e}(", 1) for e in sorted(ROUNDING_CODE))
+    module = parse_module(text)
     path = tmp_path / "rounding.cu"
-    path.write_text(src)
-    proc = subprocess.run(
-        [
-            NVCC,
-            "-arch=sm_90",
-            "-c",
-            "-DTGC_STANDALONE_MAIN",
-            str(path),
-            "-o",
-            str(tmp_path / "k.o"),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    path.write_text(emit_standalone_cuda(module, "rounding"))
+    assert path.read_text().count("__global__") == len(ROUNDING_CODE)
+    nvcc_compiles(path, "-DTGC_STANDALONE_MAIN")
 
 
 @pytest.mark.parametrize(
@@ -191,27 +207,31 @@ def test_rounding_and_mod_chain_is_one_kernel_that_compiles(element_type, tmp_pa
         ("layernorm", "tgc_moments_add"),
     ],
 )
-def test_merged_single_pass_variants(op, helper, tmp_path):
-    """The online-softmax and one-pass mean/variance forms (template option merge_passes)."""
+def test_merged_single_pass_variants(op, helper):
+    """The online-softmax and one-pass mean/variance forms (template option merge_passes; the
+    next test compiles them)."""
+    kernel = merged_single_pass_kernel(op)
+    assert helper in kernel.source and "// pass 2" not in kernel.source
+
+
+def merged_single_pass_kernel(op: str):
     x, p = "tensor<37x4096xf32>", "tensor<4096xf32>"
     args, types = ("%x, %g, %b", f"({x}, {p}, {p})") if op == "layernorm" else ("%x", f"({x})")
     sig = f"%x: {x}, %g: {p}, %b: {p}" if op == "layernorm" else f"%x: {x}"
     text = f"func.func @f({sig}) -> {x} {{\n  %y = hl.{op} {args} : {types} -> {x}\n  func.return %y : {x}\n}}"
-    (op,) = fused_kernels(text)
-    kernel = generate_kernel(op, {"merge_passes": True})
-    assert helper in kernel.source and "// pass 2" not in kernel.source
-    if NVCC:
-        from tgc.codegen.kernels import prelude
+    (fused,) = fused_kernels(text)
+    return generate_kernel(fused, {"merge_passes": True})
 
-        src = tmp_path / "k.cu"
-        src.write_text(prelude() + kernel.source)
-        proc = subprocess.run(
-            [NVCC, "-arch=sm_90", "-c", str(src), "-o", str(tmp_path / "k.o")],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_merged_single_pass_variants_compile(tmp_path):
+    """The three kernels after the prelude, renamed apart, in one nvcc run."""
+    from tgc.codegen.kernels import prelude
+
+    kernels = [merged_single_pass_kernel(op) for op in ("softmax", "log_softmax", "layernorm")]
+    unit, _ = unit_source(prelude(), [(k.name, k.source) for k in kernels])
+    ok, log = compile_unit(tmp_path, unit, ["-arch=sm_90", "-c"])
+    assert ok, log[-3000:]
 
 
 def test_verifier_rejects_a_kernel_mixing_memory_spaces():
