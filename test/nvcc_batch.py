@@ -50,3 +50,26 @@ def compile_unit(work: Path, source: str, flags: Sequence[str]) -> tuple[bool, s
         check=False,
     )
     return proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def compile_each(
+    work: Path, prelude: str, kernels: Sequence[tuple[str, str]], flags: Sequence[str]
+) -> list[tuple[bool, str]]:
+    """(it compiled, its messages) for each (kernel name, source) after the prelude, with
+    `flags`: one nvcc run for all where they all compile, a kernel's messages then being its
+    part of ptxas's (with `-Xptxas -v`) after every message that precedes the first kernel's
+    part (cicc's warnings); where the unit does not compile, each kernel alone, so that a
+    failure is that kernel's own."""
+    unit, names = unit_source(prelude, kernels)
+    ok, log = compile_unit(work, unit, flags)
+    if ok:
+        sections = entry_sections(log)
+        first = ENTRY.search(log)
+        shared = log[: first.start()] if first else log
+        return [(True, shared + sections.get(name, "")) for name in names]
+    results = []
+    for i, (_, source) in enumerate(kernels):
+        alone = work / f"kernel{i}"
+        alone.mkdir()
+        results.append(compile_unit(alone, prelude + "\n" + source, flags))
+    return results

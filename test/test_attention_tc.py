@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from nvcc_batch import compile_each
 
 from tgc.codegen.kernels import generate_kernel
 from tgc.codegen.render import prelude
@@ -379,55 +380,64 @@ def test_a_kernel_that_needs_sm_90a_is_built_for_it_and_refused_elsewhere():
     assert info.value.loc is not None
 
 
+WGMMA_COMPILED = [
+    (heads_text(2, 3, 100, 130, 64, 64, "bf16", True, False, "heads"), {}),
+    (heads_text(2, 3, 1000, 1000, 64, 64, "bf16", False, True, "heads"), {}),
+    (heads_text(2, 3, 1000, 1000, 64, 64, "bf16", True, False, "heads"), {"block_n": 128}),
+    (heads_text(2, 3, 1000, 1000, 128, 128, "f16", False, True, "heads"), {}),
+    (heads_text(2, 3, 1000, 1000, 128, 128, "f16", True, False, "heads"), {"block_n": 128}),
+    (heads_text(2, 2, 700, 700, 64, 64, "bf16", True, False, "qkv"), {"overlap": False}),
+    (heads_text(2, 3, 1000, 1000, 64, 64, "bf16", True, True, "heads"), {"pingpong": True}),
+    (
+        heads_text(2, 3, 1000, 1000, 64, 64, "bf16", False, False, "heads"),
+        {"pingpong": True, "block_n": 128},
+    ),
+    (heads_text(2, 3, 1000, 1000, 128, 128, "f16", True, False, "heads"), {"pingpong": True}),
+    (
+        heads_text(2, 3, 1000, 1000, 128, 128, "f16", False, True, "heads"),
+        {"pingpong": True, "block_n": 128},
+    ),
+    (
+        heads_text(2, 3, 1000, 1000, 64, 64, "bf16", True, False, "heads"),
+        {"q_in_registers": True},
+    ),
+    (
+        heads_text(2, 3, 1000, 1000, 128, 128, "f16", False, True, "heads"),
+        {"q_in_registers": True, "pingpong": True},
+    ),
+    (heads_text(2, 3, 1000, 1000, 64, 64, "bf16", True, False, "heads"), {"swizzle": True}),
+    (
+        heads_text(2, 3, 1000, 1000, 128, 128, "f16", False, True, "heads"),
+        {"swizzle": True, "q_in_registers": True, "pingpong": True},
+    ),
+]
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-@pytest.mark.parametrize(
-    "text, params",
-    [
-        (heads_text(2, 3, 100, 130, 64, 64, "bf16", True, False, "heads"), {}),
-        (heads_text(2, 3, 1000, 1000, 64, 64, "bf16", False, True, "heads"), {}),
-        (heads_text(2, 3, 1000, 1000, 64, 64, "bf16", True, False, "heads"), {"block_n": 128}),
-        (heads_text(2, 3, 1000, 1000, 128, 128, "f16", False, True, "heads"), {}),
-        (heads_text(2, 3, 1000, 1000, 128, 128, "f16", True, False, "heads"), {"block_n": 128}),
-        (heads_text(2, 2, 700, 700, 64, 64, "bf16", True, False, "qkv"), {"overlap": False}),
-        (heads_text(2, 3, 1000, 1000, 64, 64, "bf16", True, True, "heads"), {"pingpong": True}),
-        (
-            heads_text(2, 3, 1000, 1000, 64, 64, "bf16", False, False, "heads"),
-            {"pingpong": True, "block_n": 128},
-        ),
-        (heads_text(2, 3, 1000, 1000, 128, 128, "f16", True, False, "heads"), {"pingpong": True}),
-        (
-            heads_text(2, 3, 1000, 1000, 128, 128, "f16", False, True, "heads"),
-            {"pingpong": True, "block_n": 128},
-        ),
-        (
-            heads_text(2, 3, 1000, 1000, 64, 64, "bf16", True, False, "heads"),
-            {"q_in_registers": True},
-        ),
-        (
-            heads_text(2, 3, 1000, 1000, 128, 128, "f16", False, True, "heads"),
-            {"q_in_registers": True, "pingpong": True},
-        ),
-        (heads_text(2, 3, 1000, 1000, 64, 64, "bf16", True, False, "heads"), {"swizzle": True}),
-        (
-            heads_text(2, 3, 1000, 1000, 128, 128, "f16", False, True, "heads"),
-            {"swizzle": True, "q_in_registers": True, "pingpong": True},
-        ),
-    ],
-)
-def test_the_wgmma_kernel_compiles_for_sm_90a_with_no_wgmma_serialised(tmp_path, text, params):
+def test_the_wgmma_kernels_compile_for_sm_90a_with_no_wgmma_serialised(tmp_path):
     """The -gencode target the executor uses; ptxas reports no fence it had to add between
     wgmmas (C7519: registers the wgmmas read changed between them) nor any other reason it
     serialised them, and no spill: the accumulators of S and O and P's fragments fit in the
-    registers the launch bounds leave (128 a thread where two blocks share an SM)."""
-    k = generate_kernel(attention_region(text), {"wgmma": True, **params})
-    flags = ("-cubin", "-Xptxas", "-v", *k.nvcc_target("sm_90"))
-    messages = nvcc(tmp_path, prelude() + "\n" + k.source, *flags)
-    assert "C7519" not in messages and "serialized" not in messages
-    used = re.search(r"Used (\d+) registers", messages)
-    assert used, messages[-2000:]
-    limit = 128 if "__launch_bounds__(256, 2)" in k.source else 255
-    assert int(used.group(1)) <= limit
-    assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", messages), messages[-2000:]
+    registers the launch bounds leave (128 a thread where two blocks share an SM). Every case
+    in one nvcc run (compile_kernels)."""
+    kernels = [
+        generate_kernel(attention_region(text), {"wgmma": True, **params})
+        for text, params in WGMMA_COMPILED
+    ]
+    built = compile_kernels(
+        tmp_path, [(k, ("-cubin", "-Xptxas", "-v", *k.nvcc_target("sm_90"))) for k in kernels]
+    )
+    failures = []
+    for (_, params), k, messages in zip(WGMMA_COMPILED, kernels, built):
+        used = re.search(r"Used (\d+) registers", messages)
+        limit = 128 if "__launch_bounds__(256, 2)" in k.source else 255
+        if "C7519" in messages or "serialized" in messages:
+            failures.append(f"{params}: wgmmas serialised\n{messages[-2000:]}")
+        elif not used or int(used.group(1)) > limit:
+            failures.append(f"{params}: more than {limit} registers\n{messages[-2000:]}")
+        elif not re.search(r"\b0 bytes spill stores, 0 bytes spill loads", messages):
+            failures.append(f"{params}: spills\n{messages[-2000:]}")
+    assert not failures, "\n\n".join(failures)
 
 
 def test_the_f32_kernel_refuses_a_tile_size_it_does_not_take():
@@ -475,6 +485,29 @@ def nvcc(tmp_path: Path, source: str, *flags: str) -> str:
     return proc.stdout + proc.stderr
 
 
+def compile_kernels(tmp_path: Path, kernels: list) -> list[str]:
+    """Compile each (kernel, flags) after the prelude as `nvcc` does (the test fails naming
+    every kernel that does not compile); each kernel's messages. Kernels with the same flags
+    compile in one nvcc run (test/nvcc_batch.py): nvcc's fixed cost, about 0.4 s of CPU a
+    run, is paid once, and ptxas's messages are split by kernel."""
+    groups: dict[tuple, list[int]] = {}
+    for i, (_, flags) in enumerate(kernels):
+        groups.setdefault(tuple(flags), []).append(i)
+    messages: list[str] = [""] * len(kernels)
+    failed = []
+    for g, (flags, members) in enumerate(groups.items()):
+        work = tmp_path / f"unit{g}"
+        work.mkdir()
+        sources = [(kernels[i][0].name, kernels[i][0].source) for i in members]
+        results = compile_each(work, prelude(), sources, (*flags, "-O3", "-std=c++17"))
+        for i, (ok, log) in zip(members, results):
+            messages[i] = log
+            if not ok:
+                failed.append(f"{kernels[i][0].name} ({' '.join(flags)}):\n{log[-3000:]}")
+    assert not failed, "\n\n".join(failed)
+    return messages
+
+
 COMPILED = [
     # dtype, d, dv, causal, mask, layout
     ("bf16", 64, 64, True, False, "heads"),
@@ -484,14 +517,16 @@ COMPILED = [
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("dtype,d,dv,causal,mask,layout", COMPILED)
-def test_generated_kernel_compiles(tmp_path, arch, dtype, d, dv, causal, mask, layout):
-    k = attention_kernel(
-        heads_text(2, 3, 100, 130 if dv == d else 100, d, dv, dtype, causal, mask, layout)
-    )
-    assert k.params["tensor_cores"]
-    nvcc(tmp_path, prelude() + "\n" + k.source, "-cubin", f"-arch={arch}")
+def test_generated_kernels_compile(tmp_path):
+    """Each case's tensor-core kernel for sm_80 and sm_90 (one nvcc run per arch)."""
+    kernels = []
+    for dtype, d, dv, causal, mask, layout in COMPILED:
+        k = attention_kernel(
+            heads_text(2, 3, 100, 130 if dv == d else 100, d, dv, dtype, causal, mask, layout)
+        )
+        assert k.params["tensor_cores"]
+        kernels += [(k, ("-cubin", f"-arch={arch}")) for arch in ("sm_80", "sm_90")]
+    compile_kernels(tmp_path, kernels)
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
@@ -979,12 +1014,15 @@ FOLDED_COMPILED = [
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("dtype,d,causal", FOLDED_COMPILED)
-def test_folded_kernel_compiles(tmp_path, dtype, d, causal):
-    (fused,) = fused_kernels(merged_text(2, 3, 97, d, dtype, causal, not causal))
-    k = generate_kernel(fused)
-    assert "Written as its consumer reads it" in k.source
-    nvcc(tmp_path, prelude() + "\n" + k.source, "-cubin", "-arch=sm_90")
+def test_folded_kernels_compile(tmp_path):
+    """Each case's folded kernel for sm_90 (one nvcc run)."""
+    kernels = []
+    for dtype, d, causal in FOLDED_COMPILED:
+        (fused,) = fused_kernels(merged_text(2, 3, 97, d, dtype, causal, not causal))
+        k = generate_kernel(fused)
+        assert "Written as its consumer reads it" in k.source, (dtype, d, causal)
+        kernels.append((k, ("-cubin", "-arch=sm_90")))
+    compile_kernels(tmp_path, kernels)
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
