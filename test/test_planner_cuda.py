@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import shutil
-import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -329,8 +328,10 @@ def test_every_offered_region_generates_its_kernel():
     reason="nvcc is not installed",
 )
 def test_generated_kernels_of_each_template_compile(tmp_path):
-    """One region of each template (attention from the attention example), through nvcc."""
-    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    """One region of each template (attention from the attention example), through nvcc (one
+    run for the four: test/nvcc_batch.py)."""
+    from nvcc_batch import compile_each
+
     picked = {}
     for example in ("gpt2_block", "attention"):
         module, func = parse((EXAMPLES[0].parent / f"{example}.tg").read_text())
@@ -338,30 +339,18 @@ def test_generated_kernels_of_each_template_compile(tmp_path):
         for m in _distinct_region_kernels(module.funcs[0]):
             picked.setdefault(m.kernel.name, m)
     assert set(picked) == {f"cuda.{k}" for k in ck.TEMPLATE_OF_KIND}
+    sources = []
     for name, m in sorted(picked.items()):
         kind = name.split(".")[1]
         region = ck.region_of(kind, list(m.ops), several=True)
         func = ck.region_function(region)
         fused = ck.fused_from_block(func.body, [v.type for v in m.outputs], kind, kind, None)
         source = generate_kernel(fused, None, ck.kernel_symbol(fused))
-        path = tmp_path / f"{kind}.cu"
-        path.write_text(prelude() + "\n" + source.source)
-        proc = subprocess.run(
-            [
-                nvcc,
-                "-cubin",
-                "-arch=sm_90",
-                "-O3",
-                "-std=c++17",
-                "-o",
-                str(tmp_path / f"{kind}.cubin"),
-                str(path),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert proc.returncode == 0, f"{name}: {proc.stderr[:2000]}"
+        sources.append((source.name, source.source))
+    flags = ["-cubin", "-arch=sm_90", "-O3", "-std=c++17"]
+    built = compile_each(tmp_path, prelude(), sources, flags)
+    failed = [f"{name}: {log[:2000]}" for name, (ok, log) in zip(sorted(picked), built) if not ok]
+    assert not failed, "\n".join(failed)
 
 
 # -- cuBLAS, run by a numpy model of the column-major GEMM -------------------------------------
