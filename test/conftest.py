@@ -10,9 +10,14 @@ import functools
 import os
 import re
 
-import pytest
+# One BLAS thread a process, before numpy loads (here, in xdist's workers, in the tools tests
+# start): the workers and lit's tools already have every core, and OpenBLAS's start of a thread
+# per core costs about 0.1 s of CPU a process. A value set outside is kept.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import tgc
+import pytest  # noqa: E402
+
+import tgc  # noqa: E402
 
 
 @functools.lru_cache(maxsize=1)

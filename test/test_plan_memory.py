@@ -157,7 +157,8 @@ def test_a_plan_changed_by_the_database_is_timed_again(stand_in, tmp_path, monke
     assert timings.calls >= 1  # the plans were timed again
     after = {r.candidate: r.plan_hash for r in stored(db)}
     assert after["planned"] != before["planned"]  # and the new plan recorded in its place
-    assert identify(second.planned.func).plan_hash == after["planned"]
+    # What runs is the chosen candidate's plan (on a busy machine another candidate can win).
+    assert identify(second.planned.func).plan_hash == after[second.report.chosen]
 
 
 def test_a_noisy_comparison_is_not_remembered(stand_in, tmp_path, monkeypatch):

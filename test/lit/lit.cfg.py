@@ -18,6 +18,10 @@ config.environment["PATH"] = os.pathsep.join(
     [bin_dir, config.environment.get("PATH", os.environ.get("PATH", ""))]
 )
 config.environment["PYTHONUNBUFFERED"] = "1"
+# One BLAS thread a tool (numpy's OpenBLAS starts a thread per core at import otherwise: about
+# 0.1 s of CPU a tool start on a 2-core machine, and the suite starts about 430 tools beside the
+# Python tests, which have the other cores).
+config.environment["OPENBLAS_NUM_THREADS"] = os.environ.get("OPENBLAS_NUM_THREADS", "1")
 # Planner tests name their backends (`--planner-backends numpy`, `select-kernels{backends=numpy}`)
 # so that plans do not depend on what is installed (PyTorch, PyCUDA).
 config.substitutions.append(("%python", sys.executable))
