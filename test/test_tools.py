@@ -234,6 +234,66 @@ def test_out_of_memory_outside_the_interpreter_is_one_line(capsys):
         guarded("tgc-run", body, debug=True)
 
 
+TWO_BIG_HALVES = """func.func @f(%a: tensor<2200000000xf16>, %b: tensor<2200000000xf16>) -> tensor<2200000000xf16> {
+  %s = atomic.add %a, %b : (tensor<2200000000xf16>, tensor<2200000000xf16>) -> tensor<2200000000xf16>
+  func.return %s : tensor<2200000000xf16>
+}
+"""  # noqa: E501
+
+BIG_INTERMEDIATES = """func.func @f(%a: tensor<1xf16>) -> tensor<2200000000xf16> {
+  %b = atomic.broadcast %a : (tensor<1xf16>) -> tensor<2200000000xf16>
+  %e = atomic.exp %b : (tensor<2200000000xf16>) -> tensor<2200000000xf16>
+  %s = atomic.add %e, %b : (tensor<2200000000xf16>, tensor<2200000000xf16>) -> tensor<2200000000xf16>
+  func.return %s : tensor<2200000000xf16>
+}
+"""  # noqa: E501
+
+
+def refused(tmp_path, monkeypatch, capsys, program: str, available: int, *extra: str) -> str:
+    """tgc-run's stderr for `program` on a machine with `available` bytes free, where drawing
+    the inputs (with --check) or running the program fails the test: the refusal comes first."""
+    from tgc import evaluate
+    from tgc.tools import run as run_tool
+
+    path = tmp_path / "big.tg"
+    path.write_text(program)
+    monkeypatch.setattr(evaluate, "available_memory", lambda: available)
+    if "--check" in extra:
+        monkeypatch.setattr(run_tool, "bind_inputs", lambda *a: pytest.fail("inputs were drawn"))
+    monkeypatch.setattr(run_tool, "execute", lambda *a: pytest.fail("the program ran"))
+    assert run_tool.main([str(path), "--random-inputs", "0", *extra]) == 1
+    err = capsys.readouterr().err.splitlines()[0]  # then the source line and a caret
+    assert err.startswith(f"{path}:1:1: error: this run needs "), err
+    assert err.endswith("this machine has available")
+    return err
+
+
+def test_a_check_that_cannot_fit_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    """Issue 27: two 2.2e9-element f16 tensors with --check ran for minutes (the float64
+    reference holds every value in float64: 52.8 GB) instead of saying at once that they need
+    more memory than there is. Each value fits in the 20 GiB on its own; together they do not."""
+    err = refused(tmp_path, monkeypatch, capsys, TWO_BIG_HALVES, 20 * 2**30, "--check")
+    assert "the inputs: 8800000000 bytes (8.2 GiB)" in err
+    assert "--check's float64 reference: 52800000000 bytes (49.2 GiB)" in err
+
+
+def test_a_numpy_run_that_cannot_fit_is_refused_before_it_starts(tmp_path, monkeypatch, capsys):
+    """The interpreter keeps every value until the function returns: three 4.4 GB values do not
+    fit in 10 GiB, though each does."""
+    err = refused(tmp_path, monkeypatch, capsys, BIG_INTERMEDIATES, 10 * 2**30)
+    assert "the numpy run: 13200000000 bytes (12.3 GiB)" in err
+
+
+def test_a_run_that_fits_is_not_refused(tmp_path, monkeypatch):
+    from tgc import evaluate
+    from tgc.tools import run as run_tool
+
+    path = tmp_path / "small.tg"
+    path.write_text(TWO_BIG_HALVES.replace("2200000000", "22"))
+    monkeypatch.setattr(evaluate, "available_memory", lambda: 2 * 2**10)  # 2 KiB: enough
+    assert run_tool.main([str(path), "--random-inputs", "0", "--check"]) == 0
+
+
 # -- the CUDA route: a pipeline, kernels made by -p, no environment ------------------------------
 
 

@@ -89,6 +89,27 @@ def allocating(
         raise TgcError(message, loc) from None
 
 
+def block_values(block: Block) -> list[TensorType]:
+    """The types of the values `evaluate_block` holds at its end: every argument and every op's
+    results (it keeps each value until the block returns)."""
+    types = [a.type for a in block.args]
+    return types + [
+        r.type for op in block.ops for r in op.results if isinstance(r.type, TensorType)
+    ]
+
+
+def available_memory() -> int | None:
+    """The bytes this machine can still give a process (Linux's MemAvailable), None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 # -- evaluation ------------------------------------------------------------------------------------
 
 

@@ -207,6 +207,40 @@ def execute(func, inputs, args) -> list[np.ndarray]:
     return run_function(func, inputs, args.precision)
 
 
+def refuse_what_cannot_fit(func, args, run=None) -> None:
+    """Refuse at once, before the work, a run whose values together cannot fit in the memory
+    this machine has available: the inputs, the numpy interpreter's run of `func` (it keeps every
+    value until it returns) and --check's float64 reference of the program as written (`run`,
+    every value in float64). Without this, two 2e9-element tensors ran for minutes into the
+    out-of-memory killer. A single value too large on its own is left to the evaluator, which
+    names it at the op that makes it."""
+    from tgc.evaluate import available_memory, block_values, format_bytes, nbytes
+
+    available = available_memory()
+    if available is None:
+        return
+    reference = run or func
+    arg_types = [a.type for a in reference.body.args]
+    parts = [("the inputs", arg_types, "native")]
+    if run is not None:  # after the passes, before the numpy run
+        parts.append(("the numpy run", block_values(func.body)[len(arg_types) :], args.precision))
+        if args.precision == "f64":
+            parts.append(("the numpy run's float64 inputs", arg_types, "f64"))
+    if args.check:
+        parts.append(("--check's float64 reference", block_values(reference.body), "f64"))
+    sizes = [(what, nbytes(types, precision)) for what, types, precision in parts]
+    need = sum(n for _, n in sizes)
+    largest = max(nbytes([t], precision) for _, types, precision in parts for t in types)
+    if need <= available or largest > available:
+        return
+    listed = "; ".join(f"{what}: {format_bytes(n)}" for what, n in sizes)
+    raise TgcError(
+        f"this run needs {format_bytes(need)} of memory ({listed}), more than the "
+        f"{format_bytes(available)} this machine has available",
+        func.loc,
+    )
+
+
 def make_output_dir(path: str) -> None:
     """Create -o's directory before running, so a bad path fails before the work, not after."""
     try:
@@ -275,6 +309,7 @@ def run(args) -> int:
     verify(module)
     if args.output_dir is not None:
         check_result_paths(args, module, select_function(module, args.func))
+    refuse_what_cannot_fit(select_function(module, args.func), args)
     # Inputs come from the program as written, so a seed gives the same values under every -p.
     inputs = bind_inputs(select_function(module, args.func), args.inputs, args.random_inputs)
     reference_module = parse_module(text, name) if args.check else None
@@ -284,6 +319,10 @@ def run(args) -> int:
         from tgc.planner.executor import require_planned
 
         require_planned(func)  # a -p that stops short of planned IR
+    if args.backend not in ("auto", "cuda"):
+        refuse_what_cannot_fit(
+            func, args, run=select_function(reference_module or module, args.func)
+        )
     results = execute(func, inputs, args)
     if args.check:
         expected = run_function(select_function(reference_module, args.func), inputs, "f64")
