@@ -15,10 +15,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# The layer of each top-level part. `tgc/` is the core except its public API (`tgc/__init__.py`)
-# and the tools, which wire the parts together and may import anything.
+# The layer of each top-level part. `tgc/` is the core except its public API (`tgc/__init__.py`),
+# the tools and the torch.compile backend (`tgc/dynamo/`), which wire the parts together and may
+# import anything.
 TOP_LEVEL_LAYERS = ("dialects", "passes", "codegen", "runtime", "planner", "importers")
 WIRING = "wiring"
+WIRING_PACKAGES = ("tools", "dynamo")
 
 # layer -> the layers it may import (besides itself).
 ALLOWED = {
@@ -42,7 +44,7 @@ def layer_of_module(module: str) -> str | None:
         return WIRING
     if parts[1] in TOP_LEVEL_LAYERS:
         return parts[1]
-    if parts[1] == "tools":
+    if parts[1] in WIRING_PACKAGES:
         return WIRING
     return "core"
 
@@ -139,11 +141,13 @@ def test_every_import_follows_the_layers():
         ("runtime", "from tgc.passes.fuse import Group\n", True),
         ("codegen", "from tgc.runtime import cublas\n", True),
         ("tools", "from tgc.planner import select\nimport tgc.passes\n", False),
+        ("dynamo", "from tgc.importers.torch import import_module\nimport tgc.planner\n", False),
+        ("importers", "from tgc.dynamo import tgc_backend\n", True),
     ],
 )
 def test_the_checker_finds_a_wrong_import(layer, source, expect_bad):
     """The check itself can fail: a module with a forbidden import is reported, with its line."""
-    folder = "tgc" if layer == "core" else "tgc/tools" if layer == "tools" else layer
+    folder = {"core": "tgc", "tools": "tgc/tools", "dynamo": "tgc/dynamo"}.get(layer, layer)
     bad = forbidden_arrows(Path(folder) / "_layering_probe.py", source)
     assert bool(bad) == expect_bad, bad
     if expect_bad:

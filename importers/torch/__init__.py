@@ -29,7 +29,13 @@ if TYPE_CHECKING:  # only for the annotations: torch is imported when a function
 
     from tgc.builtin import ModuleOp
 
-__all__ = ["import_exported_program", "import_file", "import_module", "parameter_values"]
+__all__ = [
+    "core_aten_program",
+    "import_exported_program",
+    "import_file",
+    "import_module",
+    "parameter_values",
+]
 
 
 def _require_torch() -> None:
@@ -50,6 +56,7 @@ def import_exported_program(
     decompose: bool = True,
     weights_dir: str | None = None,
     inline_limit: int = DEFAULT_INLINE_LIMIT,
+    mutations: bool = False,
 ) -> ModuleOp:
     """The module holding `ep` as the function `@name`.
 
@@ -59,7 +66,11 @@ def import_exported_program(
     `run_decompositions`). weights_dir: constants of more than `inline_limit` elements refer to
     `<weights_dir>/<name>.npy` (relative to the .tg file the module is written to, which the
     writer of the module puts there: `tgc-import` does); None keeps every constant inline.
-    Raises TgcError naming the node for anything tgc cannot express.
+    mutations: a program that updates a user input or a buffer in place is imported as
+    torch.export functionalised it, each updated value a result, in the order of
+    `ep.graph_signature.output_specs` (updates first, then the outputs), for a caller that
+    writes them back (the torch.compile backend, tgc/dynamo); without it such a program is
+    refused. Raises TgcError naming the node for anything tgc cannot express.
     """
     _require_torch()
     from tgc.importers.torch._program import import_program
@@ -70,7 +81,20 @@ def import_exported_program(
         name=name,
         decompose=decompose,
         weights=WeightFiles(weights_dir, inline_limit),
+        mutations=mutations,
     )
+
+
+def core_aten_program(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """`ep` in PyTorch's core aten opset as `import_exported_program` brings it there (the ops
+    that are one hl op kept whole), and functionalised: each in-place update of an input or a
+    buffer is an output of the kind USER_INPUT_MUTATION or BUFFER_MUTATION in
+    `graph_signature.output_specs`. For a caller that reads the signature it imports
+    (`import_exported_program(..., decompose=False)`); PyTorch's failure is one TgcError."""
+    _require_torch()
+    from tgc.importers.torch._program import to_core_aten
+
+    return to_core_aten(ep)
 
 
 def import_module(

@@ -156,12 +156,13 @@ def import_program(
     name: str,
     decompose: bool,
     weights: WeightFiles,
+    mutations: bool = False,
 ) -> ModuleOp:
     if not isinstance(ep, torch.export.ExportedProgram):
         raise TgcError(f"expected a torch.export.ExportedProgram, got {type(ep).__name__}")
     if decompose:
         ep = to_core_aten(ep)
-    return _Importer(ep, params_as_args, weights).run(name)
+    return _Importer(ep, params_as_args, weights, mutations).run(name)
 
 
 def node_location(node: torch.fx.Node) -> Location:
@@ -216,10 +217,15 @@ def _live_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
 
 class _Importer:
     def __init__(
-        self, ep: torch.export.ExportedProgram, params_as_args: bool, weights: WeightFiles
+        self,
+        ep: torch.export.ExportedProgram,
+        params_as_args: bool,
+        weights: WeightFiles,
+        mutations: bool = False,
     ) -> None:
         self.ep = ep
         self.params_as_args = params_as_args
+        self.mutations = mutations  # in-place updates of inputs and buffers become results
         self.weights = weights  # large constants: inline or in .npy files
         self.graph = ep.graph_module.graph
         self.specs = {spec.arg.name: spec for spec in ep.graph_signature.input_specs}
@@ -251,8 +257,13 @@ class _Importer:
     # -- signature ----------------------------------------------------------------------------
 
     def _check_outputs(self) -> None:
+        # A functionalised update's new value is an output like the others: a caller that asked
+        # for them (mutations=True) writes it back where the program wrote it.
+        allowed = {OutputKind.USER_OUTPUT}
+        if self.mutations:
+            allowed |= {OutputKind.USER_INPUT_MUTATION, OutputKind.BUFFER_MUTATION}
         for spec in self.ep.graph_signature.output_specs:
-            if spec.kind == OutputKind.USER_OUTPUT:
+            if spec.kind in allowed:
                 continue
             what = spec.kind.name.lower().replace("_", " ")
             target = f" '{spec.target}'" if spec.target else ""

@@ -1,0 +1,94 @@
+"""A graph's module on the GPU route (planner/route.py), torch CUDA tensors in and out.
+
+NOT RUN YET: written where no GPU was available (2026-11-28); the CPU route (host.py) is the
+tested one. It is kept thin so that what it adds to the route is little: the route lowers,
+measures on first use (`measure_budget`, `db`), plans, checks the whole plan and replays calls
+as CUDA graphs; this module hands it the tensors' memory (`__cuda_array_interface__`, read
+without a copy by the cuda backend, a tensor made contiguous first) and takes the results back
+as tensors through the same interface. A replayed call's results are buffers the next replay
+overwrites (planner/graphs.py), so each output is cloned on the device before it is handed to
+the user; updates are copied into their tensors. Kernel-by-kernel calls are queued on the
+legacy default stream (the route's), replays on PyTorch's current stream.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+from torch.utils import _pytree as pytree
+
+from tgc.dynamo.lowering import Lowered
+from tgc.dynamo.options import BackendOptions
+from tgc.dynamo.tensors import ParamViews, as_tensor
+from tgc.types import NUMPY_DTYPES
+
+logger = logging.getLogger("tgc")
+
+
+def _device_view(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().contiguous()
+
+
+class CudaGraph:
+    """One graph at one set of shapes on the GPU route, called as host.HostGraph is."""
+
+    def __init__(self, lowered: Lowered, options: BackendOptions) -> None:
+        from tgc.planner.route import RouteOptions, compile_module
+
+        route = RouteOptions(
+            db=options.db,
+            measure_budget=options.measure_budget,
+            tolerance=options.tolerance,
+            progress=False,
+        )
+        self.compiled = compile_module(lowered.module, None, route)
+        logger.info("tgc: GPU route: %s", self.compiled.report.summary())
+        self.lowered = lowered
+        device = torch.device("cuda", torch.cuda.current_device())
+        # made once: the same objects on every call, so the plan's once steps run once
+        self.own = [as_tensor(a).to(device) for a in lowered.own]
+        self.params = ParamViews(_device_view)
+        func = self.compiled.func
+        first = len(lowered.own)
+        self.param_slots = {i for i in range(first, len(func.body.args)) if func.is_param(i)}
+
+    def __call__(self, args: list):
+        lowered = self.lowered
+        values = list(self.own)
+        for slot, index in enumerate(lowered.inputs, start=len(values)):
+            tensor = args[index]
+            kept = slot in self.param_slots
+            values.append(self.params.view(slot, tensor) if kept else _device_view(tensor))
+        results = self.compiled(values)
+        outputs = []
+        for value, write in zip(results, lowered.writes):
+            tensor = _as_cuda_tensor(value)
+            if write is None:
+                outputs.append(tensor.clone())
+                continue
+            with torch.no_grad():
+                args[write].copy_(tensor)
+        return pytree.tree_unflatten(outputs, lowered.out_spec)
+
+
+class _Interface:
+    """A device buffer's `__cuda_array_interface__` with bfloat16 stated as int16 (the
+    interface has no bfloat16; the tensor is viewed back as bfloat16)."""
+
+    def __init__(self, interface: dict) -> None:
+        self.__cuda_array_interface__ = interface
+
+
+def _as_cuda_tensor(value) -> torch.Tensor:
+    """A result of the route (a torch tensor, or a buffer with `__cuda_array_interface__`) as
+    a torch tensor on the same memory."""
+    if isinstance(value, torch.Tensor):
+        return value
+    interface = dict(value.__cuda_array_interface__)
+    bf16 = np.dtype(interface["typestr"]) == np.dtype(NUMPY_DTYPES["bf16"])
+    if bf16:
+        interface["typestr"] = np.dtype(np.int16).str
+    tensor = torch.as_tensor(_Interface(interface), device="cuda")
+    return tensor.view(torch.bfloat16) if bf16 else tensor

@@ -1,0 +1,114 @@
+"""What the backend returns to Dynamo for one captured graph: a callable that compiles the
+graph with tgc once per set of argument shapes, and runs it eagerly where tgc cannot.
+
+Dynamo may hand over a graph with symbolic sizes (after a second shape it marks the sizes that
+changed dynamic, and passes their values as int arguments); tgc compiles static shapes, so the
+graph is lowered again at each new set of shapes a call brings (no buckets), and the compiled
+form is kept for the next call with those shapes. A graph tgc cannot compile (an op with no
+lowering, an export that fails, a device with no route) runs as Dynamo captured it, the
+GraphModule's own forward, and the reason is logged once (tally.py); so is a compiled graph
+that fails when it runs, which is then run eagerly from then on. Never a crash: the eager graph
+is what torch.compile would run without this backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from tgc.diagnostics import UNKNOWN_LOC, TgcError
+from tgc.dynamo import tally
+from tgc.dynamo.lowering import lower_graph, static_inputs
+from tgc.dynamo.options import BackendOptions
+
+# Node kinds that are work (placeholders, get_attr and the output are not).
+OP_NODES = ("call_function", "call_method", "call_module")
+
+
+class CompiledGraph:
+    """The backend's answer for one Dynamo graph (module doc)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, options: BackendOptions, name: str) -> None:
+        self.gm = gm
+        self.options = options
+        self.name = name
+        self.ops = sum(1 for n in gm.graph.nodes if n.op in OP_NODES)
+        self.runners: dict[tuple, Callable[[list], object]] = {}
+
+    def __call__(self, *args):
+        args = list(args)
+        key = shape_key(args)
+        runner = self.runners.get(key)
+        if runner is None:
+            runner = self.runners[key] = self._compile(args)
+        if runner is self._eager:
+            return self._eager(args)
+        try:
+            return runner(args)
+        except Exception as e:  # tgc's failure: the updates are written last, so none was made
+            tally.failed_when_run(self.name, reason(e))
+            self.runners[key] = self._eager
+            return self._eager(args)
+
+    def _eager(self, args: list):
+        return self.gm(*args)
+
+    def _compile(self, args: list) -> Callable[[list], object]:
+        try:
+            runner = self._lowered_runner(args)
+        except Exception as e:  # whatever stops tgc here, the graph still runs
+            tally.fell_back(self.name, self.ops, reason(e))
+            return self._eager
+        tally.compiled(self.name, self.ops, describe_arguments(args, static_inputs(self.gm, args)))
+        return runner
+
+    def _lowered_runner(self, args: list) -> Callable[[list], object]:
+        devices = {a.device.type for a in args if isinstance(a, torch.Tensor)}
+        if len(devices) > 1:
+            raise TgcError(f"its inputs are on several devices ({', '.join(sorted(devices))})")
+        device = devices.pop() if devices else "cpu"
+        if device not in ("cpu", "cuda"):
+            raise TgcError(f"its inputs are on a '{device}' device; tgc runs on cpu and cuda")
+        lowered = lower_graph(self.gm, args, static_inputs(self.gm, args))
+        if device == "cuda":
+            from tgc.dynamo.cuda import CudaGraph
+
+            return CudaGraph(lowered, self.options)
+        from tgc.dynamo.host import HostGraph
+
+        return HostGraph(lowered, self.options)
+
+
+def shape_key(args: list) -> tuple:
+    """What a compiled form depends on: each tensor's shape, dtype and device, and the value
+    of every other argument (the sizes Dynamo passes for symbolic dims)."""
+    return tuple(
+        (tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else (type(a), a)
+        for a in args
+    )
+
+
+def describe_arguments(args: list, statics: set[int]) -> str:
+    """`(2x8 int64, 12) and 28 parameters`: the inputs' shapes, the parameters counted."""
+    parts = []
+    for i, a in enumerate(args):
+        if i in statics:
+            continue
+        if isinstance(a, torch.Tensor):
+            dims = "x".join(str(d) for d in a.shape) or "scalar"
+            parts.append(f"{dims} {str(a.dtype).removeprefix('torch.')}")
+        else:
+            parts.append(repr(a))
+    text = "(" + ", ".join(parts) + ")"
+    return text + (f" and {len(statics)} parameter(s) or buffer(s)" if statics else "")
+
+
+def reason(e: BaseException) -> str:
+    """One line saying why: a TgcError's message at its model source line, or another
+    exception's type and first line."""
+    if isinstance(e, TgcError):
+        where = f" (at {e.loc})" if e.loc is not None and e.loc != UNKNOWN_LOC else ""
+        return e.message + where
+    first = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__

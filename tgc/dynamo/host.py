@@ -1,0 +1,99 @@
+"""A graph's module planned and run on the CPU, torch tensors in and out without copies.
+
+The plan is the one `tgc-run --backend auto` makes: `lower-for-planning`, then `select-kernels`'
+planning, here over the kernels that run on the host alone (numpy's, and PyTorch's CPU kernels
+where PyTorch imports: the tensors live on the host, and a plan that moved them to a GPU would
+copy them there on every call). The plan runs in one `PlannedFunction` (planner/executor.py),
+whose once steps (packing weights) run again only when a parameter tensor changed
+(tensors.ParamViews).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils import _pytree as pytree
+
+from tgc.builtin import FuncOp
+from tgc.dynamo.lowering import Lowered
+from tgc.dynamo.options import BackendOptions
+from tgc.dynamo.tensors import ParamViews, as_array, as_tensor
+from tgc.fixed import VARIES, fixed_state
+from tgc.ir import BlockArgument
+from tgc.pass_manager import PassManager
+from tgc.planner import load_backends
+from tgc.planner.cost import CachedCosts, RooflineCostSource
+from tgc.planner.executor import PlannedFunction
+from tgc.planner.fixed import mark_once
+from tgc.planner.kernel import BACKEND_SPACE
+from tgc.planner.materialise import materialise
+from tgc.planner.options import PlanContext
+from tgc.planner.route import plan_tolerance
+from tgc.planner.select import plan_function, prepare
+
+# The kernel backends whose values live on the host (numpy, torch-cpu).
+HOST_BACKENDS = frozenset(b for b, space in BACKEND_SPACE.items() if space is None)
+
+
+def plan_on_host(func: FuncOp, options: BackendOptions) -> None:
+    """Plan `func` (after lower-for-planning) over the host's kernels, in place: what
+    `select_kernels` does, with the backends limited to the host's and no generated kernel."""
+    load_backends(("numpy", "torch"))
+    prepare(func)
+    tolerance = plan_tolerance(func) if options.tolerance is None else options.tolerance
+    if options.db is None:
+        source = RooflineCostSource()
+    else:
+        from tgc.planner.estimate import DatabaseCostSource
+
+        source = DatabaseCostSource(options.db)
+    costs = CachedCosts(source)
+    ctx = PlanContext(None, tolerance, backends=HOST_BACKENDS, generated=False)
+    selection = plan_function(func, ctx, costs)
+    materialise(func, selection, costs)
+    mark_once(func)
+
+
+class HostGraph:
+    """One graph at one set of shapes, planned on the host: called with the graph's arguments
+    (tensors and the ints Dynamo passes for symbolic sizes), it returns what the graph returns
+    and writes the graph's in-place updates into their tensors."""
+
+    def __init__(self, lowered: Lowered, options: BackendOptions) -> None:
+        PassManager.from_text("lower-for-planning").run(lowered.module)
+        func = lowered.func
+        plan_on_host(func, options)
+        self.lowered = lowered
+        self.planned = PlannedFunction(func)
+        first = len(lowered.own)
+        self.param_slots = {i for i in range(first, len(func.body.args)) if func.is_param(i)}
+        self.copied = _kept_results(func)
+        self.params = ParamViews()
+
+    def __call__(self, args: list):
+        lowered = self.lowered
+        values = list(lowered.own)
+        for slot, index in enumerate(lowered.inputs, start=len(values)):
+            tensor = args[index]
+            kept = slot in self.param_slots
+            values.append(self.params.view(slot, tensor) if kept else as_array(tensor))
+        results = self.planned(values)
+        outputs = []
+        for i, (array, write) in enumerate(zip(results, lowered.writes)):
+            if write is None:
+                outputs.append(as_tensor(array, copy=i in self.copied))
+                continue
+            with torch.no_grad():  # the graph's own update, made by tgc: not for autograd
+                args[write].copy_(as_tensor(array))
+        return pytree.tree_unflatten(outputs, lowered.out_spec)
+
+
+def _kept_results(func: FuncOp) -> set[int]:
+    """The results that are an argument or a value the plan keeps between calls (computed from
+    parameters and constants alone): handed to the user as copies, so that writing to one
+    changes neither an input nor the next call's result."""
+    memo: dict = {}
+    kept = set()
+    for i, value in enumerate(func.body.last.operands):
+        if isinstance(value, BlockArgument) or fixed_state(value, memo) != VARIES:
+            kept.add(i)
+    return kept

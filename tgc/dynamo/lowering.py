@@ -1,0 +1,96 @@
+"""A graph captured by Dynamo, at the shapes of one call, as a tgc module.
+
+`torch.export` traces the GraphModule again at the call's arguments (non-strict: the graph is
+already plain torch code), PyTorch's decompositions bring it to the core aten opset and
+functionalise it (an in-place update of an input becomes an output holding the new value), and
+the torch importer makes the module (importers/torch). What the caller needs to run it and to
+write the updates back is kept beside it (`Lowered`).
+
+Why torch.export rather than AOTAutograd's `aot_module_simplified`: the importer, its op table
+and its tests are for ExportedPrograms, and export's graph signature says which output updates
+which input; AOTAutograd would hand over a graph whose mutations its own runtime wrappers write
+back, and trace a backward graph whenever a parameter requires grad.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
+from torch.utils import _pytree as pytree
+
+from tgc.builtin import PARAM_ATTR, ModuleOp
+from tgc.diagnostics import TgcError
+from tgc.importers.torch import core_aten_program, import_exported_program, parameter_values
+
+
+@dataclass
+class Lowered:
+    """The module of one graph at one call's shapes, and how its function's arguments and
+    results relate to the graph's: the function takes `own` (the graph module's own parameters
+    and buffers, as numpy arrays) then, for each entry of `inputs`, that graph argument; result
+    i is written back to graph argument `writes[i]` where that is not None, and the others are
+    the graph's outputs, in the structure `out_spec` rebuilds."""
+
+    module: ModuleOp
+    own: list[np.ndarray]
+    inputs: list[int]
+    writes: list[int | None]
+    out_spec: pytree.TreeSpec
+
+    @property
+    def func(self):
+        return self.module.funcs[0]
+
+
+def static_inputs(gm: torch.fx.GraphModule, args: list) -> set[int]:
+    """The graph arguments that are a model's parameters or buffers: Dynamo marks them static
+    (as AOTAutograd reads it, `_dynamo_static_input_type`); an nn.Parameter is one anyway."""
+    found = set()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, (node, arg) in enumerate(zip(placeholders, args)):
+        marked = (node.meta.get("tensor_dict") or {}).get("_dynamo_static_input_type")
+        if marked or isinstance(arg, torch.nn.Parameter):
+            found.add(i)
+    return found
+
+
+def lower_graph(gm: torch.fx.GraphModule, args: list, statics: set[int]) -> Lowered:
+    """`gm` exported at `args` and imported; the graph arguments in `statics` that the graph
+    does not update become `{tgc.param}` arguments. Raises TgcError (the importer's, naming
+    the node) or PyTorch's own exception where export fails."""
+    ep = torch.export.export(gm, tuple(args), strict=False)
+    ep = core_aten_program(ep)
+    signature = ep.graph_signature
+    position: dict[str, int] = {}  # user input name -> graph argument
+    inputs: list[int] = []
+    for spec in signature.input_specs:
+        if spec.kind != InputKind.USER_INPUT:
+            continue
+        position[spec.arg.name] = len(position)
+        if isinstance(spec.arg, TensorArgument):
+            inputs.append(position[spec.arg.name])
+    writes: list[int | None] = []
+    for spec in signature.output_specs:
+        if spec.kind == OutputKind.BUFFER_MUTATION:
+            raise TgcError(
+                f"the graph updates its own buffer '{spec.target}', which the tgc backend does "
+                "not write back"
+            )
+        mutated = spec.kind == OutputKind.USER_INPUT_MUTATION
+        writes.append(position[spec.target] if mutated else None)
+    module = import_exported_program(ep, decompose=False, mutations=True)
+    own = parameter_values(ep)
+    func = module.funcs[0]
+    if len(func.body.args) != len(own) + len(inputs):
+        raise TgcError(
+            f"the imported function takes {len(func.body.args)} arguments where the graph "
+            f"gives {len(own)} + {len(inputs)} (a tgc bug: please report it)"
+        )
+    updated = {i for i in writes if i is not None}
+    for slot, index in enumerate(inputs, start=len(own)):
+        if index in statics and index not in updated:
+            func.set_arg_attr(slot, PARAM_ATTR)
+    return Lowered(module, own, inputs, writes, ep.call_spec.out_spec)

@@ -1,0 +1,72 @@
+"""How much of what Dynamo captured runs in tgc, and the log lines that say so.
+
+Every graph Dynamo hands the backend is compiled once per set of argument shapes; each such
+compile is counted here, with the graph's op count (its call nodes), as run in tgc or eagerly.
+The tally is the process's (torch.compile keeps no per-model state a backend could hang it on):
+`coverage()` reads it and `reset_coverage()` starts it again. Messages go to the logger named
+"tgc": a graph that falls back is one WARNING line saying which op (or step) and why, with the
+tally so far; a graph compiled is one INFO line with the tally.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+logger = logging.getLogger("tgc")
+
+
+@dataclass
+class Coverage:
+    """Compiled graphs (one per graph and set of shapes) and their ops: all, and in tgc."""
+
+    graphs: int = 0
+    graphs_in_tgc: int = 0
+    ops: int = 0
+    ops_in_tgc: int = 0
+
+    def summary(self) -> str:
+        return (
+            f"{self.graphs_in_tgc} of {self.graphs} graph(s), {self.ops_in_tgc} of {self.ops} "
+            "op(s) run in tgc"
+        )
+
+
+_TALLY = Coverage()
+
+
+def coverage() -> Coverage:
+    """A copy of the tally so far."""
+    return Coverage(**vars(_TALLY))
+
+
+def reset_coverage() -> None:
+    global _TALLY
+    _TALLY = Coverage()
+
+
+def compiled(name: str, ops: int, shapes: str) -> None:
+    """`name` (with `ops` ops) was compiled by tgc for the arguments `shapes`."""
+    _count(ops, True)
+    logger.info("tgc: %s (%d ops) compiled for %s; so far %s", name, ops, shapes, _TALLY.summary())
+
+
+def fell_back(name: str, ops: int, reason: str) -> None:
+    """`name` (with `ops` ops) runs eagerly because of `reason` (one line)."""
+    _count(ops, False)
+    logger.warning(
+        "tgc: %s (%d ops) runs eagerly: %s; so far %s", name, ops, reason, _TALLY.summary()
+    )
+
+
+def failed_when_run(name: str, reason: str) -> None:
+    """`name`, compiled, failed when it ran: it runs eagerly from now on (not counted again)."""
+    logger.warning("tgc: %s failed when run by tgc and runs eagerly from now on: %s", name, reason)
+
+
+def _count(ops: int, in_tgc: bool) -> None:
+    _TALLY.graphs += 1
+    _TALLY.ops += ops
+    if in_tgc:
+        _TALLY.graphs_in_tgc += 1
+        _TALLY.ops_in_tgc += ops
