@@ -1,3 +1,3 @@
 """tgc's dialects. Importing this package registers every op (see tgc.opdef.OPS)."""
 
-from tgc.dialects import atomic, hl, kernel  # noqa: F401
+from tgc.dialects import atomic, hl, hl_conv, hl_image, hl_pool, kernel  # noqa: F401

@@ -343,6 +343,9 @@ COVERED = {f"hl.{op}" for op, _ in UNARY} | {
     "hl.linear",
     "hl.attention",
 }
+# The vision ops' decompositions are checked in test_hl_vision.py.
+VISION = ("hl.conv", "hl.max_pool", "hl.avg_pool", "hl.group_norm", "hl.batch_norm", "hl.resize")
+COVERED |= {name for name in hl_op_names() if name.startswith(VISION)}
 
 
 def test_every_hl_op_is_covered():

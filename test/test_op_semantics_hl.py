@@ -33,12 +33,14 @@ def covers(*names: str):
     return mark
 
 
-def run(name: str, inputs, attributes=None):
-    """Create and verify op `name` on operands typed like `inputs`; return its reference output
-    after checking it has the declared shape and dtype."""
+def run(name: str, inputs, attributes=None, result_shape=None):
+    """Create and verify op `name` on operands typed like `inputs` (the result of `result_shape`
+    for ops that take their result type); return its reference output after checking it has the
+    declared shape and dtype."""
     inputs = [np.asarray(a) for a in inputs]
     operands = [Value(TensorType.get(a.shape, ELEMENT_TYPE_OF_DTYPE[a.dtype])) for a in inputs]
-    op = create(OPS[name], operands, attributes)
+    results = None if result_shape is None else [operands[0].type.with_shape(result_shape)]
+    op = create(OPS[name], operands, attributes, results)
     verify_op(op)
     out = np.asarray(op.reference(*inputs))
     assert out.shape == op.result.type.shape, (name, out.shape, op.result.type)
@@ -358,7 +360,27 @@ ALL_CASES = {  # name -> (input shapes, attributes)
     "hl.rmsnorm": ([(3, 8), (8,)], {}),
     "hl.linear": ([(3, 8), (8, 4), (4,)], {}),
     "hl.attention": ([(2, 3, 8), (2, 5, 8), (2, 5, 4), (3, 5)], {"causal": True}),
+    # the vision ops (their semantics are checked in test_hl_vision.py)
+    "hl.conv1d": ([(1, 2, 6), (3, 2, 3)], {"pads": (1, 1)}),
+    "hl.conv2d": ([(1, 2, 5, 5), (4, 1, 3, 3), (4,)], {"groups": 2, "strides": (2, 2)}),
+    "hl.conv3d": ([(1, 2, 3, 3, 3), (2, 2, 2, 2, 2)], {}),
+    "hl.conv_transpose1d": ([(1, 2, 4), (2, 3, 3)], {"strides": (2,)}),
+    "hl.conv_transpose2d": ([(1, 2, 3, 3), (2, 2, 3, 3), (2,)], {"strides": (2, 2)}),
+    "hl.conv_transpose3d": ([(1, 2, 2, 2, 2), (2, 1, 2, 2, 2)], {}),
+    "hl.max_pool1d": ([(1, 2, 7)], {"kernel": (3,), "strides": (2,)}),
+    "hl.max_pool2d": ([(1, 2, 5, 5)], {"kernel": (2, 2), "ceil_mode": True, "strides": (2, 2)}),
+    "hl.max_pool3d": ([(1, 2, 3, 3, 3)], {"kernel": (2, 2, 2)}),
+    "hl.avg_pool1d": ([(1, 2, 7)], {"kernel": (3,), "pads": (1, 1)}),
+    "hl.avg_pool2d": ([(1, 2, 5, 5)], {"kernel": (3, 3), "pads": (1, 1, 1, 1)}),
+    "hl.avg_pool3d": ([(1, 2, 3, 3, 3)], {"kernel": (2, 2, 2)}),
+    "hl.group_norm": ([(2, 4, 3, 3), (4,), (4,)], {"groups": 2}),
+    "hl.batch_norm": ([(2, 4, 3, 3), (4,), (4,), (4,), (4,)], {}),
+    "hl.resize": ([(1, 2, 3, 4)], {"mode": "linear"}),
 }
+RESULT_SHAPES = {"hl.resize": (1, 2, 5, 7)}  # ops that take their result type
+POSITIVE_OPERAND = {"hl.batch_norm": 4}  # a variance
+VISION = ("hl.conv", "hl.max_pool", "hl.avg_pool", "hl.group_norm", "hl.batch_norm", "hl.resize")
+COVERED.update(name for name in ALL_CASES if name.startswith(VISION))  # test_hl_vision.py
 
 
 @pytest.mark.parametrize("name", sorted(ALL_CASES))
@@ -367,8 +389,11 @@ def test_lower_precision_keeps_dtype_and_agrees(name, dtype):
     shapes, attributes = ALL_CASES[name]
     rng = np.random.default_rng(len(name))
     inputs = [nonzero(rng, s, 0.1, 2) for s in shapes]
-    exact = run(name, inputs, attributes)
-    got = run(name, [a.astype(dtype) for a in inputs], attributes)  # checks the dtype
+    if name in POSITIVE_OPERAND:
+        inputs[POSITIVE_OPERAND[name]] = np.abs(inputs[POSITIVE_OPERAND[name]])
+    result = RESULT_SHAPES.get(name)
+    exact = run(name, inputs, attributes, result)
+    got = run(name, [a.astype(dtype) for a in inputs], attributes, result)  # checks the dtype
     bound = LOW_PRECISION[dtype] * np.maximum(1.0, np.abs(exact))
     assert np.all(np.abs(got.astype(np.float64) - exact) <= bound)
 

@@ -44,7 +44,7 @@ from tgc.verifier import verify
 
 tgc.planner.load_backends(["numpy"])  # numpy's kernels alone, whatever is installed
 
-POSITIVE = {"atomic.log", "atomic.sqrt", "atomic.rsqrt", "atomic.pow"}  # domain: x > 0
+POSITIVE = {"atomic.log", "atomic.sqrt", "atomic.rsqrt", "atomic.pow", "hl.batch_norm"}  # x > 0
 SEEDS = (0, 1, 2)
 
 
