@@ -41,7 +41,7 @@ from tgc.dialects._shapes import broadcast_shapes
 from tgc.dialects.atomic import AddOp, MaxOp, MinOp, MulOp
 from tgc.ir import BlockArgument, Operation, Value
 from tgc.opdef import ASSOCIATIVE, COMMUTATIVE, ELEMENTWISE, PURE, create, dialect_ops
-from tgc.pass_manager import Pass, PassStatistics, PipelineError, register_pass
+from tgc.pass_manager import Pass, PassStatistics, PipelineError, option, register_pass
 from tgc.passes.canonicalize_rules import CANONICALIZE_RULES
 from tgc.passes.rules import make_constant, run_reference
 from tgc.patterns import PatternRewriter, RewritePattern, apply_patterns_greedily
@@ -389,9 +389,9 @@ class Canonicalize(Pass):
 
     name = "canonicalize"
     summary = "Fold constants and simplify to a canonical form (greedy, to a fixpoint)"
-    fast_math: bool = False
-    max_iterations: int = 10
-    test_convergence: bool = False
+    fast_math: bool = option(False, "allow rules that change NaN, inf or signed-zero results")
+    max_iterations: int = option(10, "sweeps before giving up (reported)")
+    test_convergence: bool = option(False, "make not converging an error")
 
     def __post_init__(self) -> None:
         if self.max_iterations < 1:

@@ -53,7 +53,7 @@ from tgc.cuda_target import attention_supported
 from tgc.dialects.kernel import FusedOp, YieldOp
 from tgc.ir import Block, Operation, Region, Value
 from tgc.opdef import ELEMENTWISE, REDUCTION, TERMINATOR, VIEW
-from tgc.pass_manager import Pass, PassStatistics, register_pass
+from tgc.pass_manager import Pass, PassStatistics, option, register_pass
 from tgc.patterns import erase_dead_ops
 from tgc.views import is_unit_reshape, strided_layout
 
@@ -630,7 +630,7 @@ class Fuse(Pass):
     summary = "Fuse producer-consumer chains into kernel.fused regions"
     # false: leave matmuls alone (a library runs them) so that their elementwise consumers fuse
     # forward instead, e.g. attention's scale and mask into the softmax kernel.
-    matmul_epilogue: bool = True
+    matmul_epilogue: bool = option(True, "fuse elementwise consumers into a matmul's epilogue")
 
     def run_on_module(self, module: ModuleOp, stats: PassStatistics) -> None:
         taken = existing_kernel_names(module)

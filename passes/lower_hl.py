@@ -9,7 +9,7 @@ from tgc.diagnostics import TgcError
 from tgc.dialects.hl import HLOp
 from tgc.ir import Operation
 from tgc.opdef import OPS
-from tgc.pass_manager import Pass, PassStatistics, PipelineError, register_pass
+from tgc.pass_manager import Pass, PassStatistics, PipelineError, option, register_pass
 from tgc.rewriter import RewriteListener, Rewriter
 
 
@@ -61,8 +61,8 @@ class LowerHL(Pass):
     name = "lower-hl"
     summary = "Replace hl ops by their decompositions into lower ops"
 
-    ops: tuple[str, ...] = ()
-    keep: tuple[str, ...] = ()
+    ops: tuple[str, ...] = option((), "the hl ops to lower (empty: every one)")
+    keep: tuple[str, ...] = option((), "the hl ops not to lower")
 
     def __post_init__(self) -> None:
         self.selected()  # fail when the pipeline is parsed, not when it runs

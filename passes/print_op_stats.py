@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from tgc.builtin import ModuleOp
-from tgc.pass_manager import Pass, PassStatistics, register_pass
+from tgc.pass_manager import Pass, PassStatistics, option, register_pass
 
 
 @register_pass
@@ -20,7 +20,7 @@ class PrintOpStats(Pass):
 
     name = "print-op-stats"
     summary = "Print the number of ops of each kind"
-    json: bool = False
+    json: bool = option(False, "print JSON")
 
     def run_on_module(self, module: ModuleOp, stats: PassStatistics) -> None:
         counts = Counter(op.name for op in module.walk() if op is not module)

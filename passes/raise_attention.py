@@ -57,7 +57,7 @@ from tgc.diagnostics import VerifyError
 from tgc.dialects._shapes import broadcast_shapes, normalize_axes, normalize_axis
 from tgc.ir import Operation, Value
 from tgc.opdef import OPS, PURE, create
-from tgc.pass_manager import Pass, PassStatistics, register_pass
+from tgc.pass_manager import Pass, PassStatistics, option, register_pass
 from tgc.passes.canonicalize import constant_array, is_splat
 from tgc.passes.rules import run_reference
 from tgc.rewriter import Rewriter
@@ -468,7 +468,9 @@ class RaiseAttention(Pass):
     name = "raise-attention"
     summary = "Replace spelled-out attention (matmul, scale, mask, softmax, matmul) by hl.attention"
 
-    assume_finite: bool = False
+    assume_finite: bool = option(
+        False, "also raise -inf where-masks, assuming the scores hold no NaN or +inf"
+    )
 
     def run_on_func(self, func: FuncOp, stats: PassStatistics) -> None:
         rewriter = Rewriter()

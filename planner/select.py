@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from tgc.builtin import FuncOp
 from tgc.diagnostics import TgcError
 from tgc.ir import Value, paused_gc
-from tgc.pass_manager import Pass, PassStatistics, PipelineError, register_pass
+from tgc.pass_manager import Pass, PassStatistics, PipelineError, option, register_pass
 
 if TYPE_CHECKING:
     from tgc.planner.chain import Selection
@@ -206,10 +206,12 @@ class SelectKernels(Pass):
     name = "select-kernels"
     summary = "Choose kernels and placements (DP over placements, within a tolerance)"
 
-    tolerance: float = 1e-5
-    objective: str = "time"
-    db: str = ""
-    backends: tuple[str, ...] = ()
+    tolerance: float = option(1e-5, "the largest stated kernel error allowed")
+    objective: str = option("time", "what the plan minimises")
+    db: str = option("", "the measurement database (empty: none, the roofline model)")
+    backends: tuple[str, ...] = option(
+        (), "backend families whose kernels are considered (empty: all)"
+    )
 
     def __post_init__(self) -> None:
         if not self.tolerance >= 0:
@@ -246,12 +248,18 @@ class SelectKernels(Pass):
         stats.note(f"@{func.sym_name}: {selection.seconds:.3e} s estimated, {exact}")
 
 
-def with_database(passes: list, path: str) -> list:
+def with_database(passes: list, path: str, *, keep_given: bool = False) -> list:
     """`passes` with every select-kernels pass costing from the measurement database `path`
-    (the tools' `--db`)."""
+    (the tools' `--db`); with `keep_given`, a pass that names its own `db` keeps it (the
+    default database does not override a pipeline's choice)."""
     import dataclasses
 
-    return [dataclasses.replace(p, db=path) if isinstance(p, SelectKernels) else p for p in passes]
+    return [
+        dataclasses.replace(p, db=path)
+        if isinstance(p, SelectKernels) and not (keep_given and p.db)
+        else p
+        for p in passes
+    ]
 
 
 def with_backends(passes: list, families: tuple[str, ...]) -> list:

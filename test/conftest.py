@@ -9,11 +9,17 @@ from __future__ import annotations
 import functools
 import os
 import re
+import tempfile
 
 # One BLAS thread a process, before numpy loads (here, in xdist's workers, in the tools tests
 # start): the workers and lit's tools already have every core, and OpenBLAS's start of a thread
 # per core costs about 0.1 s of CPU a process. A value set outside is kept.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+# The default measurement database, which every tool reads when --db is not given, is one no test
+# writes: a developer's own measurements must not change a plan a test checks (tests of the
+# default itself set TGC_DB themselves).
+os.environ["TGC_DB"] = os.path.join(tempfile.mkdtemp(prefix="tgc-tests-"), "default.sqlite")
 
 import pytest  # noqa: E402
 

@@ -753,10 +753,10 @@ def test_tgc_import_pt2_weights_in_files(tmp_path, capsys):
 
 def test_tgc_import_pt2_weights_as_args(tmp_path):
     """--weights-as-args: the parameters are {tgc.param} arguments named by their state-dict
-    keys, before the inputs, and no weights folder is written; --func-name names the function."""
+    keys, before the inputs, and no weights folder is written; --func names the function."""
     model, pt2 = _save_mlp(tmp_path)
     tg = tmp_path / "model.tg"
-    assert _tgc_import([str(pt2), "-o", str(tg), "--weights-as-args", "--func-name", "mlp"]) == 0
+    assert _tgc_import([str(pt2), "-o", str(tg), "--weights-as-args", "--func", "mlp"]) == 0
     text = tg.read_text()
     assert text.startswith(
         "func.func @mlp(%fc1.weight: tensor<128x16xf64> {tgc.param}, %fc1.bias: "

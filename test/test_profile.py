@@ -360,7 +360,7 @@ def profile_cmd(module: str, db: str, *extra: str) -> list[str]:
         module,
         "--db",
         db,
-        "--backend",
+        "--kernel-backend",
         "numpy",
         "--planner-backends",
         "numpy",

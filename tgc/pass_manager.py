@@ -72,8 +72,17 @@ class Pass:
         fields = dataclasses.fields(self)
         if not fields:
             return ""
-        parts = [f"{_kebab(f.name)}={_format_option(getattr(self, f.name))}" for f in fields]
+        parts = [f"{kebab(f.name)}={format_option(getattr(self, f.name))}" for f in fields]
         return "{" + " ".join(parts) + "}"
+
+
+def option(default, help: str):
+    """A pass option: a dataclass field with its default and the one line `--list-passes` shows."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+def option_help(field: dataclasses.Field) -> str:
+    return field.metadata.get("help", "")
 
 
 PASSES: dict[str, type[Pass]] = {}
@@ -90,11 +99,11 @@ def register_pass(cls: type[Pass]) -> type[Pass]:
     return cls
 
 
-def _kebab(name: str) -> str:
+def kebab(name: str) -> str:
     return name.replace("_", "-")
 
 
-def _format_option(value) -> str:
+def format_option(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, tuple):
@@ -118,24 +127,35 @@ def _convert_option(pass_name: str, field: dataclasses.Field, text: str):
         return text
     except ValueError:
         raise PipelineError(
-            f"invalid value '{text}' for option '{_kebab(field.name)}' of pass '{pass_name}' "
+            f"invalid value '{text}' for option '{kebab(field.name)}' of pass '{pass_name}' "
             f"(expected {kind})"
         ) from None
+
+
+def did_you_mean(name: str, known) -> str:
+    """'; did you mean 'x'?' for the closest of `known` to a misspelt `name`, else ''."""
+    import difflib
+
+    close = difflib.get_close_matches(name, sorted(known), n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""
 
 
 def make_pass(name: str, options: dict[str, str]) -> Pass:
     cls = PASSES.get(name)
     if cls is None:
         raise PipelineError(
-            f"'{name}' does not refer to a registered pass or pass pipeline (see --list-passes)"
+            f"'{name}' does not refer to a registered pass or pass pipeline"
+            f"{did_you_mean(name, PASSES)} (see --list-passes)"
         )
-    fields = {_kebab(f.name): f for f in dataclasses.fields(cls)}
+    fields = {kebab(f.name): f for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, text in options.items():
         field = fields.get(key)
         if field is None:
             known = ", ".join(sorted(fields)) or "none"
-            raise PipelineError(f"pass '{name}' has no option '{key}' (options: {known})")
+            raise PipelineError(
+                f"pass '{name}' has no option '{key}'{did_you_mean(key, fields)} (options: {known})"
+            )
         kwargs[field.name] = _convert_option(name, field, text)
     return cls(**kwargs)
 

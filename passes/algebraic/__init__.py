@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tgc.builtin import FuncOp
-from tgc.pass_manager import Pass, PassStatistics, PipelineError, register_pass
+from tgc.pass_manager import Pass, PassStatistics, PipelineError, option, register_pass
 from tgc.passes.algebraic.cost import CostWeights, FixedMemo, describe
 from tgc.passes.algebraic.graph import extract_window, span_ops
 from tgc.passes.algebraic.rules import RULE_NAMES, RULES
@@ -57,14 +57,14 @@ class Algebraic(Pass):
     name = "algebraic"
     summary = "Cost-driven algebraic rewrites: distributivity, matmul chains, merged matmuls"
 
-    alpha: float = 1.05
-    budget: int = 64
-    window: int = 64
-    flop_cost: float = 2e-14
-    byte_cost: float = 3.3e-13
-    launch_cost: float = 3e-6
-    rules: tuple[str, ...] = ()
-    fast_math: bool = True
+    alpha: float = option(1.05, "keep candidates cheaper than alpha times the best seen")
+    budget: int = option(64, "states expanded per window")
+    window: int = option(64, "ops per window searched")
+    flop_cost: float = option(2e-14, "seconds per flop in the cost model")
+    byte_cost: float = option(3.3e-13, "seconds per byte in the cost model")
+    launch_cost: float = option(3e-6, "seconds per kernel launch in the cost model")
+    rules: tuple[str, ...] = option((), "the rules to apply (empty: all)")
+    fast_math: bool = option(True, "allow rules exact in real arithmetic but not on inf/NaN")
 
     def __post_init__(self) -> None:
         unknown = [r for r in self.rules if r not in RULE_NAMES]

@@ -22,6 +22,10 @@ config.environment["PYTHONUNBUFFERED"] = "1"
 # 0.1 s of CPU a tool start on a 2-core machine, and the suite starts about 430 tools beside the
 # Python tests, which have the other cores).
 config.environment["OPENBLAS_NUM_THREADS"] = os.environ.get("OPENBLAS_NUM_THREADS", "1")
+# Every tool reads the default measurement database when --db is not given: here it is a file
+# that no test writes (so that a developer's own measurements never change a plan a test
+# checks); a test that wants a database gives --db, or sets TGC_DB for one command.
+config.environment["TGC_DB"] = os.path.join(config.test_source_root, "Output", "default.sqlite")
 # Planner tests name their backends (`--planner-backends numpy`, `select-kernels{backends=numpy}`)
 # so that plans do not depend on what is installed (PyTorch, PyCUDA).
 config.substitutions.append(("%python", sys.executable))

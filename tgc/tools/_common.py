@@ -104,18 +104,84 @@ def non_negative_int(metavar: str) -> Callable[[str], int]:
     return parse
 
 
+def version() -> str:
+    """tgc's version, as installed."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("tgc")
+    except PackageNotFoundError:
+        return "unknown (tgc is not installed: pip install -e .)"
+
+
+def add_common_flags(ap) -> None:
+    """`--debug` and `--version`, on every tool."""
+    ap.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
+    ap.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+
+
+DB_HELP = (
+    "the measurement database (default: $TGC_DB, else measurements.sqlite in the user cache "
+    "directory: the one database every tool reads and tgc-profile and the GPU route write)"
+)
+
+
+def add_db(ap) -> None:
+    """`--db PATH`, the same flag on every tool that reads or writes measurements."""
+    ap.add_argument("--db", default=None, metavar="PATH", help=DB_HELP)
+
+
 def add_planning_db(ap, what: str) -> None:
-    """`--db [PATH]` (tgc-run --backend auto, tgc-plan): plan from a measurement database."""
+    """`--db PATH` and `--no-db` (tgc-plan, tgc-run): what the planner costs kernels from."""
+    add_db(ap)
     ap.add_argument(
-        "--db",
-        nargs="?",
-        const="",
-        default=None,
-        metavar="PATH",
-        help=f"{what} costs kernels from this measurement database (tgc-profile writes it; "
-        "without PATH: $TGC_DB, else the one in the user cache directory); default: the "
-        "roofline model",
+        "--no-db",
+        action="store_true",
+        help=f"{what} costs kernels with the roofline model alone, reading no database",
     )
+
+
+# Flags renamed, by tool: the old spelling is read as the new one for a release, with a warning.
+RENAMED_FLAGS = {
+    "tgc-profile": {"--backend": "--kernel-backend"},
+    "tgc-import": {"--func-name": "--func"},
+}
+PROGRAM_SUFFIXES = (".tg", ".mlir", ".onnx", ".pt2")
+
+
+def parse_args(ap: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """`ap.parse_args(argv)`, reading the old spellings of flags with a one-line warning each:
+    a renamed flag (RENAMED_FLAGS) and `--db` without a path (it meant the default database,
+    which is now read anyway). `--db` followed by a program is refused: the program was taken
+    for the database's path before."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    renamed = RENAMED_FLAGS.get(ap.prog, {})
+    kept: list[str] = []
+    for i, token in enumerate(argv):
+        if token == "--":
+            kept += argv[i:]
+            break
+        name, eq, value = token.partition("=")
+        if name in renamed:
+            print(f"{ap.prog}: warning: {name} is now {renamed[name]}", file=sys.stderr)
+            token = renamed[name] + eq + value
+        if token == "--db":
+            following = argv[i + 1] if i + 1 < len(argv) else None
+            if following is None or following.startswith("-"):
+                print(
+                    f"{ap.prog}: warning: --db without a PATH is no longer needed: the default "
+                    "database is read anyway",
+                    file=sys.stderr,
+                )
+                continue
+            if following.endswith(PROGRAM_SUFFIXES):
+                ap.error(
+                    f"--db takes the measurement database's path, not the program "
+                    f"'{following}' (leave --db out to read the default database)"
+                )
+        kept.append(token)
+    return ap.parse_args(kept)
 
 
 def add_planning_passes(ap) -> None:

@@ -35,7 +35,7 @@ import time
 
 import tgc
 from tgc.diagnostics import TgcError, printable
-from tgc.tools._common import EXIT_OK, guarded
+from tgc.tools._common import DB_HELP, EXIT_OK, guarded, parse_args, version
 from tgc.tools._outputs import check_not_database, database_files, same_file
 
 EXPORT_FORMAT = "tgc-measurements"
@@ -46,19 +46,14 @@ READS_EXPORT_VERSIONS = (1, 2)
 
 def build_arg_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--db",
-        default=argparse.SUPPRESS,
-        metavar="PATH",
-        help="measurement database (default: $TGC_DB, else measurements.sqlite in the user "
-        "cache directory)",
-    )
+    common.add_argument("--db", default=argparse.SUPPRESS, metavar="PATH", help=DB_HELP)
     common.add_argument(
         "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks"
     )
     ap = argparse.ArgumentParser(
         prog="tgc-db", description="The kernel measurement database.", parents=[common]
     )
+    ap.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("list", parents=[common], help="devices and kernels measured")
     show = sub.add_parser("show", parents=[common], help="a kernel's records and fitted curve")
@@ -601,7 +596,7 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_arg_parser().parse_args(argv)
+    args = parse_args(build_arg_parser(), argv)
     tgc.load_all()
     return guarded("tgc-db", lambda: COMMANDS[args.command](args), getattr(args, "debug", False))
 

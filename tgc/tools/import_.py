@@ -19,7 +19,7 @@ from pathlib import Path
 import tgc
 from tgc.diagnostics import TgcError, printable
 from tgc.importers._weights import DEFAULT_INLINE_LIMIT
-from tgc.tools._common import EXIT_OK, guarded, non_negative_int
+from tgc.tools._common import add_common_flags, parse_args, EXIT_OK, guarded, non_negative_int
 from tgc.tools._outputs import check_output, same_file
 from tgc.tools.opt import write_output
 
@@ -88,11 +88,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
         f"{DEFAULT_INLINE_LIMIT})",
     )
     ap.add_argument(
-        "--func-name",
+        "--func",
+        dest="func_name",
         default=None,
         help="the function's name (default: the graph's, else main; .pt2: forward)",
     )
-    ap.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
+    add_common_flags(ap)
     return ap
 
 
@@ -183,7 +184,7 @@ def write_weights(module, folder: Path, source: str = "-") -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = build_arg_parser()
-    args = ap.parse_args(argv)
+    args = parse_args(ap, argv)
     if args.input_shapes and is_torch_program(args.input):
         ap.error(
             "--input-shape is for ONNX models only: a .pt2 program has the static shapes it "

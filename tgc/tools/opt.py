@@ -9,8 +9,24 @@ from dataclasses import dataclass
 
 import tgc
 from tgc.diagnostics import Location, TgcError
-from tgc.pass_manager import PASSES, Instrumentation, PassManager, PipelineError, parse_pipeline
-from tgc.tools._common import EXIT_INPUT, EXIT_OK, EXIT_USAGE, guarded, read_input
+from tgc.pass_manager import (
+    PASSES,
+    Instrumentation,
+    PassManager,
+    PipelineError,
+    did_you_mean,
+    kebab,
+    parse_pipeline,
+)
+from tgc.tools._common import (
+    add_common_flags,
+    parse_args,
+    EXIT_INPUT,
+    EXIT_OK,
+    EXIT_USAGE,
+    guarded,
+    read_input,
+)
 from tgc.tools._outputs import check_output, data_files
 
 SPLIT_MARKER = re.compile(r"^// -----.*$", re.MULTILINE)
@@ -65,20 +81,31 @@ def build_arg_parser() -> argparse.ArgumentParser:
         "--pass-statistics", action="store_true", help="report the rewrites each pass applied"
     )
     ap.add_argument("--list-passes", action="store_true", help="list registered passes and exit")
-    ap.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
+    add_common_flags(ap)
     return ap
 
 
+# An option's type as a pipeline writes its value.
+OPTION_KINDS = {"bool": "true or false", "tuple[str, ...]": "comma-separated names", "str": "text"}
+
+
 def list_passes() -> str:
+    """Every pass as -p takes it, `name{option=default ...}`, its summary, and a line per option;
+    a pipeline pass shows the passes it stands for."""
     import dataclasses
 
-    lines = ["Available passes:"]
+    from tgc.pass_manager import format_option, option_help
+
+    lines = ["Passes and pipelines, as -p takes them (options in braces, at their defaults):"]
     for name in sorted(PASSES):
         cls = PASSES[name]
-        lines.append(f"  {name:<20} {cls.summary}")
-        for f in dataclasses.fields(cls):
-            default = f.default if f.default is not dataclasses.MISSING else ""
-            lines.append(f"      {f.name.replace('_', '-')}={default!s:<12} ({f.type})")
+        fields = dataclasses.fields(cls)
+        defaults = " ".join(f"{kebab(f.name)}={format_option(f.default)}" for f in fields)
+        lines.append(f"  {name}{{{defaults}}}" if fields else f"  {name}")
+        lines.append(f"      {cls.summary}" if cls.pipeline is None else f"      = {cls.pipeline}")
+        for f in fields:
+            kind = OPTION_KINDS.get(str(f.type), str(f.type))
+            lines.append(f"      {kebab(f.name):<16} {option_help(f)} ({kind})")
     return "\n".join(lines)
 
 
@@ -227,8 +254,8 @@ def check_pass_names(items: list[str]) -> None:
         for name in item.split(","):
             if name not in PASSES:
                 raise PipelineError(
-                    f"--print-ir-after: '{name}' does not refer to a registered pass "
-                    f"(see --list-passes)"
+                    f"--print-ir-after: '{name}' does not refer to a registered pass"
+                    f"{did_you_mean(name, PASSES)} (see --list-passes)"
                 )
 
 
@@ -244,7 +271,7 @@ def write_output(path: str, text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_arg_parser().parse_args(argv)
+    args = parse_args(build_arg_parser(), argv)
     tgc.load_all()
     return guarded("tgc-opt", lambda: run(args), args.debug)
 

@@ -1,7 +1,7 @@
 """tgc-plan: the ways a function can run, what they cost, and the one select-kernels chooses.
 
     tgc-plan FILE [--func NAME] [--list-paths N] [--explain [-k K]] [--tolerance T] [-p PIPE]
-             [--db [PATH]] [--planner-backends LIST]
+             [--db PATH] [--no-db] [--planner-backends LIST]
 
 The function (after `-p`, by default `lower-for-planning`, the program `tgc-run --backend auto`
 plans; then the canonical form select-kernels plans: canonicalize, cse) is
@@ -11,7 +11,8 @@ chosen plan is printed on one line with its estimated time. `--list-paths N` pri
 complete plans, one line each with its cost, and how many there are in all (counted, not
 enumerated). `--explain` prints, for each op the plan runs, its options ranked by cost (the
 chosen one marked `*`, the next K), with each kernel's own time and where that number came from:
-the roofline model, or with `--db` the measurement database (measured, estimated, else roofline).
+the measurement database (`--db PATH`, else the default one: measured, estimated, else
+roofline), or with `--no-db` the roofline model alone.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import sys
 
 import tgc
 from tgc.tools._common import (
+    add_common_flags,
+    parse_args,
     EXIT_OK,
     EXIT_USAGE,
     add_planner_backends,
@@ -69,7 +72,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     add_planning_db(ap, "select-kernels")
     add_planner_backends(ap, "plan")
     add_planning_passes(ap)
-    ap.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
+    add_common_flags(ap)
     return ap
 
 
@@ -111,7 +114,7 @@ def run(args) -> int:
     allowed = None if families is None else kernel_backends(families)
     ctx = PlanContext(tolerance=args.tolerance, backends=allowed)
     costs = CachedCosts(RooflineCostSource())
-    if args.db is not None:
+    if not args.no_db:
         from tgc.planner.db import resolve_path
         from tgc.planner.estimate import DatabaseCostSource
 
@@ -207,7 +210,7 @@ def _own_cost(option, costs) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_arg_parser().parse_args(argv)
+    args = parse_args(build_arg_parser(), argv)
     tgc.load_all()
     return guarded("tgc-plan", lambda: run(args), args.debug)
 

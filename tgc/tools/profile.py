@@ -1,6 +1,6 @@
 """tgc-profile: measure the kernels a module's plans could use, and keep the timings.
 
-    tgc-profile FILE [--func NAME] [-p PIPE] [--planner-backends LIST] [--backend NAME]...
+    tgc-profile FILE [--func NAME] [-p PIPE] [--planner-backends LIST] [--kernel-backend NAME]...
                 [--db PATH] [--budget SECONDS] [--tune] [--dry-run] [--tolerance T]
                 [--min-time SECONDS] [--quiet]
 
@@ -25,6 +25,9 @@ import sys
 
 import tgc
 from tgc.tools._common import (
+    add_db,
+    add_common_flags,
+    parse_args,
     EXIT_OK,
     EXIT_USAGE,
     add_planner_backends,
@@ -45,20 +48,15 @@ def build_arg_parser() -> argparse.ArgumentParser:
     add_planning_passes(ap)
     add_planner_backends(ap, "profile the options select-kernels has")
     ap.add_argument(
-        "--backend",
+        "--kernel-backend",
+        dest="backend",
         action="append",
         default=None,
         metavar="NAME",
         help="profile this kernel backend's kernels only (numpy, torch-cpu, torch-cuda, cuda; "
         "repeat for several; default: every backend loaded)",
     )
-    ap.add_argument(
-        "--db",
-        default=None,
-        metavar="PATH",
-        help="measurement database (default: $TGC_DB, else measurements.sqlite in the user "
-        "cache directory)",
-    )
+    add_db(ap)
     ap.add_argument(
         "--budget",
         type=float,
@@ -87,7 +85,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
         help="timed calls per instance last at least this long, after warm-up (default 0.05)",
     )
     ap.add_argument("--quiet", action="store_true", help="no progress display")
-    ap.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
+    add_common_flags(ap)
     return ap
 
 
@@ -187,7 +185,7 @@ def run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_arg_parser().parse_args(argv)
+    args = parse_args(build_arg_parser(), argv)
     tgc.load_all()
     return guarded("tgc-profile", lambda: run(args), args.debug)
 

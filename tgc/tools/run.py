@@ -15,6 +15,8 @@ from tgc.diagnostics import TgcError
 from tgc.planner import DEFAULT_MEASURE_BUDGET
 from tgc.types import CHECK_TOLERANCE
 from tgc.tools._common import (
+    add_common_flags,
+    parse_args,
     EXIT_OK,
     PLANNING_PIPELINE,
     add_planner_backends,
@@ -121,7 +123,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "-o", dest="output_dir", default=None, metavar="DIR", help="write DIR/result_<i>.npy"
     )
-    ap.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
+    add_common_flags(ap)
     return ap
 
 
@@ -264,7 +266,7 @@ def check_result_paths(args, module, func) -> None:
 
     inputs = [args.input, *(spec.partition("=")[2] for spec in args.inputs)]
     inputs += data_files(module, args.input)
-    if args.db is not None or args.backend == "cuda":
+    if args.db is not None or (args.backend in ("auto", "cuda") and not args.no_db):
         from tgc.planner.db import resolve_path
 
         inputs.append(resolve_path(args.db or None))
@@ -291,11 +293,11 @@ def run(args) -> int:
     if passes is None:
         passes = {"cuda": PLANNING_PIPELINE, "auto": AUTO_PIPELINE}.get(args.backend, "")
     pipeline = parse_pipeline(passes)
-    if args.db is not None:
+    if not args.no_db:
         from tgc.planner.db import resolve_path
         from tgc.planner.select import with_database
 
-        pipeline = with_database(pipeline, resolve_path(args.db))
+        pipeline = with_database(pipeline, resolve_path(args.db), keep_given=args.db is None)
     if args.planner_backends is not None:
         from tgc.planner import load_backends
         from tgc.planner.select import with_backends
@@ -396,7 +398,7 @@ def _index(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_arg_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     tgc.load_all()
     if args.backend in ("cuda", "auto") and args.precision != "native":
         # The kernels compute in the element types of the IR; --check compares with float64.
@@ -407,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.planner_backends is not None and args.backend != "auto":
         parser.error("--planner-backends needs --backend auto (it chooses the planner's backends)")
+    if args.no_db and args.backend == "cuda":
+        parser.error("--no-db is for --backend auto: the GPU route measures into a database")
     if (args.no_measure or args.measure_budget is not None) and args.backend != "cuda":
         parser.error("--measure-budget and --no-measure need --backend cuda")
     with np.errstate(all="ignore"):  # non-finite values are reported, not warned about
