@@ -47,7 +47,9 @@ def tgc_backend(gm, example_inputs, *, options=None, mode=None):
     try:
         import torch  # noqa: F401
     except ImportError:
-        raise TgcError("the tgc backend of torch.compile needs PyTorch") from None
+        raise TgcError(
+            "the tgc backend of torch.compile needs PyTorch (pip install 'tgc[torch]')"
+        ) from None
     import tgc
     from tgc.dynamo.graph import CompiledGraph
 

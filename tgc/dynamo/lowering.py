@@ -14,6 +14,7 @@ back, and trace a backward graph whenever a parameter requires grad.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,8 +62,12 @@ def lower_graph(gm: torch.fx.GraphModule, args: list, statics: set[int]) -> Lowe
     """`gm` exported at `args` and imported; the graph arguments in `statics` that the graph
     does not update become `{tgc.param}` arguments. Raises TgcError (the importer's, naming
     the node) or PyTorch's own exception where export fails."""
-    ep = torch.export.export(gm, tuple(args), strict=False)
-    ep = core_aten_program(ep)
+    with warnings.catch_warnings():
+        # PyTorch's own deprecation inside run_decompositions (its pytree's LeafSpec), printed
+        # on every compile: noise for the user, who can do nothing about it
+        warnings.filterwarnings("ignore", message=".*LeafSpec", category=FutureWarning)
+        ep = torch.export.export(gm, tuple(args), strict=False)
+        ep = core_aten_program(ep)
     signature = ep.graph_signature
     position: dict[str, int] = {}  # user input name -> graph argument
     inputs: list[int] = []

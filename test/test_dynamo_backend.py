@@ -1,0 +1,424 @@
+"""torch.compile(model, backend="tgc") on the CPU (tgc/dynamo, docs/torch-compile.md).
+
+Skipped where PyTorch is not installed (CI); the options' checks that need no PyTorch are in
+test_dynamo_options.py. Each model is compiled, run on fresh random inputs (not the ones it was
+first compiled at) and compared with the same model run eagerly in float64: a float32 result
+passes within F32_TOL * max(1, largest |reference|). Every test also checks, from the backend's
+tally, that the graphs it expects ran in tgc, so a silent fallback to eager fails it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+torch = pytest.importorskip(
+    "torch", reason="the torch.compile backend needs PyTorch, which is not installed"
+)
+
+import copy  # noqa: E402
+
+import tgc.dynamo  # noqa: E402
+from tgc.dynamo import coverage, reset_coverage, tgc_backend  # noqa: E402
+
+# float32 plans against the float64 eager model: a few ulp per op over a dozen ops, and the
+# check's own f32 tolerance (tgc-run --check's) for the deeper GPT-2
+F32_TOL = 1e-5
+GPT2_TOL = 2e-4
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test starts with Dynamo's caches and the backend's tally empty."""
+    torch._dynamo.reset()
+    reset_coverage()
+    yield
+    torch._dynamo.reset()
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor, tol: float = F32_TOL) -> None:
+    assert got.shape == want.shape, (got.shape, want.shape)
+    want = want.double()
+    scale = max(1.0, want.abs().max().item())
+    err = (got.double() - want).abs().max().item()
+    assert err <= tol * scale, f"max abs error {err:.3g} > {tol * scale:.3g}"
+
+
+def reference(model: torch.nn.Module) -> torch.nn.Module:
+    """The model in float64, run eagerly: what the compiled float32 model is compared with."""
+    return copy.deepcopy(model).double()
+
+
+def randn(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, d_in: int = 16, d_hidden: int = 32, d_out: int = 8) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(d_in, d_hidden)
+        self.fc2 = torch.nn.Linear(d_hidden, d_out)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x))).softmax(-1)
+
+
+def spy_backend(found: list):
+    """A backend that is tgc's and keeps what it returned (to look at the compiled graphs)."""
+
+    def backend(gm, example_inputs, **kw):
+        compiled = tgc_backend(gm, example_inputs, **kw)
+        found.append(compiled)
+        return compiled
+
+    return backend
+
+
+# -- registration --------------------------------------------------------------------------------
+
+
+def test_the_backend_is_found_by_its_entry_point():
+    """torch finds "tgc" through the torch_dynamo_backends entry point (pyproject.toml); if this
+    fails in a checkout, reinstall it (pip install -e .) so that the entry point is written."""
+    from torch._dynamo.backends.registry import lookup_backend
+
+    assert "tgc" in torch._dynamo.list_backends()
+    assert lookup_backend("tgc") is tgc_backend
+
+
+def test_measure_budget_default_is_the_routes():
+    from tgc.planner import DEFAULT_MEASURE_BUDGET
+
+    assert tgc.dynamo.BackendOptions().measure_budget == DEFAULT_MEASURE_BUDGET
+
+
+# -- models --------------------------------------------------------------------------------------
+
+
+def test_mlp_matches_eager_on_fresh_inputs():
+    torch.manual_seed(0)
+    model = MLP().eval()
+    want_model = reference(model)
+    compiled = torch.compile(model, backend="tgc")
+    for seed in (1, 2, 3):
+        x = randn(4, 16, seed=seed)
+        with torch.no_grad():
+            assert_close(compiled(x), want_model(x.double()))
+    assert coverage().graphs == coverage().graphs_in_tgc == 1
+
+
+def test_gpt2_matches_eager():
+    """A Hugging Face GPT-2 (random weights, from its config): one graph, all of it in tgc."""
+    transformers = pytest.importorskip("transformers", reason="needs transformers")
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=32, bos_token_id=0,
+        eos_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    want_model = reference(model)
+    compiled = torch.compile(model, backend="tgc")
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(2):
+        ids = torch.randint(0, config.vocab_size, (2, 8), generator=generator)
+        with torch.no_grad():
+            got = compiled(input_ids=ids, use_cache=False).logits
+            want = want_model(input_ids=ids, use_cache=False).logits
+        assert_close(got, want, GPT2_TOL)
+    tally = coverage()
+    assert tally.graphs == tally.graphs_in_tgc == 1
+    assert tally.ops_in_tgc > 100  # the whole model, not a fragment
+
+
+# -- state ---------------------------------------------------------------------------------------
+
+
+class Accumulate(torch.nn.Module):
+    """Updates a buffer and its input in place, as a running statistic or a cache would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+        self.register_buffer("total", torch.zeros(4))
+
+    def forward(self, x):
+        y = self.fc(x)
+        self.total.add_(y.sum(0))
+        x.mul_(2)
+        return torch.tanh(y)
+
+
+def test_input_and_buffer_updates_are_written_back():
+    torch.manual_seed(0)
+    model = Accumulate().eval()
+    want_model = reference(model)
+    compiled = torch.compile(model, backend="tgc")
+    for seed in (1, 2, 3):
+        x = randn(3, 8, seed=seed)
+        x_want = x.double()
+        with torch.no_grad():
+            got = compiled(x)
+            want = want_model(x_want)
+        assert_close(got, want)
+        assert_close(x, x_want)  # x.mul_(2)
+        assert_close(model.total, want_model.total)  # accumulated over the calls
+    assert model.total.abs().max() > 0
+    assert coverage().graphs == coverage().graphs_in_tgc == 1
+
+
+def test_parameters_are_packed_once_and_an_update_is_seen():
+    """The plan's once steps (weights packed) run on the first call only, and again after a
+    weight is changed in place (its version changes); the result follows the new weight."""
+    torch.manual_seed(0)
+    model = MLP().eval()
+    found: list = []
+    compiled = torch.compile(model, backend=spy_backend(found))
+    with torch.no_grad():
+        for seed in (1, 2, 3):
+            compiled(randn(4, 16, seed=seed))
+        (graph,) = found
+        (runner,) = graph.runners.values()
+        assert runner.planned.once_runs == 1
+        model.fc1.weight.mul_(2)
+        x = randn(4, 16, seed=4)
+        got = compiled(x)
+    assert runner.planned.once_runs == 2
+    assert_close(got, reference(model)(x.double()))
+
+
+class ReturnsWeights(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        return x @ self.w, self.w * 2
+
+
+def test_a_result_the_plan_keeps_is_handed_out_as_a_copy():
+    """`self.w * 2` is computed once per set of weights and kept between calls: writing into
+    the tensor returned must not change what the next call returns."""
+    torch.manual_seed(0)
+    model = ReturnsWeights()
+    compiled = torch.compile(model, backend="tgc")
+    x = randn(2, 4, seed=1)
+    with torch.no_grad():
+        _, doubled = compiled(x)
+        doubled.add_(100)
+        _, again = compiled(x)
+    assert_close(again, model.w.detach().double() * 2)
+    assert coverage().graphs_in_tgc == 1
+
+
+# -- Dynamo's graphs -----------------------------------------------------------------------------
+
+
+class Printing(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        print("halfway")  # a graph break: two graphs
+        return self.b(h)
+
+
+def test_a_graph_break_gives_two_graphs_both_in_tgc(capsys):
+    torch.manual_seed(0)
+    model = Printing().eval()
+    want_model = reference(model)
+    compiled = torch.compile(model, backend="tgc")
+    x = randn(5, 8, seed=1)
+    with torch.no_grad():
+        assert_close(compiled(x), want_model(x.double()))
+    assert "halfway" in capsys.readouterr().out
+    assert coverage().graphs == coverage().graphs_in_tgc == 2
+
+
+class Branching(torch.nn.Module):
+    """A branch on a tensor's value (`.item()`): Dynamo breaks the graph there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pos = torch.nn.Linear(8, 4)
+        self.neg = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        if x.sum().item() > 0:
+            return self.pos(x)
+        return self.neg(x)
+
+
+def test_a_data_dependent_branch_takes_both_ways():
+    torch.manual_seed(0)
+    model = Branching().eval()
+    want_model = reference(model)
+    compiled = torch.compile(model, backend="tgc")
+    x = randn(3, 8, seed=1).abs()
+    with torch.no_grad():
+        assert_close(compiled(x), want_model(x.double()))
+        assert_close(compiled(-x), want_model(-x.double()))
+    tally = coverage()
+    assert tally.graphs == tally.graphs_in_tgc >= 2
+
+
+@pytest.mark.parametrize("dynamic", [None, True, False])
+def test_a_new_shape_is_compiled_once(dynamic):
+    """None: Dynamo's default (a second shape makes the batch size symbolic, and that graph,
+    tried first from then on, is compiled by tgc for the first shape too); True: symbolic from
+    the start; False: a static recompile. tgc compiles each graph once per set of shapes: after
+    two rounds of both shapes, a third compiles nothing."""
+    torch.manual_seed(0)
+    model = MLP().eval()
+    want_model = reference(model)
+    compiled = torch.compile(model, backend="tgc", dynamic=dynamic)
+    seeds = iter(range(1, 100))
+    compiles = []
+    with torch.no_grad():
+        for _ in range(3):
+            for rows in (3, 5):
+                x = randn(rows, 16, seed=next(seeds))
+                assert_close(compiled(x), want_model(x.double()))
+            compiles.append(coverage().graphs)
+    assert compiles[1] == compiles[2] >= 2
+    assert coverage().graphs_in_tgc == compiles[2]
+
+
+# -- fallback ------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("tgc_test::twice", mutates_args=())
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@twice.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class WithCustomOp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        torch._dynamo.graph_break()
+        return self.b(twice(h))
+
+
+def test_a_graph_with_an_op_tgc_cannot_import_runs_eagerly(caplog):
+    caplog.set_level(logging.INFO, logger="tgc")
+    torch.manual_seed(0)
+    model = WithCustomOp().eval()
+    want_model = reference(model)
+    compiled = torch.compile(model, backend="tgc")
+    x = randn(5, 8, seed=1)
+    with torch.no_grad():
+        assert_close(compiled(x), want_model(x.double()))
+        assert_close(compiled(-x), want_model(-x.double()))  # eager again, not compiled again
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    (line,) = warnings
+    assert "runs eagerly" in line
+    assert "tgc_test.twice" in line and "not an aten op" in line
+    assert "test_dynamo_backend.py:" in line  # the model's line that called it
+    assert line.endswith("so far 1 of 2 graph(s), 2 of 4 op(s) run in tgc"), line
+    tally = coverage()
+    assert (tally.graphs, tally.graphs_in_tgc) == (2, 1)
+
+
+def test_a_failure_when_running_falls_back_to_eager(caplog, monkeypatch):
+    from tgc.dynamo.host import HostGraph
+
+    def broken(self, args):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(HostGraph, "__call__", broken)
+    caplog.set_level(logging.WARNING, logger="tgc")
+    torch.manual_seed(0)
+    model = MLP().eval()
+    compiled = torch.compile(model, backend="tgc")
+    x = randn(4, 16, seed=1)
+    with torch.no_grad():
+        assert_close(compiled(x), reference(model)(x.double()))
+        compiled(x)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert (
+        "failed when run by tgc and runs eagerly from now on: RuntimeError: kernel exploded" in line
+    )
+
+
+# -- options -------------------------------------------------------------------------------------
+
+
+def test_options_reach_the_plan(tmp_path):
+    """A tolerance of 0 (exact kernels only) and a database file that does not exist yet (no
+    measurements: the roofline) still plan the whole model."""
+    torch.manual_seed(0)
+    model = MLP().eval()
+    options = {"tolerance": 0.0, "db": tmp_path / "none.db", "measure_budget": 1}
+    compiled = torch.compile(model, backend="tgc", options=options)
+    x = randn(4, 16, seed=1)
+    with torch.no_grad():
+        assert_close(compiled(x), reference(model)(x.double()))
+    assert coverage().graphs_in_tgc == 1
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (
+            {"options": {"tolerence": 1e-3}},
+            "unknown torch.compile option 'tolerence' for backend 'tgc' "
+            "(its options: tolerance, db, measure_budget)",
+        ),
+        (
+            {"options": {"tolerance": -1}},
+            "torch.compile option 'tolerance' of backend 'tgc' must be a non-negative number, "
+            "got -1",
+        ),
+        ({"mode": "reduce-overhead"}, "backend 'tgc' has no modes (got mode='reduce-overhead')"),
+    ],
+)
+def test_bad_options_are_one_clear_error(kw, message):
+    compiled = torch.compile(MLP(), backend="tgc", **kw)
+    with pytest.raises(Exception) as info:
+        compiled(randn(2, 16, seed=1))
+    assert message in str(info.value)
+
+
+# -- the importer's side -------------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:.*LeafSpec:FutureWarning")  # PyTorch's own, in export
+def test_the_importer_returns_updates_first_when_asked():
+    """import_exported_program(mutations=True): each in-place update is a result, before the
+    outputs, in the order of the program's output specs; without it the program is refused."""
+    import tgc
+    from tgc.diagnostics import TgcError
+    from tgc.importers.torch import core_aten_program, import_exported_program
+
+    class Update(torch.nn.Module):
+        def forward(self, x, y):
+            y.add_(1)
+            x.mul_(3)
+            return x + y
+
+    x, y = randn(2, 3, seed=1), randn(2, 3, seed=2)
+    ep = core_aten_program(torch.export.export(Update(), (x.clone(), y.clone())))
+    kinds = [spec.kind.name for spec in ep.graph_signature.output_specs]
+    targets = [spec.target for spec in ep.graph_signature.output_specs]
+    module = import_exported_program(ep, decompose=False, mutations=True)
+    results = tgc.run(module, [x.numpy(), y.numpy()])
+    by_target = {"x": x.numpy() * 3, "y": y.numpy() + 1, None: x.numpy() * 3 + y.numpy() + 1}
+    assert kinds[-1] == "USER_OUTPUT" and set(kinds[:-1]) == {"USER_INPUT_MUTATION"}
+    for got, target in zip(results, targets):
+        assert abs(got - by_target[target]).max() <= 1e-6
+    with pytest.raises(TgcError, match="user input mutation"):
+        import_exported_program(ep, decompose=False)
