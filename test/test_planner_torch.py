@@ -28,7 +28,7 @@ torch = pytest.importorskip(
 
 from tgc.planner.backends import torch as torch_backend  # noqa: E402  (needs torch)
 
-POSITIVE = {"atomic.log", "atomic.sqrt", "atomic.rsqrt", "atomic.pow"}
+POSITIVE = {"atomic.log", "atomic.sqrt", "atomic.rsqrt", "atomic.pow", "hl.batch_norm"}
 SEEDS = (0, 1, 2)
 
 
@@ -171,7 +171,56 @@ def instances(op: str, rng, e: str) -> list[str]:
             out.append(_func(ops, f"{op} {names}", (x[:-1] + (n,), e)))
     elif short == "attention":
         out += _attention_instances(op, rng, e)
+    elif op in VISION:
+        for shapes, attrs, result in VISION[op]:
+            names = "xwbmv"[: len(shapes)]
+            ops = [(n, s, e) for n, s in zip(names, shapes)]
+            line = f"{op} " + ", ".join(f"%{n}" for n in names) + (f" {{{attrs}}}" if attrs else "")
+            out.append(_func(ops, line, (result, e)))
     return out
+
+
+# The vision ops: each library path (pads PyTorch takes itself or applied first, ceil mode,
+# dilations, groups, bias) and each resize mode (F.interpolate's and the gathers).
+_C2 = [(2, 4, 7, 9), (6, 2, 3, 2), (6,)]
+VISION = {
+    "hl.conv1d": [([(2, 3, 9), (4, 3, 3)], "pads = [1, 2], strides = [2]", (2, 4, 5))],
+    "hl.conv2d": [
+        (_C2, "groups = 2, pads = [1, 0, 1, 0]", (2, 6, 7, 8)),
+        (_C2, "dilations = [1, 2], groups = 2, pads = [1, 0, 2, 1], strides = [2, 1]", (2, 6, 4, 8)),
+    ],
+    "hl.conv3d": [([(1, 2, 4, 4, 4), (2, 2, 2, 2, 2)], "pads = [1, 0, 0, 0, 1, 0]", (1, 2, 4, 4, 3))],
+    "hl.conv_transpose1d": [([(1, 4, 5), (4, 1, 2)], "groups = 2, strides = [3]", (1, 2, 14))],
+    "hl.conv_transpose2d": [
+        ([(2, 3, 4, 5), (3, 2, 3, 3), (2,)], "output_padding = [1, 0], pads = [1, 1, 1, 1], strides = [2, 2]", (2, 2, 8, 9)),
+        ([(2, 3, 4, 5), (3, 2, 3, 3)], "pads = [2, 0, 1, 1], strides = [2, 1]", (2, 2, 6, 6)),
+    ],
+    "hl.conv_transpose3d": [([(1, 2, 2, 3, 2), (2, 1, 2, 2, 2)], "strides = [2, 1, 2]", (1, 1, 4, 4, 4))],
+    "hl.max_pool1d": [([(2, 3, 9)], "kernel = [3], strides = [2]", (2, 3, 4))],
+    "hl.max_pool2d": [
+        ([(2, 3, 9, 8)], "ceil_mode = true, dilations = [1, 2], kernel = [3, 2], pads = [1, 1, 1, 1], strides = [2, 2]", (2, 3, 5, 5)),
+        ([(2, 3, 9, 8)], "ceil_mode = true, kernel = [3, 3], pads = [2, 0, 0, 1], strides = [2, 2]", (2, 3, 5, 4)),
+    ],
+    "hl.max_pool3d": [([(1, 2, 4, 5, 4)], "ceil_mode = true, kernel = [2, 2, 2], strides = [2, 2, 2]", (1, 2, 2, 3, 2))],
+    "hl.avg_pool1d": [([(2, 3, 9)], "count_include_pad = true, kernel = [3], pads = [1, 1]", (2, 3, 9))],
+    "hl.avg_pool2d": [
+        ([(2, 3, 9, 8)], "ceil_mode = true, kernel = [3, 2], pads = [1, 1, 1, 1], strides = [2, 2]", (2, 3, 5, 5)),
+        ([(2, 3, 9, 8)], "count_include_pad = true, kernel = [3, 3], pads = [2, 0, 1, 1], strides = [2, 1]", (2, 3, 5, 7)),
+        ([(2, 3, 9, 8)], "dilations = [2, 1], kernel = [2, 2]", (2, 3, 7, 7)),
+        ([(2, 3, 5, 4)], "kernel = [5, 4]", (2, 3, 1, 1)),
+    ],
+    "hl.avg_pool3d": [([(1, 2, 4, 4, 4)], "kernel = [2, 2, 2], strides = [2, 2, 2]", (1, 2, 2, 2, 2))],
+    "hl.group_norm": [([(2, 6, 4, 5), (6,), (6,)], "groups = 3", (2, 6, 4, 5))],
+    "hl.batch_norm": [([(2, 6, 4, 5), (6,), (6,), (6,), (6,)], "eps = 1.0e-03", (2, 6, 4, 5))],
+    "hl.resize": [
+        ([(2, 3, 4, 5)], 'coordinate = "asymmetric", mode = "nearest"', (2, 3, 8, 10)),
+        ([(2, 3, 4, 5)], 'mode = "nearest", nearest = "round_prefer_ceil"', (2, 3, 7, 3)),
+        ([(2, 3, 4, 5)], 'mode = "nearest", nearest = "round_prefer_floor"', (2, 3, 7, 3)),
+        ([(2, 3, 4, 5)], 'mode = "linear"', (2, 3, 8, 7)),
+        ([(2, 3, 4, 5)], 'coordinate = "align_corners", mode = "linear"', (2, 3, 3, 9)),
+        ([(2, 3, 4, 5)], 'coordinate = "asymmetric", mode = "linear"', (2, 3, 6, 9)),
+    ],
+}  # fmt: skip
 
 
 def _attention_instances(op: str, rng, e: str) -> list[str]:

@@ -5,10 +5,11 @@ Op kernels, "<backend>.<op>" (e.g. "torch-cpu.hl.softmax"): the elementwise atom
 the reductions, matmul (transpose attributes), hl.tanh/sigmoid/relu/silu, hl.gelu (both
 approximations), hl.softmax/log_softmax, hl.mean, hl.layernorm (`F.layer_norm` over the dims
 from `axis` to the end), hl.rmsnorm (`F.rms_norm`, where torch has it), hl.linear and
-hl.attention (`F.scaled_dot_product_attention`: scale, causal, additive mask). They accept f32
-and f64 values (i1 for a comparison's result and a select's condition), and on torch-cuda f16
-and bf16 too (what the GPU route plans models in: the library's own kernels beside tgc's); the
-stated errors are for f32 and f64, and a 16-bit kernel is allowed its type's rounding on top, as
+hl.attention (`F.scaled_dot_product_attention`: scale, causal, additive mask), and the vision
+ops (convolutions, pools, group and batch norm, resize: planner/backends/torch_vision.py). They
+accept f32 and f64 values (i1 for a comparison's result and a select's condition), and on
+torch-cuda f16 and bf16 too (what the GPU route plans models in: the library's own kernels
+beside tgc's); the stated errors are for f32 and f64, and a 16-bit kernel is allowed its type's rounding on top, as
 every kernel is (planner/profile.py checks each measured instance so). Each kernel's `max_rel_error` is its normwise distance from the op's numpy meaning
 in the same element type (planner/kernel.py), by class:
 
@@ -53,6 +54,7 @@ except ImportError as e:  # the planner runs without PyTorch: load_backends reco
 from tgc.ir import Operation, Value
 from tgc.opdef import OPS
 from tgc.planner.backends import BACKENDS, SPACES, Backend, Space, register_backend, register_space
+from tgc.planner.backends.torch_vision import OP_FUNCTIONS as VISION_FUNCTIONS
 from tgc.planner.kernel import KERNELS, Kernel, register_kernel
 from tgc.types import TensorType
 
@@ -204,6 +206,7 @@ OP_FUNCTIONS: dict[str, tuple[TensorFn, float]] = {
 }
 if hasattr(F, "rms_norm"):  # torch >= 2.4
     OP_FUNCTIONS["hl.rmsnorm"] = (_rmsnorm, SUMS)
+OP_FUNCTIONS.update(VISION_FUNCTIONS)  # convolutions, pools, group/batch norm, resize
 
 # Ops with i1 values: a comparison's result, a select's condition.
 _BOOLEAN_RESULT = {"atomic.cmp"}
