@@ -81,6 +81,15 @@ def build_arg_parser() -> argparse.ArgumentParser:
         "--pass-statistics", action="store_true", help="report the rewrites each pass applied"
     )
     ap.add_argument("--list-passes", action="store_true", help="list registered passes and exit")
+    ap.add_argument(
+        "--list-ops",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="DIALECT",
+        help="list the ops (of DIALECT: atomic, hl, kernel, ...), a line each, and exit; "
+        "docs/ops.md has them in full",
+    )
     add_common_flags(ap)
     return ap
 
@@ -210,6 +219,19 @@ def check_diagnostics(text: str, name: str, error: TgcError | None) -> list[str]
 
 
 def run(args) -> int:
+    if args.list_ops is not None:
+        from tgc.tools.ops_reference import dialects, list_ops
+
+        if args.list_ops and args.list_ops not in dialects():
+            known = ", ".join(dialects())
+            print(
+                f"tgc-opt: error: --list-ops: no dialect '{args.list_ops}'"
+                f"{did_you_mean(args.list_ops, dialects())} (dialects: {known})",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        print(list_ops(args.list_ops or None))
+        return EXIT_OK
     if args.list_passes:
         print(list_passes())
         return EXIT_OK
