@@ -5,6 +5,7 @@ from tgc.passes import (  # noqa: F401
     canonicalize,
     cse,
     dce,
+    fold_batch_norm,
     fuse,
     lower_hl,
     optimize,

@@ -15,7 +15,8 @@ CLEANUP = "canonicalize,cse,algebraic,canonicalize,cse,dce"
 @register_pass
 @dataclass(frozen=True)
 class Optimize(Pass):
-    """The default pipeline: lower every hl op, then canonicalize, cse, algebraic (the TASO-class
+    """The default pipeline: fold inference batch norms into the convolutions before them (before
+    lowering hides the pattern), lower every hl op, then canonicalize, cse, algebraic (the TASO-class
     rewrites, which see the atomic graph), canonicalize and cse again (to clean up what algebraic
     built) and dce. It does not run raise-attention: every hl.attention it made would be lowered
     again at once (only `lower-for-planning`, whose plans run hl.attention's kernels, raises
@@ -26,15 +27,16 @@ class Optimize(Pass):
     """
 
     name = "optimize"
-    summary = f"lower-hl,{CLEANUP}"
-    pipeline = f"lower-hl,{CLEANUP}"
+    summary = f"fold-batch-norm,lower-hl,{CLEANUP}"
+    pipeline = f"fold-batch-norm,lower-hl,{CLEANUP}"
 
 
 @register_pass
 @dataclass(frozen=True)
 class LowerForPlanning(Pass):
     """What `--backend auto` and the GPU route plan, and so what tgc-plan, tgc-profile and
-    tgc-translate --emit=cuda look at by default: raise-attention, every hl op but attention
+    tgc-translate --emit=cuda look at by default: raise-attention, batch norms folded into the
+    convolutions before them, every hl op but attention
     lowered, the cleanup and algebraic rewrites, so that every kernel `fuse` could make of the
     atomic graph is among the planner's options. A fused kernel cannot span the edge of an hl op
     the planner keeps (measured on an H100, 2026-11-23: a GPT-2 block planned at the hl level
@@ -48,5 +50,5 @@ class LowerForPlanning(Pass):
     """
 
     name = "lower-for-planning"
-    summary = f"raise-attention,lower-hl{{keep=attention}},{CLEANUP}"
-    pipeline = f"raise-attention,lower-hl{{keep=attention}},{CLEANUP}"
+    summary = f"raise-attention,fold-batch-norm,lower-hl{{keep=attention}},{CLEANUP}"
+    pipeline = f"raise-attention,fold-batch-norm,lower-hl{{keep=attention}},{CLEANUP}"
