@@ -354,6 +354,29 @@ def test_a_failure_when_running_falls_back_to_eager(caplog, monkeypatch):
     )
 
 
+def test_a_call_autograd_records_runs_eagerly_and_can_be_differentiated(caplog):
+    """Outside torch.no_grad() the parameters require grad: the call runs eagerly (said once),
+    so that its result has a graph to differentiate; under no_grad it is compiled."""
+    caplog.set_level(logging.WARNING, logger="tgc")
+    torch.manual_seed(0)
+    model = MLP().eval()
+    want_model = reference(model)
+    compiled = torch.compile(model, backend="tgc")
+    for seed in (1, 2):
+        x = randn(4, 16, seed=seed)
+        got = compiled(x)
+        assert got.requires_grad
+        got[:, 0].sum().backward()
+        want_model(x.double())[:, 0].sum().backward()
+        assert_close(model.fc1.weight.grad, want_model.fc1.weight.grad)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "runs eagerly while autograd records it" in line and "torch.no_grad()" in line
+    assert coverage().graphs == 0
+    with torch.no_grad():
+        assert_close(compiled(x), want_model(x.double()))
+    assert coverage().graphs_in_tgc == 1
+
+
 # -- options -------------------------------------------------------------------------------------
 
 
@@ -387,8 +410,10 @@ def test_options_reach_the_plan(tmp_path):
     ],
 )
 def test_bad_options_are_one_clear_error(kw, message):
+    from torch._dynamo.exc import BackendCompilerFailed
+
     compiled = torch.compile(MLP(), backend="tgc", **kw)
-    with pytest.raises(Exception) as info:
+    with pytest.raises(BackendCompilerFailed) as info:
         compiled(randn(2, 16, seed=1))
     assert message in str(info.value)
 

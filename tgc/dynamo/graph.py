@@ -9,6 +9,10 @@ lowering, an export that fails, a device with no route) runs as Dynamo captured 
 GraphModule's own forward, and the reason is logged once (tally.py); so is a compiled graph
 that fails when it runs, which is then run eagerly from then on. Never a crash: the eager graph
 is what torch.compile would run without this backend.
+
+tgc compiles for inference: its results have no autograd history. A call that autograd would
+record (grad mode on, an input requiring grad: a model's parameters, outside torch.no_grad())
+runs eagerly, said once per graph, so that a backward through it still works.
 """
 
 from __future__ import annotations
@@ -35,9 +39,16 @@ class CompiledGraph:
         self.name = name
         self.ops = sum(1 for n in gm.graph.nodes if n.op in OP_NODES)
         self.runners: dict[tuple, Callable[[list], object]] = {}
+        self.said_autograd = False
 
     def __call__(self, *args):
         args = list(args)
+        if records_autograd(args):
+            # tgc's results carry no autograd history: a backward through them would fail
+            if not self.said_autograd:
+                tally.needs_autograd(self.name)
+                self.said_autograd = True
+            return self._eager(args)
         key = shape_key(args)
         runner = self.runners.get(key)
         if runner is None:
@@ -78,6 +89,14 @@ class CompiledGraph:
         from tgc.dynamo.host import HostGraph
 
         return HostGraph(lowered, self.options)
+
+
+def records_autograd(args: list) -> bool:
+    """Whether autograd would record this call: grad mode on and some input requiring grad (a
+    model's parameters do, unless it runs under torch.no_grad() or torch.inference_mode())."""
+    if not torch.is_grad_enabled():
+        return False
+    return any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 
 def shape_key(args: list) -> tuple:

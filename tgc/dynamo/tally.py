@@ -64,6 +64,16 @@ def failed_when_run(name: str, reason: str) -> None:
     logger.warning("tgc: %s failed when run by tgc and runs eagerly from now on: %s", name, reason)
 
 
+def needs_autograd(name: str) -> None:
+    """`name` was called where autograd records: it runs eagerly while that is so."""
+    logger.warning(
+        "tgc: %s runs eagerly while autograd records it (grad mode on and an input, such as a "
+        "parameter, requires grad): tgc compiles for inference; call the model under "
+        "torch.no_grad() or torch.inference_mode()",
+        name,
+    )
+
+
 def _count(ops: int, in_tgc: bool) -> None:
     _TALLY.graphs += 1
     _TALLY.ops += ops
