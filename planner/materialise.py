@@ -63,7 +63,8 @@ class _Writer:
         params = self.costs.params(kernel, operand_types, result_types)
         return {
             "plan.backend": kernel.backend,
-            "plan.seconds": float(cost.seconds),
+            # An estimate: four significant digits say all it knows, and read as written.
+            "plan.seconds": float(f"{cost.seconds:.4g}"),
             "plan.source": cost.source,
             **kernel.param_attributes(params),  # the choices the kernel runs with
         }

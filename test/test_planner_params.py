@@ -224,15 +224,16 @@ def test_the_per_call_cost_leaves_out_the_once_steps(stand_in, space, families):
     once = sum(_seconds(op) for op in steps if ONCE_ATTR in op.attributes)
     per_call = sum(_seconds(op) for op in steps if ONCE_ATTR not in op.attributes)
     assert once > 0
-    assert sel.seconds == pytest.approx(per_call + ONCE_WEIGHT * once, rel=1e-9)
+    # The annotations carry four significant digits (planner/materialise.py).
+    assert sel.seconds == pytest.approx(per_call + ONCE_WEIGHT * once, rel=1e-3)
     # the negative: without {tgc.param} the same kinds of kernels, every one counted
     without, plain = _planned(_text(space, params=False), families)
     assert _once(without) == []
     everything = sum(_seconds(op) for op in without.body.ops if op is not without.body.last)
-    assert plain.seconds == pytest.approx(everything, rel=1e-9)
+    assert plain.seconds == pytest.approx(everything, rel=1e-3)
     # here the same kernels either way: the difference is the once steps, the concat's included
     assert [_name(op) for op in without.body.ops] == [_name(op) for op in with_params.body.ops]
-    assert plain.seconds == pytest.approx(per_call + once, rel=1e-9)
+    assert plain.seconds == pytest.approx(per_call + once, rel=1e-3)
     concat = [op for op in steps if "concat" in _name(op) or "elementwise" in _name(op)]
     assert concat and all(ONCE_ATTR in op.attributes for op in concat)
 

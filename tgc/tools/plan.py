@@ -119,14 +119,13 @@ def run(args) -> int:
         from tgc.planner.estimate import DatabaseCostSource
 
         costs = CachedCosts(DatabaseCostSource(resolve_path(args.db)))
+    selection = plan_function(func, ctx, costs)
     if args.list_paths is not None:
-        print_paths(func, ctx, costs, args.list_paths)
-    if args.explain or args.list_paths is None:
-        selection = plan_function(func, ctx, costs)
-        if args.explain:
-            print(explain(func, selection, costs, args.alternatives, args.tolerance))
-        else:
-            print(f"{format_seconds(selection.seconds)}  {selection.plan}")
+        print_paths(func, ctx, costs, args.list_paths, selection.plan)
+    if args.explain:
+        print(explain(func, selection, costs, args.alternatives, args.tolerance))
+    elif args.list_paths is None:
+        print(f"{format_seconds(selection.seconds)}  {selection.plan}")
     return EXIT_OK
 
 
@@ -134,15 +133,41 @@ def format_seconds(seconds: float) -> str:
     return "inf s" if math.isinf(seconds) else f"{seconds:.3e} s"
 
 
-def print_paths(func, ctx, costs, n: int) -> None:
-    from tgc.planner.paths import count_paths, paths, plan_cost
+def print_paths(func, ctx, costs, n: int, chosen) -> None:
+    """The first `n` plans enumerated, as a table sorted by estimated time: the plan
+    select-kernels chooses marked `*` and written out a step a line below the table, each other
+    plan by the steps it has that the chosen one does not."""
+    from tgc.planner.paths import count_paths, format_step, paths, plan_cost, value_names
 
     total = count_paths(func, ctx)
-    width = len(str(min(n, total)))
-    for i, plan in zip(range(n), paths(func, ctx)):
-        print(f"{i + 1:>{width}}: {format_seconds(plan_cost(plan, costs))}  {plan}")
-    shown = min(n, total)
-    print(f"{shown} of {total} plan{'s' if total != 1 else ''} of @{func.sym_name}")
+    chosen_steps = {_step_key(s) for s in chosen.steps}
+    found = [(plan_cost(p, costs), i, p) for i, p in zip(range(n), paths(func, ctx))]
+    if not any(p.key() == chosen.key() for _, _, p in found):
+        found.append((plan_cost(chosen, costs), -1, chosen))
+    found.sort(key=lambda row: (row[0], row[1]))
+    plural = "s" if total != 1 else ""
+    print(
+        f"@{func.sym_name}: {total} plan{plural}; the first {min(n, total)} enumerated, "
+        "sorted by estimated time (* the one select-kernels chooses)"
+    )
+    for rank, (seconds, _, plan) in enumerate(found, 1):
+        if plan.key() == chosen.key():
+            print(f"* {rank:>3}  {format_seconds(seconds)}  the chosen plan, below")
+            continue
+        names = value_names(plan)
+        extra = [format_step(s, names) for s in plan.steps if _step_key(s) not in chosen_steps]
+        print(f"  {rank:>3}  {format_seconds(seconds)}  differs in: {' ; '.join(extra)}")
+    names = value_names(chosen)
+    print(f"the chosen plan ({format_seconds(plan_cost(chosen, costs))}), a step a line:")
+    for step in chosen.steps:
+        print(f"  {format_step(step, names)}")
+
+
+def _step_key(step) -> tuple:
+    """What makes two plans' steps the same: the kernel and the ops it covers (and for a
+    decomposition, its own plan)."""
+    nested = step.nested.key() if step.nested is not None else ()
+    return (step.option.label, tuple(map(id, step.option.ops)), nested)
 
 
 # -- --explain ----------------------------------------------------------------------------------
@@ -163,6 +188,9 @@ def explain(func, selection, costs, k: int, tolerance: float) -> str:
     notes = [
         "  total: the cheapest way to have the op's results where they are read, inputs included",
         "  n/a: the option reads a value this plan leaves uncomputed (inside another kernel)",
+        "  <op:line>: a value computed inside another kernel, by the op at that line",
+        "  segments: the parts the function is planned in, cut where a value is read by several"
+        " ops; a part repeated (a model's layers) is planned once",
     ]
     fixed = Fixed()
     once = {s for s in selection.plan.steps if fixed.reads(s.option.inputs)}
@@ -189,10 +217,23 @@ def explain(func, selection, costs, k: int, tolerance: float) -> str:
 
 
 def _describe(op, names: dict) -> str:
-    """`%y = hl.tanh(%x)`, values named as in the printed plans (`%_`: inside a kernel)."""
-    results = ", ".join(names.get(r, "%_") for r in op.results)
-    operands = ", ".join(names.get(v, "%_") for v in op.operands)
-    return f"{results} = {op.name}({operands})"
+    """`%y = hl.tanh(%x)  at model.tg:3:8`: values named as in the printed plans, else by their
+    source name, else by the op that makes them inside another kernel (`<atomic.mul:5>`: the op
+    at line 5)."""
+    results = ", ".join(_value(r, names) for r in op.results)
+    operands = ", ".join(_value(v, names) for v in op.operands)
+    where = f"  at {op.loc}" if op.loc is not None and op.loc.line else ""
+    return f"{results} = {op.name}({operands}){where}"
+
+
+def _value(v, names: dict) -> str:
+    if v in names:
+        return names[v]
+    if v.name_hint:
+        return f"%{v.name_hint}"
+    owner = v.owner
+    line = getattr(getattr(owner, "loc", None), "line", None)
+    return f"<{owner.name}:{line}>" if line else f"<{getattr(owner, 'name', 'argument')}>"
 
 
 def _own_cost(option, costs) -> str:
