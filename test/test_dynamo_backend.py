@@ -343,7 +343,7 @@ def test_a_new_shape_is_compiled_once(dynamic):
 # -- fallback ------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("tgc_test::twice", mutates_args=())
+@torch.library.custom_op("tgc_dynamo_test::twice", mutates_args=())
 def twice(x: torch.Tensor) -> torch.Tensor:
     return x * 2
 
@@ -379,7 +379,7 @@ def test_a_graph_with_an_op_tgc_cannot_import_runs_eagerly(caplog):
     assert len(warnings) == 1, warnings
     (line,) = warnings
     assert "runs eagerly" in line
-    assert "tgc_test.twice" in line and "not an aten op" in line
+    assert "tgc_dynamo_test.twice" in line and "not an aten op" in line
     assert "test_dynamo_backend.py:" in line  # the model's line that called it
     assert line.endswith("so far 1 of 2 graph(s), 2 of 4 op(s) run in tgc"), line
     tally = coverage()
