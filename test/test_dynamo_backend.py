@@ -386,6 +386,53 @@ def test_a_graph_with_an_op_tgc_cannot_import_runs_eagerly(caplog):
     assert (tally.graphs, tally.graphs_in_tgc) == (2, 1)
 
 
+@torch.library.custom_op("tgc_dynamo_test::positive", mutates_args=())
+def positive(x: torch.Tensor) -> torch.Tensor:
+    if (x < 0).any():
+        raise ValueError("negative input")
+    return x.clone()
+
+
+@positive.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def test_the_models_own_error_in_an_eager_graph_is_raised_as_eager_raises_it(caplog):
+    """A graph that runs eagerly raises what the model raises, once, not taken for tgc's own
+    failure."""
+    caplog.set_level(logging.WARNING, logger="tgc")
+
+    def model(x):
+        return positive(x) + 1
+
+    compiled = torch.compile(model, backend="tgc")
+    x = randn(4, seed=1).abs()
+    assert_close(compiled(x), x.double() + 1)
+    with pytest.raises(ValueError, match="negative input"):
+        compiled(-x)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1 and "runs eagerly" in messages[0], messages
+
+
+def test_compiled_shapes_are_bounded(monkeypatch):
+    """At most MAX_SHAPES compiled forms per graph, the least recently used dropped first."""
+    import tgc.dynamo.graph
+
+    monkeypatch.setattr(tgc.dynamo.graph, "MAX_SHAPES", 2)
+    torch.manual_seed(0)
+    model = MLP().eval()
+    want_model = reference(model)
+    compiled = torch.compile(model, backend="tgc", dynamic=True)
+    counts = []
+    with torch.no_grad():
+        for seed, rows in enumerate((2, 3, 2, 4, 3)):  # 3 was dropped when 4 came
+            x = randn(rows, 16, seed=seed)
+            assert_close(compiled(x), want_model(x.double()))
+            counts.append(coverage().graphs)
+    assert counts == [1, 2, 2, 3, 4]
+
+
 def test_a_failure_when_running_falls_back_to_eager(caplog, monkeypatch):
     from tgc.dynamo.host import HostGraph
 

@@ -17,6 +17,7 @@ runs eagerly, said once per graph, so that a backward through it still works.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 
 import torch
@@ -30,6 +31,11 @@ from tgc.dynamo.options import BackendOptions
 OP_NODES = ("call_function", "call_method", "call_module")
 
 
+# Compiled forms kept per graph, the least recently used dropped first: a loop over many
+# shapes (a prompt growing token by token) must not keep a plan for every one of them.
+MAX_SHAPES = 32
+
+
 class CompiledGraph:
     """The backend's answer for one Dynamo graph (module doc)."""
 
@@ -38,7 +44,9 @@ class CompiledGraph:
         self.options = options
         self.name = name
         self.ops = sum(1 for n in gm.graph.nodes if n.op in OP_NODES)
-        self.runners: dict[tuple, Callable[[list], object]] = {}
+        # shape key -> the compiled form, or `self.eager` where tgc could not compile
+        self.runners: OrderedDict[tuple, Callable[[list], object]] = OrderedDict()
+        self.eager = self._run_eagerly  # one object, so that `runner is self.eager` holds
         self.said_autograd = False
 
     def __call__(self, *args):
@@ -48,21 +56,29 @@ class CompiledGraph:
             if not self.said_autograd:
                 tally.needs_autograd(self.name)
                 self.said_autograd = True
-            return self._eager(args)
-        key = shape_key(args)
-        runner = self.runners.get(key)
-        if runner is None:
-            runner = self.runners[key] = self._compile(args)
-        if runner is self._eager:
-            return self._eager(args)
+            return self.eager(args)
+        runner = self._runner(args)
+        if runner is self.eager:
+            return self.eager(args)  # the model's own errors are raised as eager raises them
         try:
             return runner(args)
         except Exception as e:  # tgc's failure: the updates are written last, so none was made
             tally.failed_when_run(self.name, reason(e))
-            self.runners[key] = self._eager
-            return self._eager(args)
+            self.runners[shape_key(args)] = self.eager
+            return self.eager(args)
 
-    def _eager(self, args: list):
+    def _runner(self, args: list) -> Callable[[list], object]:
+        key = shape_key(args)
+        runner = self.runners.get(key)
+        if runner is None:
+            runner = self.runners[key] = self._compile(args)
+            if len(self.runners) > MAX_SHAPES:
+                self.runners.popitem(last=False)
+        else:
+            self.runners.move_to_end(key)
+        return runner
+
+    def _run_eagerly(self, args: list):
         return self.gm(*args)
 
     def _compile(self, args: list) -> Callable[[list], object]:
@@ -70,7 +86,7 @@ class CompiledGraph:
             runner = self._lowered_runner(args)
         except Exception as e:  # whatever stops tgc here, the graph still runs
             tally.fell_back(self.name, self.ops, reason(e))
-            return self._eager
+            return self.eager
         tally.compiled(self.name, self.ops, describe_arguments(args, static_inputs(self.gm, args)))
         return runner
 
