@@ -74,11 +74,17 @@ class CudaGraph:
 
 
 class _Interface:
-    """A device buffer's `__cuda_array_interface__` with bfloat16 stated as int16 (the
-    interface has no bfloat16; the tensor is viewed back as bfloat16)."""
+    """A device buffer's `__cuda_array_interface__`, holding the buffer (torch keeps this object
+    alive as long as the tensor made from it), with bfloat16 stated as int16: the interface
+    has no bfloat16, and the tensor is viewed back as bfloat16."""
 
-    def __init__(self, interface: dict) -> None:
+    def __init__(self, interface: dict, owner) -> None:
         self.__cuda_array_interface__ = interface
+        self.owner = owner
+
+
+# ml_dtypes' bfloat16 states itself as '<V2' (2 bytes of void) in an interface's typestr
+_BF16_TYPESTR = np.dtype(NUMPY_DTYPES["bf16"]).str
 
 
 def _as_cuda_tensor(value) -> torch.Tensor:
@@ -87,8 +93,8 @@ def _as_cuda_tensor(value) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value
     interface = dict(value.__cuda_array_interface__)
-    bf16 = np.dtype(interface["typestr"]) == np.dtype(NUMPY_DTYPES["bf16"])
+    bf16 = interface["typestr"] == _BF16_TYPESTR
     if bf16:
         interface["typestr"] = np.dtype(np.int16).str
-    tensor = torch.as_tensor(_Interface(interface), device="cuda")
+    tensor = torch.as_tensor(_Interface(interface, value), device="cuda")
     return tensor.view(torch.bfloat16) if bf16 else tensor
