@@ -643,15 +643,18 @@ class Database:
             (kernel.name, kernel.source_hash, device.fingerprint, params, dtypes),
         )
 
-    def known_instances(self, kernel: KernelInfo, device: DeviceInfo) -> set[tuple]:
-        """(signature, params, attrs_key) of every record, ok or failed, of a kernel here."""
+    def known_instances(
+        self, kernel: KernelInfo, device: DeviceInfo, since: float = 0.0
+    ) -> set[tuple]:
+        """(signature, params, attrs_key) of every record, ok or failed, of a kernel here made
+        at `since` (seconds since the epoch) or later."""
         if self.empty:
             return set()
         rows = self._read(
             "SELECT m.signature, m.params, m.attrs_key FROM measurements m "
             "JOIN kernels k ON k.id = m.kernel_id JOIN devices d ON d.id = m.device_id "
-            "WHERE k.name = ? AND k.source_hash = ? AND d.fingerprint = ?",
-            (kernel.name, kernel.source_hash, device.fingerprint),
+            "WHERE k.name = ? AND k.source_hash = ? AND d.fingerprint = ? AND m.created >= ?",
+            (kernel.name, kernel.source_hash, device.fingerprint, since),
         )
         return set(rows)
 

@@ -60,7 +60,7 @@ from tgc.attributes import DenseAttr
 from tgc.builtin import FuncOp, ReturnOp
 from tgc.diagnostics import TgcError
 from tgc.ir import Block
-from tgc.opdef import OPS, create
+from tgc.opdef import FREE, OPS, create
 from tgc.planner.backends import BACKENDS, SPACES
 from tgc.planner.blocks import attribute_text
 from tgc.planner.cost import CachedCosts, CostSource
@@ -214,11 +214,19 @@ def _walk(
                     _walk(ctx.nested(option).block, ctx, found, visited, ranks, costs)
                 continue
             inst = instance_of(option)
-            found.setdefault(inst.key(), inst)
+            if not is_constant(inst.kernel):
+                found.setdefault(inst.key(), inst)
             kernels.append((option, inst))
         if costs is not None:
             for rank, inst in _ranks(kernels, costs):
                 ranks[inst.key()] = min(ranks.get(inst.key(), math.inf), rank)
+
+
+def is_constant(kernel: Kernel) -> bool:
+    """A kernel of an op that reads nothing and costs nothing when it runs (a constant): its
+    data is known before the run (planner/fixed.py runs it once), so it is never measured."""
+    cls = OPS.get(kernel.op) if kernel.op is not None else None
+    return cls is not None and FREE in cls.traits and not cls.operand_defs
 
 
 def _ranks(kernels: list[tuple[Option, Instance]], costs: CachedCosts):
@@ -569,8 +577,9 @@ def _success(inst: Instance, timing: Timing, error: float, origin: str) -> Measu
 # -- known and unknown --------------------------------------------------------------------------------
 
 
-def unknown(insts: list[Instance], db: Database | None) -> list[Instance]:
-    """The instances with no record (success or failure) on this device."""
+def unknown(insts: list[Instance], db: Database | None, since: float = 0.0) -> list[Instance]:
+    """The instances with no record (success or failure) on this device made at `since`
+    (seconds since the epoch) or later."""
     if db is None:
         return list(insts)
     known: dict[tuple[str, str, str], set] = {}
@@ -583,7 +592,7 @@ def unknown(insts: list[Instance], db: Database | None) -> list[Instance]:
         # Looked up by these keys, not by row ids (a concurrent prune may reuse an id).
         ids = (kernel.name, kernel.source_hash, device.fingerprint)
         if ids not in known:
-            known[ids] = db.known_instances(kernel, device)
+            known[ids] = db.known_instances(kernel, device, since)
         if (inst.signature, params_text(inst.params), inst.attrs_key) not in known[ids]:
             out.append(inst)
     return out
@@ -687,8 +696,12 @@ class Profiler:
     def out_of_time(self) -> bool:
         return time.monotonic() >= self.deadline
 
-    def run(self, insts: list[Instance], tune: bool = False) -> Report:
-        todo = unknown(insts, self.db)
+    def run(
+        self, insts: list[Instance], tune: bool = False, force: bool = False, since: float = 0.0
+    ) -> Report:
+        """Measure the instances the database does not know (every one with `force`; a record
+        made before `since`, seconds since the epoch, counts as unknown), then tune."""
+        todo = list(insts) if force else unknown(insts, self.db, since)
         report = Report(instances=len(insts), known=len(insts) - len(todo))
         bar = Progress(len(todo), "measuring", self.progress)
         try:

@@ -1,19 +1,21 @@
 """tgc-profile: measure the kernels a module's plans could use, and keep the timings.
 
     tgc-profile FILE [--func NAME] [-p PIPE] [--planner-backends LIST] [--kernel-backend NAME]...
-                [--db PATH] [--budget SECONDS] [--tune] [--dry-run] [--tolerance T]
-                [--min-time SECONDS] [--quiet]
+                [--db PATH] [--budget SECONDS] [--force] [--max-age DAYS] [--tune] [--dry-run]
+                [--tolerance T] [--min-time SECONDS] [--quiet]
 
 Walks the options select-kernels would consider for the function (after `-p`, by default
 `lower-for-planning` as `tgc-run --backend auto` plans it, and the canonical form;
 decompositions included; repeated blocks once) with the backends that load here (or with
 `--planner-backends LIST` those alone, as `select-kernels{backends=LIST}` would), lists the
 kernel instances with no record on this device in the measurement database, and measures each
-(each op's likely winners first, by the costs select-kernels would plan with): fresh random inputs, the result
+(each op's likely winners first, by the costs select-kernels would plan with; constants, whose
+data is known before a run, are never measured): fresh random inputs, the result
 checked against float64 first (a wrong one is recorded as a failure), then the median of timed
 runs. Each measurement is committed on its own: kill it at any moment and run it again to go on.
-`--dry-run` prints what it would measure and measures nothing. `--tune` then searches the
-parameters of kernels that have some. The database: `--db PATH`, else `$TGC_DB`, else
+`--force` measures every instance again, `--max-age DAYS` those whose record is older (a record
+is replaced by the new one). `--dry-run` prints what it would measure and measures nothing.
+`--tune` then searches the parameters of kernels that have some (and says so where none has). The database: `--db PATH`, else `$TGC_DB`, else
 measurements.sqlite in the user cache directory. Exit codes: 0, 1 (bad input or an unusable
 database, one-line diagnostic), 2 (usage).
 """
@@ -22,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 import tgc
 from tgc.tools._common import (
+    non_negative_float,
     add_db,
     add_common_flags,
     parse_args,
@@ -63,6 +67,19 @@ def build_arg_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SECONDS",
         help="start no new measurement after this long (run again to go on)",
+    )
+    ap.add_argument(
+        "--force",
+        action="store_true",
+        help="measure every instance again, also those the database knows",
+    )
+    ap.add_argument(
+        "--max-age",
+        type=non_negative_float("DAYS"),
+        default=None,
+        metavar="DAYS",
+        help="measure again the instances whose record is older than this (drivers, clocks "
+        "and the rest of the machine change)",
     )
     ap.add_argument(
         "--tune", action="store_true", help="then search the parameters of tunable kernels"
@@ -154,6 +171,7 @@ def run(args) -> int:
         return EXIT_USAGE
     func, ctx = planning_function(args)  # bad input is reported before a file is created
     path = resolve_path(args.db)
+    since = 0.0 if args.max_age is None else time.time() - args.max_age * 86400
     if args.dry_run:
         # Plans, as tgc-plan would: a database that cannot be used, or damaged records in it,
         # are said once and planning goes on without them.
@@ -163,7 +181,7 @@ def run(args) -> int:
         insts = instances(func, ctx, costs)
         db = costs.db
         try:
-            todo = unknown(insts, db)
+            todo = insts if args.force else unknown(insts, db, since)
         except DatabaseUnavailable as e:
             costs.give_up(e.message)
             todo = unknown(insts, None)
@@ -176,8 +194,15 @@ def run(args) -> int:
         return EXIT_OK
     with Database.open(path) as db:
         insts = instances(func, ctx, current_costs(db))
+        if args.tune and not any(inst.kernel.params for inst in insts):
+            loaded = ", ".join(sorted({inst.kernel.backend for inst in insts}))
+            print(
+                f"tgc-profile: warning: --tune: no kernel here has parameters to tune (backends: "
+                f"{loaded}); only measuring",
+                file=sys.stderr,
+            )
         profiler = Profiler(db, args.budget, args.min_time or MIN_TIME, progress=not args.quiet)
-        report = profiler.run(insts, tune=args.tune)
+        report = profiler.run(insts, tune=args.tune, force=args.force, since=since)
     for failure in report.failures:
         print(f"failed: {failure}")
     print(f"{report.summary()} (database {path})")
