@@ -4,7 +4,8 @@ Skipped where PyTorch is not installed (CI); the options' checks that need no Py
 test_dynamo_options.py. Each model is compiled, run on fresh random inputs (not the ones it was
 first compiled at) and compared with the same model run eagerly in float64: a float32 result
 passes within F32_TOL * max(1, largest |reference|). Every test also checks, from the backend's
-tally, that the graphs it expects ran in tgc, so a silent fallback to eager fails it.
+tally, that the graphs it expects ran in tgc, so a fallback to eager (when compiling, or when a
+compiled graph fails as it runs) fails it.
 """
 
 from __future__ import annotations
@@ -240,6 +241,24 @@ def test_parameters_are_packed_once_and_an_update_is_seen():
     assert_close(got, reference(model)(x.double()))
 
 
+def test_weights_made_under_inference_mode_are_read_on_every_call(caplog):
+    """Inference tensors count no versions: their views are made again on every call, so an
+    update made under inference_mode is seen (and nothing fails for want of a version)."""
+    caplog.set_level(logging.WARNING, logger="tgc")
+    with torch.inference_mode():
+        torch.manual_seed(0)
+        model = MLP().eval()
+        compiled = torch.compile(model, backend="tgc")
+        x = randn(4, 16, seed=1)
+        compiled(x)
+        model.fc1.weight.mul_(2)
+        got = compiled(x)
+    assert model.fc1.weight.is_inference()
+    assert_close(got, reference(model)(x.double()))
+    assert coverage().graphs == coverage().graphs_in_tgc == 1
+    assert not caplog.records, [r.getMessage() for r in caplog.records]  # ran in tgc, twice
+
+
 class ReturnsWeights(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -449,9 +468,11 @@ def test_a_failure_when_running_falls_back_to_eager(caplog, monkeypatch):
         assert_close(compiled(x), reference(model)(x.double()))
         compiled(x)
     (line,) = [r.getMessage() for r in caplog.records]
-    assert (
-        "failed when run by tgc and runs eagerly from now on: RuntimeError: kernel exploded" in line
-    )
+    assert line.endswith(
+        "failed when run by tgc and runs eagerly from now on: RuntimeError: kernel exploded; "
+        "so far 0 of 1 graph(s), 0 of 4 op(s) run in tgc"
+    ), line
+    assert (coverage().graphs, coverage().graphs_in_tgc) == (1, 0)
 
 
 def test_a_call_autograd_records_runs_eagerly_and_can_be_differentiated(caplog):

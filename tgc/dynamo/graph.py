@@ -63,7 +63,7 @@ class CompiledGraph:
         try:
             return runner(args)
         except Exception as e:  # tgc's failure: the updates are written last, so none was made
-            tally.failed_when_run(self.name, reason(e))
+            tally.failed_when_run(self.name, self.ops, reason(e))
             self.runners[shape_key(args)] = self.eager
             return self.eager(args)
 

@@ -5,7 +5,8 @@ compile is counted here, with the graph's op count (its call nodes), as run in t
 The tally is the process's (torch.compile keeps no per-model state a backend could hang it on):
 `coverage()` reads it and `reset_coverage()` starts it again. Messages go to the logger named
 "tgc": a graph that falls back is one WARNING line saying which op (or step) and why, with the
-tally so far; a graph compiled is one INFO line with the tally.
+tally so far; a graph compiled is one INFO line with the tally. A compiled graph that fails when
+it runs (and runs eagerly from then on) is taken off the count of what runs in tgc.
 """
 
 from __future__ import annotations
@@ -59,9 +60,17 @@ def fell_back(name: str, ops: int, reason: str) -> None:
     )
 
 
-def failed_when_run(name: str, reason: str) -> None:
-    """`name`, compiled, failed when it ran: it runs eagerly from now on (not counted again)."""
-    logger.warning("tgc: %s failed when run by tgc and runs eagerly from now on: %s", name, reason)
+def failed_when_run(name: str, ops: int, reason: str) -> None:
+    """`name` (with `ops` ops), compiled, failed when it ran: it runs eagerly from now on, and
+    is counted as such."""
+    _TALLY.graphs_in_tgc -= 1
+    _TALLY.ops_in_tgc -= ops
+    logger.warning(
+        "tgc: %s failed when run by tgc and runs eagerly from now on: %s; so far %s",
+        name,
+        reason,
+        _TALLY.summary(),
+    )
 
 
 def needs_autograd(name: str) -> None:

@@ -47,13 +47,19 @@ class ParamViews:
     The executor runs a plan's once steps (packing weights, planner/fixed.py) when a parameter
     value is another object than the previous call's; a fresh view per call would run them on
     every call. A view is kept while its tensor is the same object at the same version (PyTorch
-    counts in-place writes in `_version`), so an updated weight is seen and packed again."""
+    counts in-place writes in `_version`), so an updated weight is seen and packed again. An
+    inference tensor (made under torch.inference_mode()) has no version: it gets a new view on
+    every call."""
 
     def __init__(self, convert: Callable[[torch.Tensor], object] = as_array) -> None:
         self.convert = convert
         self._kept: dict[int, tuple[torch.Tensor, int, object]] = {}
 
     def view(self, slot: int, tensor: torch.Tensor):
+        if tensor.is_inference():
+            # an inference tensor counts no versions: an update cannot be seen, so a new view
+            # every call (the once steps rerun: slower, never stale)
+            return self.convert(tensor)
         kept = self._kept.get(slot)
         version = tensor._version
         if kept is not None and kept[0] is tensor and kept[1] == version:
