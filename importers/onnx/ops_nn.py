@@ -7,9 +7,11 @@ reference does. A reduction over no elements (an axis of size 0) is a constant: 
 value on the empty set (0 for sums, 1 for the product, -inf for the maximum and log-sums).
 
 Softmax, LogSoftmax, LayerNormalization and RMSNormalization become the hl op of that name where
-it expresses the node; LayerNormalization's Mean and InvStdDev outputs, parameters that broadcast
-over more than the normalised dims, InstanceNormalization, BatchNormalization and
-MeanVarianceNormalization are built from atomic ops and hl.mean. Attention is in ops_attention.py.
+it expresses the node, BatchNormalization (inference) hl.batch_norm and GroupNormalization
+hl.group_norm (where the statistics are in the input's type); LayerNormalization's Mean and
+InvStdDev outputs, parameters that broadcast over more than the normalised dims, training-mode
+BatchNormalization, InstanceNormalization and MeanVarianceNormalization are built from atomic
+ops and hl.mean. Attention is in ops_attention.py.
 """
 
 from __future__ import annotations
@@ -403,14 +405,20 @@ def mean_variance_normalization(ctx: NodeContext):
     return b.atomic.div(centred, b.atomic.add(std, ctx.scalar(1e-9, std)))
 
 
-def _per_channel(ctx: NodeContext, p: Value, x: Value, what: str) -> Value:
-    """A [C] parameter of an [N, C, ...] input, reshaped to [C, 1, ...] so it broadcasts."""
+def _channel_param(ctx: NodeContext, p: Value, x: Value, what: str) -> Value:
+    """A [C] parameter of an [N, C, ...] input, checked."""
     channels = x.type.shape[1]
     if p.type.shape != (channels,):
         raise ctx.error(f"{what} must have shape [{channels}] (the channels), got {p.type}")
     if p.type.element_type != x.type.element_type:
         raise ctx.error(f"{what} {p.type} and the input {x.type} differ in element type")
-    return _reshape(ctx, p, (channels,) + (1,) * (x.type.rank - 2))
+    return p
+
+
+def _per_channel(ctx: NodeContext, p: Value, x: Value, what: str) -> Value:
+    """A [C] parameter of an [N, C, ...] input, reshaped to [C, 1, ...] so it broadcasts."""
+    p = _channel_param(ctx, p, x, what)
+    return _reshape(ctx, p, (x.type.shape[1],) + (1,) * (x.type.rank - 2))
 
 
 def _channels_input(ctx: NodeContext, min_rank: int) -> Value:
@@ -444,18 +452,17 @@ def batch_normalization(ctx: NodeContext):
     running statistics come out blended with `momentum`."""
     b = ctx.b
     x = _channels_input(ctx, 2)
-    scale, bias, mean, var = (
-        _per_channel(ctx, ctx.input(i), x, what)
-        for i, what in ((1, "scale"), (2, "bias"), (3, "input_mean"), (4, "input_var"))
-    )
+    names = ("scale", "bias", "input_mean", "input_var")
+    params = [_channel_param(ctx, ctx.input(i), x, what) for i, what in enumerate(names, 1)]
     eps = ctx.attr("epsilon", 1e-5)
     momentum = ctx.attr("momentum", 0.9)
     training = bool(ctx.attr("training_mode", 0))
     if not training:
         if ctx.has_output(1) or ctx.has_output(2):
             raise ctx.error("running_mean and running_var are outputs of training_mode=1 only")
-        inv_std = b.atomic.rsqrt(b.atomic.add(var, ctx.scalar(eps, var)))
-        return b.atomic.add(b.atomic.mul(b.atomic.sub(x, mean), b.atomic.mul(scale, inv_std)), bias)
+        return b.hl.batch_norm(x, *params, eps=eps)
+    column = (x.type.shape[1],) + (1,) * (x.type.rank - 2)
+    scale, bias, mean, var = (_reshape(ctx, p, column) for p in params)
     axes = [a for a in range(x.type.rank) if a != 1]
     if any(x.type.shape[a] == 0 for a in axes):
         raise ctx.error(f"the batch {x.type} holds no elements to take statistics over")
@@ -475,9 +482,10 @@ def batch_normalization(ctx: NodeContext):
 
 @converter("GroupNormalization")
 def group_normalization(ctx: NodeContext):
-    """x [N, C, ...] as [N, G, C/G * rest]: hl.layernorm over the last dim without parameters
-    (in the stash type), back to x's shape, then the per-channel scale and bias (opset 21: the
-    ONNX checker refuses 18's per-group parameters as deprecated)."""
+    """hl.group_norm where the stash type is the input's; otherwise x [N, C, ...] as
+    [N, G, C/G * rest]: hl.layernorm over the last dim without parameters (in the stash type),
+    back to x's shape, then the per-channel scale and bias (opset 21: the ONNX checker refuses
+    18's per-group parameters as deprecated)."""
     b = ctx.b
     x = _channels_input(ctx, 3)
     groups = ctx.attr("num_groups")
@@ -489,8 +497,11 @@ def group_normalization(ctx: NodeContext):
     per_group = math.prod(x.type.shape[1:]) // groups
     if per_group == 0:
         raise ctx.error(f"the groups of {x.type} hold no elements")
-    scale = _per_channel(ctx, ctx.input(1), x, "scale")
-    bias = _per_channel(ctx, ctx.input(2), x, "bias")
+    scale = _channel_param(ctx, ctx.input(1), x, "scale")
+    bias = _channel_param(ctx, ctx.input(2), x, "bias")
+    if stash == x.type.element_type:  # the statistics in x's own type: hl.group_norm's
+        return b.hl.group_norm(x, scale, bias, groups=groups, eps=eps)
+    scale, bias = (_per_channel(ctx, p, x, what) for p, what in ((scale, "scale"), (bias, "bias")))
     grouped = _cast(ctx, _reshape(ctx, x, (n, groups, per_group)), stash)
     one, zero = ctx.scalar(1.0, grouped), ctx.scalar(0.0, grouped)
     normalized = b.hl.layernorm(grouped, one, zero, axis=2, eps=eps)
@@ -513,15 +524,3 @@ def lp_normalization(ctx: NodeContext):
     zero = ctx.scalar(0.0, x)
     is_zero = b.atomic.cmp(norm, zero, pred="eq")
     return b.atomic.where(is_zero, zero, b.atomic.div(x, norm))
-
-
-@converter("GlobalAveragePool", "GlobalMaxPool")
-def global_pool(ctx: NodeContext):
-    """The mean (maximum) over the spatial dims of [N, C, ...], kept as size-1 dims."""
-    x = _channels_input(ctx, 3)
-    axes = list(range(2, x.type.rank))
-    if any(x.type.shape[a] == 0 for a in axes):
-        raise ctx.error(f"the spatial dims of {x.type} hold no elements")
-    if ctx.op_type == "GlobalAveragePool":
-        return ctx.b.hl.mean(x, axes=axes, keepdims=True)
-    return ctx.b.atomic.reduce_max(x, axes=axes, keepdims=True)

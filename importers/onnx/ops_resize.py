@@ -1,6 +1,11 @@
 """The converter of Resize (opset 13 and later): nearest, linear and cubic interpolation, every
 coordinate transformation, antialiasing, exclude_outside, keep_aspect_ratio_policy, axes.
 
+Where hl.resize says what the node says (nearest or linear interpolation of the spatial dims of
+a float [N, C, ...] with half_pixel, align_corners or asymmetric coordinates, no antialiasing,
+scales equal to the size ratios: what PyTorch's exporter writes for nn.Upsample) the node is one
+hl.resize, whose kernels (F.interpolate) the planner can pick. Otherwise:
+
 Resize is separable and, along one axis, linear in its input: output[o] = sum_i W[o, i] *
 input[i] with W known at import (it depends only on the sizes and attributes). So each resized
 axis becomes one op: a gather of the chosen rows for "nearest" (exact for any element type),
@@ -149,6 +154,14 @@ def resize(ctx: NodeContext):
     plan = _plan(ctx, x)
     if options.mode != "nearest" and not x.type.is_float:
         raise ctx.error(f"mode '{options.mode}' needs a float input, got {x.type}")
+    if _is_hl_resize(x, plan, options):
+        shape = list(x.type.shape)
+        for axis, resize_axis in plan.items():
+            shape[axis] = resize_axis.size_out
+        attributes = {"mode": options.mode, "coordinate": options.transform}
+        if options.mode == "nearest":
+            attributes["nearest"] = options.nearest_mode
+        return ctx.b.hl.resize(x, result_type=x.type.with_shape(shape), **attributes)
     y = x
     for axis, resize_axis in plan.items():
         positions = source_positions(resize_axis, options.transform)
@@ -158,6 +171,24 @@ def resize(ctx: NodeContext):
                 ctx, y, axis, outside_roi(positions, resize_axis.size_in), extrapolation
             )
     return y
+
+
+def _is_hl_resize(x: Value, plan: dict[int, AxisResize], options: Options) -> bool:
+    """Whether hl.resize says what the node says: a float [N, C, ...] resized in its spatial dims
+    by nearest or (bi)linear interpolation without antialiasing, with a coordinate mapping
+    hl.resize has, and scales equal to the size ratios (hl.resize maps coordinates by those).
+    Linear: hl.resize clamps the source coordinate into the input, ONNX the two neighbours;
+    the same value (up to rounding at the border)."""
+    if not x.type.is_float or x.type.rank < 3 or not plan or options.antialias:
+        return False
+    if options.mode not in ("nearest", "linear"):
+        return False
+    if options.transform not in ("half_pixel", "align_corners", "asymmetric"):
+        return False
+    return all(
+        axis >= 2 and math.isclose(r.scale, r.size_out / r.size_in, rel_tol=1e-12)
+        for axis, r in plan.items()
+    )
 
 
 def _options(ctx: NodeContext) -> Options:
