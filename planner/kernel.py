@@ -113,6 +113,11 @@ class Kernel:
     # its results are views of its operands' memory: nothing runs on the device, nothing moves
     # (the cost models price it as such; cuda.split_view)
     view: bool = False
+    # graph kernel: its reference's scalar float constants that are a function of a dimension of
+    # its arguments (a mean's divisor, an attention scale) stand for that function, so that a
+    # reference written at 4x8 matches a 768-wide program (`shape_constant`). Off by default: a
+    # literal such as GELU's 0.5 would otherwise be read as 1/2 of a dimension of size 2.
+    shape_constants: bool = False
 
     def __post_init__(self) -> None:
         if (self.op is None) == (self.reference is None):
@@ -306,11 +311,13 @@ def reference_root(func: FuncOp):
     return func.body.last.operands[0].defining_op
 
 
-def instantiate_reference(func: FuncOp, arg_types) -> FuncOp:
+def instantiate_reference(func: FuncOp, arg_types, shape_constants: bool = False) -> FuncOp:
     """A copy of reference graph `func` on other argument types, every result type inferred
     again. An op that cannot infer its result types (a constant, reshape, iota, broadcast)
     keeps the graph's, a float one taking the element type of the first float argument (as a
     float constant does): a region kernel's graph, instantiated on its own types, is itself.
+    With `shape_constants` (the kernel's), a constant that is a function of a dimension takes
+    its value on `arg_types`.
     Raises TypeError when the types do not fit (verification fails)."""
     new = FuncOp.build(func.sym_name, list(arg_types), [], [a.name_hint for a in func.args])
     b = Builder.at_end(new.body)
@@ -326,6 +333,11 @@ def instantiate_reference(func: FuncOp, arg_types) -> FuncOp:
             attributes, declared = op.attributes, None
             if op.name == "atomic.constant":
                 attributes, declared = _constant_like(op, floats[0] if floats else None)
+                resized = shape_constant(func, op, arg_types) if shape_constants else None
+                if resized is not None:
+                    t = declared[0]
+                    value = np.full(t.shape, resized, dtype=t.dtype)
+                    attributes = {**attributes, "value": DenseAttr(value, t)}
             elif op.infer() is None:
                 declared = [_float_like(r.type, floats[0] if floats else None) for r in op.results]
             made = b.insert(create(type(op), operands, attributes, declared, loc=op.loc))
@@ -334,6 +346,43 @@ def instantiate_reference(func: FuncOp, arg_types) -> FuncOp:
     except TgcError as e:
         raise TypeError(f"@{func.sym_name} does not fit {list(map(str, arg_types))}: {e}") from None
     return new
+
+
+# The functions of one dimension a reference constant may stand for: a mean's divisor is the
+# size of an axis (or its reciprocal), attention's scale 1/sqrt of the head dim.
+SHAPE_FUNCTIONS = (
+    lambda d: float(d),
+    lambda d: 1.0 / d,
+    lambda d: math.sqrt(d),
+    lambda d: 1.0 / math.sqrt(d),
+)
+
+
+def shape_constant(func: FuncOp, const, arg_types) -> float | None:
+    """What the scalar float constant `const` of reference graph `func` is on the arguments
+    `arg_types`, where it is a function of a dimension of the reference's arguments (a mean's
+    divisor written at 8 wide is 768 on a 768-wide program): every (argument, axis, function)
+    that gives the written value from the written types must give one value on `arg_types`.
+    None where the constant is no such function, or the candidates disagree: then it is a
+    number, compared by value. A reference is best written at sizes no constant equals by
+    chance (docs/kernels.md)."""
+    array = const.attr("value").array
+    if array.size != 1 or not const.results[0].type.is_float:
+        return None
+    written = float(array.reshape(-1)[0].astype(np.float64))
+    if not math.isfinite(written) or written == 0.0:
+        return None
+    found: set[float] = set()
+    for arg, new in zip(func.body.args, arg_types):
+        for axis, size in enumerate(arg.type.shape):
+            if size < 2 or axis >= len(new.shape) or new.shape[axis] < 1:
+                continue
+            for fn in SHAPE_FUNCTIONS:
+                if math.isclose(fn(size), written, rel_tol=1e-6):
+                    found.add(fn(new.shape[axis]))
+    if len(found) != 1:
+        return None
+    return found.pop()
 
 
 def _float_like(t, element_type: str | None):

@@ -13,7 +13,12 @@ reference returns backwards, pairing each reference op with a program op:
 - a commutative op (trait COMMUTATIVE) matches its operands in either order (associative
   chains are already in one canonical shape); alternatives are explored by backtracking;
 - a reference op reached twice (DAG sharing, `exp(x)` used twice) binds the same program op,
-  and two reference ops never bind one program op;
+  and two reference ops never bind one program op; a reference constant read twice may bind
+  two program constants of the same value (planning gives each reader its own copy);
+- for a kernel with `shape_constants`, a scalar float constant of another value matches where
+  both are the same function of a dimension of the bound arguments (`kernel.shape_constant`: a
+  mean's divisor, an attention scale), and `x * c` matches `x / d` where c is that function's
+  reciprocal (canonicalize writes a division by a power of two as a product);
 - each reference argument binds one program value, consistently (several arguments may bind
   the same value); value names and types are ignored: types come from the program, and the
   kernel's `constraints` then accept or refuse them;
@@ -48,6 +53,7 @@ from tgc.planner.kernel import (
     canonical_references,
     reference_root,
     registry_version,
+    shape_constant,
 )
 
 # Safety caps on one reference at one root: distinct covers kept, consistent bindings looked at.
@@ -197,7 +203,7 @@ def _graph_matches(
     if any(r.uses for i, r in enumerate(root.results) if i != returned.index):
         return []
     output = root.results[returned.index]
-    matcher = _Matcher(root.block)
+    matcher = _Matcher(root.block, kernel.shape_constants)
     found: dict[frozenset, Match] = {}
     for tried, _ in enumerate(matcher.value(returned, output)):
         if tried >= MAX_BINDINGS_TRIED:
@@ -224,8 +230,14 @@ def _accept(kernel, ref, root, output, matcher, positions) -> Match | None:
         if p_op is not root and _use_count(p_op) != _use_count(r_op):
             return None  # a result of p_op is used outside the match
         covered.append(p_op)
+    constants += matcher.copies
     inputs = tuple(matcher.args[a] for a in ref.body.args)
-    if not accepts(kernel, [v.type for v in inputs], (output.type,)):
+    arg_types = [v.type for v in inputs]
+    for r_op, p_op, reciprocal in matcher.shaped:
+        value = shape_constant(ref, r_op, arg_types)
+        if value is None or not _scalar_equals(p_op, 1.0 / value if reciprocal else value):
+            return None
+    if not accepts(kernel, arg_types, (output.type,)):
         return None
     ops = _in_block_order(covered, root, positions)
     return Match(kernel, root, ops, inputs, (output,), tuple(constants), ref)
@@ -251,11 +263,17 @@ class _Matcher:
     """The binding of one reference graph to the program, extended and undone by generators:
     each `yield` is one consistent binding; resuming undoes the last step and tries the next."""
 
-    def __init__(self, block: Block) -> None:
+    def __init__(self, block: Block, shape_constants: bool = False) -> None:
         self.block = block
+        self.shape_constants = shape_constants  # the kernel's (kernel.Kernel)
         self.ops: dict[Operation, Operation] = {}  # reference op -> program op
         self.used: set[Operation] = set()  # program ops bound so far
         self.args: dict[Value, Value] = {}  # reference argument -> program value
+        # reference constants bound to program constants of another value, which must be the
+        # same function of a dimension (kernel.shape_constant) once the arguments are bound, or
+        # its reciprocal (a product matched against a division)
+        self.shaped: list[tuple[Operation, Operation, bool]] = []
+        self.copies: list[Operation] = []  # program constants bound as copies of a bound one
 
     def value(self, rv: Value, pv: Value) -> Iterator[None]:
         if isinstance(rv, BlockArgument):
@@ -268,14 +286,73 @@ class _Matcher:
         if bound is not None:
             if bound is p_op:
                 yield
+            else:
+                yield from self._copy_of_constant(bound, p_op)
             return
-        if p_op in self.used or not _same_op(r_op, p_op):
+        if p_op in self.used:
+            return
+        if not _same_op(r_op, p_op):
+            if not self.shape_constants:
+                return
+            if _maybe_shape_constant(r_op, p_op):
+                yield from self._shaped(r_op, p_op, reciprocal=False)
+            elif _scaling_pair(r_op, p_op):
+                yield from self._scaling(r_op, p_op)
             return
         if p_op.block is not self.block and p_op.name != "atomic.constant":
             return
         self.ops[r_op] = p_op
         self.used.add(p_op)
         yield from self._operands(r_op, p_op)
+        del self.ops[r_op]
+        self.used.discard(p_op)
+
+    def _shaped(self, r_op: Operation, p_op: Operation, reciprocal: bool) -> Iterator[None]:
+        """Bind reference constant `r_op` to program constant `p_op` of another value, to be
+        checked once the arguments are bound (`_accept`): the program's must be the same
+        function of a dimension (its reciprocal with `reciprocal`)."""
+        bound = self.ops.get(r_op)
+        if bound is not None:  # a constant read twice (a mean's divisor, by both means)
+            if (r_op, bound, reciprocal) in self.shaped:
+                if bound is p_op:
+                    yield
+                else:
+                    yield from self._copy_of_constant(bound, p_op)
+            return
+        if p_op in self.used:
+            return
+        self.shaped.append((r_op, p_op, reciprocal))
+        self.ops[r_op] = p_op
+        self.used.add(p_op)
+        yield
+        del self.ops[r_op]
+        self.used.discard(p_op)
+        self.shaped.pop()
+
+    def _copy_of_constant(self, bound: Operation, p_op: Operation) -> Iterator[None]:
+        """A reference constant read twice, bound already to program constant `bound`, against
+        another program constant `p_op` of the same value: planning gives each reader its own
+        copy of a constant (blocks.localize_sources), where the reference shares one."""
+        if bound.name != "atomic.constant" or p_op.name != "atomic.constant":
+            return
+        if p_op in self.used or not _same_constant(bound.attr("value"), p_op.attr("value")):
+            return
+        self.copies.append(p_op)
+        self.used.add(p_op)
+        yield
+        self.copies.pop()
+        self.used.discard(p_op)
+
+    def _scaling(self, r_op: Operation, p_op: Operation) -> Iterator[None]:
+        """`x * c` against `x / d` (or the other way round): canonicalize writes a division by
+        a power of two as a product with its exact reciprocal, so a mean's divisor written at 8
+        wide is `* 0.125` where a 768-wide program has `/ 768`."""
+        r_x, r_c = _scaled_operands(r_op)
+        p_x, p_c = _scaled_operands(p_op)
+        self.ops[r_op] = p_op
+        self.used.add(p_op)
+        for _ in self.value(r_x, p_x):
+            yield from self._shaped(r_c.defining_op, p_c.defining_op, reciprocal=True)
         del self.ops[r_op]
         self.used.discard(p_op)
 
@@ -351,6 +428,45 @@ def _same_constant(x: DenseAttr, y: DenseAttr) -> bool:
         with np.errstate(over="ignore"):
             return bool(np.array_equal(a.astype(narrow), b.astype(narrow), equal_nan=True))
     return bool(np.array_equal(a.astype(np.float64), b.astype(np.float64)))
+
+
+def _maybe_shape_constant(r: Operation, p: Operation) -> bool:
+    """Two scalar float constants of different values: the reference's may be a function of a
+    dimension (checked in `_accept`)."""
+    if r.name != "atomic.constant" or p.name != "atomic.constant":
+        return False
+    a, b = r.attr("value").array, p.attr("value").array
+    return a.size == 1 and b.size == 1 and a.shape == b.shape and _is_float(a.dtype)
+
+
+def _scaled_operands(op: Operation) -> tuple[Value, Value] | tuple[None, None]:
+    """(x, c) of `x * c`, `c * x` or `x / c` with c a scalar float constant; (None, None) else."""
+    if op.name not in ("atomic.mul", "atomic.div") or len(op.operands) != 2:
+        return None, None
+    orders = [(0, 1), (1, 0)] if op.name == "atomic.mul" else [(0, 1)]
+    for i, j in orders:
+        c = op.operands[j].defining_op
+        if c is not None and c.name == "atomic.constant":
+            array = c.attr("value").array
+            if array.size == 1 and _is_float(array.dtype):
+                return op.operands[i], op.operands[j]
+    return None, None
+
+
+def _scaling_pair(r: Operation, p: Operation) -> bool:
+    """A product by a scalar constant against a division by one (either way round)."""
+    if {r.name, p.name} != {"atomic.mul", "atomic.div"}:
+        return False
+    if r.results[0].type.shape != r.results[0].type.shape:
+        return False
+    return _scaled_operands(r)[0] is not None and _scaled_operands(p)[0] is not None
+
+
+def _scalar_equals(const: Operation, value: float) -> bool:
+    """The program constant holds `value`, in its own element type."""
+    array = const.attr("value").array
+    want = np.asarray(value, dtype=np.float64).astype(array.dtype).astype(np.float64)
+    return bool(array.reshape(-1)[0].astype(np.float64) == want)
 
 
 def _is_float(dtype: np.dtype) -> bool:

@@ -275,7 +275,7 @@ def reference_function(inst: Instance) -> FuncOp:
         problems = []
         for ref in canonical_references(kernel):
             try:
-                return instantiate_reference(ref, ins)
+                return instantiate_reference(ref, ins, kernel.shape_constants)
             except TypeError as e:
                 problems.append(str(e))
         raise TypeError("; ".join(problems) or f"kernel {kernel.name} has no reference graph")
