@@ -26,6 +26,7 @@ from tgc.builtin import PARAM_ATTR, ModuleOp
 from tgc.diagnostics import UNKNOWN_LOC, Location, TgcError
 from tgc.importers._weights import WeightFiles
 from tgc.importers.torch import (  # noqa: F401  (registration)
+    ops_conv,
     ops_elementwise,
     ops_nn,
     ops_rounding,

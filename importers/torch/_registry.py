@@ -1,7 +1,7 @@
 """The lowerings of aten ops, by op name: `@lowering("add", "sub")` registers a function for
 every overload of aten.add and aten.sub (it reads the overload from `cx.overload` where they
-differ). The families live in ops_elementwise.py, ops_rounding.py, ops_shape.py and
-ops_nn.py.
+differ). The families live in ops_elementwise.py, ops_rounding.py, ops_shape.py, ops_nn.py
+and ops_conv.py.
 """
 
 from __future__ import annotations
