@@ -10,6 +10,12 @@ from tgc.pass_manager import Pass, register_pass
 
 # What runs after lowering, in both pipelines.
 CLEANUP = "canonicalize,cse,algebraic,canonicalize,cse,dce"
+# The hl ops the planner plans as one op: each has library kernels (SDPA, cuDNN's convolutions
+# through PyTorch) that beat anything a fused kernel of its decomposition can be, and its
+# decomposition stays an option (im2col copies the activation once per tap).
+KEPT_FOR_PLANNING = ",".join(
+    ["attention"] + [f"conv{k}d" for k in (1, 2, 3)] + [f"conv_transpose{k}d" for k in (1, 2, 3)]
+)
 
 
 @register_pass
@@ -36,19 +42,20 @@ class Optimize(Pass):
 class LowerForPlanning(Pass):
     """What `--backend auto` and the GPU route plan, and so what tgc-plan, tgc-profile and
     tgc-translate --emit=cuda look at by default: raise-attention, batch norms folded into the
-    convolutions before them, every hl op but attention
+    convolutions before them, every hl op but attention and the convolutions
     lowered, the cleanup and algebraic rewrites, so that every kernel `fuse` could make of the
     atomic graph is among the planner's options. A fused kernel cannot span the edge of an hl op
     the planner keeps (measured on an H100, 2026-11-23: a GPT-2 block planned at the hl level
     ran 12 calls, 3.250 ms, against 10 fused kernels, 3.133 ms, which fuse each residual add
     with the bias and layernorm around it). Attention stays one op: its own kernels (the
     generated flash kernel, PyTorch's SDPA) are options, and so is its decomposition.
-    docs/planner.md, "Where the planner plans".
+    docs/planner.md, "Where the planner plans". The convolutions stay one op for the same
+    reason (PyTorch's cuDNN kernels are among the options; im2col is their decomposition).
 
     Contract: expands, when the pipeline runs, into exactly the passes of `pipeline` with their
     default options; results are unchanged up to rounding; no kernel op is made.
     """
 
     name = "lower-for-planning"
-    summary = f"raise-attention,fold-batch-norm,lower-hl{{keep=attention}},{CLEANUP}"
-    pipeline = f"raise-attention,fold-batch-norm,lower-hl{{keep=attention}},{CLEANUP}"
+    summary = f"raise-attention,fold-batch-norm,lower-hl{{keep={KEPT_FOR_PLANNING}}},{CLEANUP}"
+    pipeline = f"raise-attention,fold-batch-norm,lower-hl{{keep={KEPT_FOR_PLANNING}}},{CLEANUP}"
