@@ -73,11 +73,11 @@ def _verify_body(op: Operation) -> None:
 class FusedOp(Operation):
     """A region of lower ops that runs as one generated kernel.
 
-        %y = kernel.fused %a, %b {name = "k0", template = "elementwise"} : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32> {
-        ^bb0(%p: tensor<4xf32>, %q: tensor<4xf32>):
-          %s = atomic.add %p, %q : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
-          kernel.yield %s : tensor<4xf32>
-        }
+    %y = kernel.fused %a, %b {name = "k0", template = "elementwise"} : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32> {
+    ^bb0(%p: tensor<4xf32>, %q: tensor<4xf32>):
+      %s = atomic.add %p, %q : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+      kernel.yield %s : tensor<4xf32>
+    }
     """
 
     name = "kernel.fused"

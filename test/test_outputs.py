@@ -255,7 +255,16 @@ def database(tmp_path):
     load_backends(["numpy"])
     path = tmp_path / "m.sqlite"
     exp = ROOT / "test" / "lit" / "tgc-db" / "Inputs" / "exp.tg"
-    argv = [str(exp), "--db", str(path), "--kernel-backend", "numpy", "--min-time", "0.001", "--quiet"]
+    argv = [
+        str(exp),
+        "--db",
+        str(path),
+        "--kernel-backend",
+        "numpy",
+        "--min-time",
+        "0.001",
+        "--quiet",
+    ]
     assert profiletool.main(argv) == 0
     with Database.open(str(path), readonly=True) as db:
         assert len(db.rows()) == 1

@@ -142,6 +142,28 @@ def add_planning_db(ap, what: str) -> None:
     )
 
 
+def add_kernels(ap) -> None:
+    """`--kernels FILE_OR_MODULE` (every tool that plans): a kernel plugin to load."""
+    ap.add_argument(
+        "--kernels",
+        action="append",
+        default=[],
+        metavar="FILE_OR_MODULE",
+        help="load the kernels of this plugin (a .py file or a module defining tgc_kernels()), "
+        "check each against its reference in float64, and plan with them (docs/kernels.md; "
+        "repeat for several). Installed plugins (entry point group tgc.kernels) load anyway",
+    )
+
+
+def with_kernels(run: Callable[[argparse.Namespace], int], args) -> int:
+    """`run(args)` once the kernels of `--kernels` and of installed plugins are checked and
+    registered."""
+    from tgc.planner.plugins import load_plugins
+
+    load_plugins(args.kernels)
+    return run(args)
+
+
 # Flags renamed, by tool: the old spelling is read as the new one for a release, with a warning.
 RENAMED_FLAGS = {
     "tgc-profile": {"--backend": "--kernel-backend"},

@@ -18,6 +18,7 @@ from tgc.printer import print_op
 
 # A syntax example in a docstring: `%y = dialect.op ...` in backquotes (one line).
 EXAMPLE = re.compile(r"`((?:%[\w.]+(?:, %[\w.]+)* = )?\w+\.\w+ [^`]*)`")
+IR_LINE = re.compile(r"[%^} ]|\w+\.\w+ ")
 OPERAND_FORMS = {"single": "{}", "optional": "[{}]", "variadic": "{}..."}
 
 
@@ -45,10 +46,14 @@ def meaning(cls) -> str:
             code.clear()
 
     for line in EXAMPLE.sub("", inspect.cleandoc(cls.__doc__ or "")).splitlines():
-        if line.startswith("    "):
+        # Code: an indented line, or IR that opens a paragraph (`%y = ...`) and what follows it
+        # that reads as IR too (a region: `^bb0(...)`, indented ops, `}`).
+        if line.startswith("    ") or (
+            not words and (line.startswith("%") or (code and IR_LINE.match(line)))
+        ):
             if words:
                 flush()
-            code.append(line[4:])
+            code.append(line[4:] if line.startswith("    ") else line)
         elif line.strip():
             if code:
                 flush()

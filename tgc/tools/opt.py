@@ -20,6 +20,8 @@ from tgc.pass_manager import (
 )
 from tgc.tools._common import (
     add_common_flags,
+    add_kernels,
+    with_kernels,
     parse_args,
     EXIT_INPUT,
     EXIT_OK,
@@ -90,6 +92,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
         help="list the ops (of DIALECT: atomic, hl, kernel, ...), a line each, and exit; "
         "docs/ops.md has them in full",
     )
+    add_kernels(ap)
     add_common_flags(ap)
     return ap
 
@@ -295,7 +298,7 @@ def write_output(path: str, text: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(build_arg_parser(), argv)
     tgc.load_all()
-    return guarded("tgc-opt", lambda: run(args), args.debug)
+    return guarded("tgc-opt", lambda: with_kernels(run, args), args.debug)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,11 @@ import math
 import sys
 
 import tgc
+from tgc.diagnostics import TgcError
 from tgc.tools._common import (
     add_common_flags,
+    add_kernels,
+    with_kernels,
     parse_args,
     EXIT_OK,
     EXIT_USAGE,
@@ -55,6 +58,13 @@ def build_arg_parser() -> argparse.ArgumentParser:
         help="print each op's options ranked by cost beside the chosen one",
     )
     ap.add_argument(
+        "--why-not",
+        default=None,
+        metavar="KERNEL",
+        help="say, for each place KERNEL could apply, why it was not chosen there (not "
+        "matched and where, refused, an option that lost) or that it was",
+    )
+    ap.add_argument(
         "-k",
         "--alternatives",
         type=int,
@@ -72,6 +82,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     add_planning_db(ap, "select-kernels")
     add_planner_backends(ap, "plan")
     add_planning_passes(ap)
+    add_kernels(ap)
     add_common_flags(ap)
     return ap
 
@@ -120,6 +131,9 @@ def run(args) -> int:
 
         costs = CachedCosts(DatabaseCostSource(resolve_path(args.db)))
     selection = plan_function(func, ctx, costs)
+    if args.why_not is not None:
+        print("\n".join(why_not_lines(args.why_not, func, ctx, selection)))
+        return EXIT_OK
     if args.list_paths is not None:
         print_paths(func, ctx, costs, args.list_paths, selection.plan)
     if args.explain:
@@ -127,6 +141,19 @@ def run(args) -> int:
     elif args.list_paths is None:
         print(f"{format_seconds(selection.seconds)}  {selection.plan}")
     return EXIT_OK
+
+
+def why_not_lines(name: str, func, ctx, selection) -> list[str]:
+    from tgc.pass_manager import did_you_mean
+    from tgc.planner.kernel import KERNELS
+    from tgc.planner.paths import value_names
+    from tgc.planner.why_not import why_not
+
+    kernel = KERNELS.get(name)
+    if kernel is None:
+        raise TgcError(f"--why-not: no kernel named '{name}'{did_you_mean(name, KERNELS)}")
+    names = value_names(selection.plan)
+    return why_not(kernel, func, ctx, selection, lambda op: _describe(op, names))
 
 
 def format_seconds(seconds: float) -> str:
@@ -253,7 +280,7 @@ def _own_cost(option, costs) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(build_arg_parser(), argv)
     tgc.load_all()
-    return guarded("tgc-plan", lambda: run(args), args.debug)
+    return guarded("tgc-plan", lambda: with_kernels(run, args), args.debug)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ from tgc.tools._common import (
     non_negative_float,
     add_db,
     add_common_flags,
+    add_kernels,
+    with_kernels,
     parse_args,
     EXIT_OK,
     EXIT_USAGE,
@@ -102,6 +104,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
         help="timed calls per instance last at least this long, after warm-up (default 0.05)",
     )
     ap.add_argument("--quiet", action="store_true", help="no progress display")
+    add_kernels(ap)
     add_common_flags(ap)
     return ap
 
@@ -212,7 +215,7 @@ def run(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(build_arg_parser(), argv)
     tgc.load_all()
-    return guarded("tgc-profile", lambda: run(args), args.debug)
+    return guarded("tgc-profile", lambda: with_kernels(run, args), args.debug)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ from tgc.planner import DEFAULT_MEASURE_BUDGET
 from tgc.types import CHECK_TOLERANCE
 from tgc.tools._common import (
     add_common_flags,
+    add_kernels,
+    with_kernels,
     parse_args,
     EXIT_OK,
     PLANNING_PIPELINE,
@@ -123,6 +125,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "-o", dest="output_dir", default=None, metavar="DIR", help="write DIR/result_<i>.npy"
     )
+    add_kernels(ap)
     add_common_flags(ap)
     return ap
 
@@ -414,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     if (args.no_measure or args.measure_budget is not None) and args.backend != "cuda":
         parser.error("--measure-budget and --no-measure need --backend cuda")
     with np.errstate(all="ignore"):  # non-finite values are reported, not warned about
-        return guarded("tgc-run", lambda: run(args), args.debug)
+        return guarded("tgc-run", lambda: with_kernels(run, args), args.debug)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,15 @@ import sys
 
 import tgc
 from tgc.diagnostics import TgcError
-from tgc.tools._common import add_common_flags, parse_args, EXIT_OK, guarded, read_input
+from tgc.tools._common import (
+    add_common_flags,
+    add_kernels,
+    parse_args,
+    with_kernels,
+    EXIT_OK,
+    guarded,
+    read_input,
+)
 from tgc.tools._outputs import check_output, data_files
 from tgc.tools.opt import write_output
 
@@ -40,6 +48,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
         help="cuda: plan on tgc's generated kernels alone (no cuBLAS or cuBLASLt calls): a file "
         "that needs only the CUDA runtime",
     )
+    add_kernels(ap)
     add_common_flags(ap)
     return ap
 
@@ -75,7 +84,7 @@ def run(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(build_arg_parser(), argv)
     tgc.load_all()
-    return guarded("tgc-translate", lambda: run(args), args.debug)
+    return guarded("tgc-translate", lambda: with_kernels(run, args), args.debug)
 
 
 if __name__ == "__main__":
