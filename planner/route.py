@@ -101,6 +101,7 @@ class RouteReport:
     check_s: float = 0.0
     measured: int = 0
     failed: int = 0
+    noisy: int = 0  # measured, but their timings spread: kept and flagged (planner/profile.py)
     unmeasured: int = 0  # unknown instances the budget (or --no-measure) left
     candidates: dict[str, float] = field(default_factory=dict)
     chosen: str = "planned"
@@ -115,6 +116,10 @@ class RouteReport:
         parts = [f"planned in {self.first_use_s:.2f} s"]
         if self.measured or self.failed:
             parts.append(f"measured {self.measured} kernel instance(s) in {self.measure_s:.1f} s")
+            if self.failed:
+                parts.append(f"{self.failed} failed their check (not used)")
+            if self.noisy:
+                parts.append(f"{self.noisy} noisy (kept and flagged: tgc-db prune --noisy)")
         if self.unmeasured:
             parts.append(f"{self.unmeasured} left unmeasured")
         if self.candidates:
@@ -328,6 +333,7 @@ def measure_first_use(
         left = len(unknown(insts, db))
     report.measured = sum(r.measured for r in runs)
     report.failed = sum(r.failed for r in runs)
+    report.noisy = sum(r.noisy for r in runs)
     report.unmeasured = left
 
 

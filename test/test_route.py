@@ -241,3 +241,15 @@ def test_the_plans_guesses_are_listed_dearest_first(stand_in, tmp_path):
     seconds = [defaults.cost(i.kernel, i.operand_types, i.result_types).seconds for i in guessed]
     assert seconds == sorted(seconds, reverse=True)
     assert len({i.key() for i in guessed}) == len(guessed)
+
+
+def test_the_summary_counts_failed_and_noisy_measurements():
+    """The line tgc-run --backend cuda prints says what the first use measured, what failed
+    its check and what was flagged noisy."""
+    report = route.RouteReport(measure_s=1.25, measured=12, failed=2, noisy=3)
+    text = report.summary()
+    assert "measured 12 kernel instance(s) in 1.2 s" in text
+    assert "2 failed their check (not used)" in text
+    assert "3 noisy (kept and flagged: tgc-db prune --noisy)" in text
+    quiet = route.RouteReport(measure_s=1.0, measured=5).summary()
+    assert "failed" not in quiet and "noisy" not in quiet
