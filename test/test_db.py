@@ -308,7 +308,10 @@ def test_plot_without_matplotlib_says_how_to_get_it(tmp_path, capsys, monkeypatc
         dbtool.main(["--db", path, "plot", "numpy.atomic.exp", "-o", str(tmp_path / "p.png")]) == 1
     )
     err = capsys.readouterr().err.strip()
-    assert err == ("error: plot needs matplotlib, which is not installed (pip install 'tgc[plot]')")
+    assert err == (
+        "error: plot needs matplotlib, which is not installed (pip install matplotlib, or in a "
+        "clone pip install -e '.[plot]')"
+    )
 
 
 def test_plot_draws_a_png(tmp_path):

@@ -20,7 +20,7 @@ of backends that load here are judged), with `--failures` failed records too, wi
 noisy ones (so that the next profile measures them again), with `--older-than` old ones; whole-
 plan times that name a kernel version gone, and by the same options; with `--plans` every
 whole-plan time (the GPU route then times its plans again). `plot` draws measured points against the fitted curve, per device
-(matplotlib: `pip install 'tgc[plot]'`). Exit codes: 0, 1 (an unusable database or file, a
+(matplotlib: `pip install 'tgc[plot]'`, in a clone `pip install -e '.[plot]'`). Exit codes: 0, 1 (an unusable database or file, a
 kernel with no records), 2 (usage).
 """
 
@@ -534,7 +534,7 @@ def cmd_plot(args) -> int:
         import matplotlib.pyplot as plt
     except ImportError:
         raise TgcError(
-            "plot needs matplotlib, which is not installed (pip install 'tgc[plot]')"
+            "plot needs matplotlib, which is not installed (pip install matplotlib, or in a clone pip install -e '.[plot]')"
         ) from None
     import numpy as np
 
