@@ -2,6 +2,7 @@
 
 from tgc.passes import (  # noqa: F401
     algebraic,
+    apply_rules,
     canonicalize,
     cse,
     dce,
