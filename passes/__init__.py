@@ -6,6 +6,7 @@ from tgc.passes import (  # noqa: F401
     canonicalize,
     cse,
     dce,
+    eqsat,
     fold_batch_norm,
     fuse,
     lower_hl,
