@@ -4,7 +4,8 @@ A kernel plugin is a Python module with a function `tgc_kernels()` that returns 
 `planner.kernel.Kernel`s (a numpy, torch or cuda `run`, and for a graph kernel its reference
 graph in `.tg`; docs/kernels.md walks through one of each). The tools load one with
 `--kernels FILE.py` or `--kernels package.module`, and every installed package that declares an
-entry point in the group `tgc.kernels` (its value a module, or `module:function`).
+entry point in the group `tgc.kernels` (its value a module, or `module:function`; the tools find
+them, tgc/tools/_common.py, and hand them here).
 
 Nothing is used before it is checked: each kernel is registered (its reference graphs parsed,
 verified and put in canonical form), then run on fresh random inputs at the shapes its reference
@@ -41,33 +42,26 @@ from tgc.planner.kernel import (
     unregister_kernel,
 )
 
-ENTRY_POINT_GROUP = "tgc.kernels"
 FUNCTION = "tgc_kernels"
 
 
-def load_plugins(specs: list[str], entry_points: bool = True) -> list[Kernel]:
-    """Load, check and register the kernels of every plugin in `specs` (files or modules) and,
-    with `entry_points`, of every installed one; returns the kernels registered."""
+def load_plugins(specs: list[str], entry_points=()) -> list[Kernel]:
+    """Load, check and register the kernels of every plugin in `specs` (files or modules) and
+    of every installed one in `entry_points` (importlib.metadata's entry points of the group the
+    tools read, tgc.tools._common.KERNEL_ENTRY_POINTS); returns the kernels registered."""
     loaded: list[Kernel] = []
     for spec in specs:
         loaded += _install(_kernels_of(_import(spec), spec), spec)
-    if entry_points:
-        for point in _entry_points():
-            try:
-                target = point.load()
-                kernels = target() if callable(target) else _kernels_of(target, point.value)
-                loaded += _install(list(kernels), point.value)
-            except TgcError as e:
-                _warn(f"kernels of '{point.value}' (entry point {point.name}) left out: {e}")
-            except Exception as e:  # noqa: BLE001  (another package's bug: say it, go on)
-                _warn(f"kernels of '{point.value}' left out: {type(e).__name__}: {e}")
+    for point in entry_points:
+        try:
+            target = point.load()
+            kernels = target() if callable(target) else _kernels_of(target, point.value)
+            loaded += _install(list(kernels), point.value)
+        except TgcError as e:
+            _warn(f"kernels of '{point.value}' (entry point {point.name}) left out: {e}")
+        except Exception as e:  # noqa: BLE001  (another package's bug: say it, go on)
+            _warn(f"kernels of '{point.value}' left out: {type(e).__name__}: {e}")
     return loaded
-
-
-def _entry_points():
-    from importlib.metadata import entry_points
-
-    return entry_points(group=ENTRY_POINT_GROUP)
 
 
 def _warn(message: str) -> None:

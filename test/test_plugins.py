@@ -49,18 +49,15 @@ def clean_registry():
         unregister_kernel(name)
 
 
-def test_an_installed_plugin_is_loaded_and_checked(monkeypatch):
+def test_an_installed_plugin_is_loaded_and_checked():
     module = types.SimpleNamespace(
         tgc_kernels=lambda: [twice_kernel("pkg.twice", lambda ins, a, outs: [ins[0] * 2])]
     )
-    monkeypatch.setattr(
-        plugins, "_entry_points", lambda: [EntryPoint("twice", "pkg.kernels", module)]
-    )
-    loaded = plugins.load_plugins([])
+    loaded = plugins.load_plugins([], [EntryPoint("twice", "pkg.kernels", module)])
     assert [k.name for k in loaded] == ["pkg.twice"] and "pkg.twice" in KERNELS
 
 
-def test_a_broken_installed_plugin_is_a_warning(monkeypatch, capsys):
+def test_a_broken_installed_plugin_is_a_warning(capsys):
     wrong = types.SimpleNamespace(
         tgc_kernels=lambda: [twice_kernel("pkg.thrice", lambda ins, a, outs: [ins[0] * 3])]
     )
@@ -68,8 +65,7 @@ def test_a_broken_installed_plugin_is_a_warning(monkeypatch, capsys):
         EntryPoint("gone", "pkg.gone", ImportError("No module named 'pkg.gone'")),
         EntryPoint("wrong", "pkg.wrong", wrong),
     ]
-    monkeypatch.setattr(plugins, "_entry_points", lambda: points)
-    assert plugins.load_plugins([]) == []
+    assert plugins.load_plugins([], points) == []
     err = capsys.readouterr().err.splitlines()
     assert (
         err[0]
@@ -100,7 +96,7 @@ def test_a_kernel_wrong_only_at_other_sizes_is_refused():
 
 
 def test_the_example_plugin_loads_from_its_file():
-    (kernel,) = plugins.load_plugins([str(EXAMPLE)], entry_points=False)
+    (kernel,) = plugins.load_plugins([str(EXAMPLE)])
     assert kernel.name == "user.layernorm" and kernel.shape_constants
     x = np.random.default_rng().standard_normal((3, 5)).astype(np.float32)
     g, b = np.ones(5, np.float32), np.zeros(5, np.float32)
@@ -109,3 +105,25 @@ def test_the_example_plugin_loads_from_its_file():
     (y,) = kernel.run([x, g, b], {}, [TensorType.get((3, 5), "f32")])
     want = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_tools_read_the_entry_point_group(monkeypatch):
+    """Every tool that plans hands the installed `tgc.kernels` entry points to the loader."""
+    import argparse
+    import importlib.metadata
+
+    from tgc.tools import _common
+
+    module = types.SimpleNamespace(
+        tgc_kernels=lambda: [twice_kernel("pkg.twice2", lambda ins, a, outs: [ins[0] * 2])]
+    )
+    groups = []
+
+    def entry_points(group):
+        groups.append(group)
+        return [EntryPoint("twice", "pkg.kernels", module)]
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    seen = []
+    assert _common.with_kernels(lambda a: seen.append(a) or 0, argparse.Namespace(kernels=[])) == 0
+    assert groups == ["tgc.kernels"] and "pkg.twice2" in KERNELS and len(seen) == 1

@@ -155,12 +155,20 @@ def add_kernels(ap) -> None:
     )
 
 
+# The entry point group through which an installed package offers kernels (docs/kernels.md).
+KERNEL_ENTRY_POINTS = "tgc.kernels"
+
+
 def with_kernels(run: Callable[[argparse.Namespace], int], args) -> int:
     """`run(args)` once the kernels of `--kernels` and of installed plugins are checked and
-    registered."""
-    from tgc.planner.plugins import load_plugins
+    registered (the planner is imported only where there are some: tgc-opt starts light)."""
+    from importlib.metadata import entry_points
 
-    load_plugins(args.kernels)
+    installed = entry_points(group=KERNEL_ENTRY_POINTS)
+    if args.kernels or installed:
+        from tgc.planner.plugins import load_plugins
+
+        load_plugins(args.kernels, installed)
     return run(args)
 
 
