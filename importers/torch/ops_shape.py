@@ -11,6 +11,7 @@ import torch
 from tgc.importers.torch._context import Cx, Static
 from tgc.importers.torch._registry import IDENTITY_OPS, lowering
 from tgc.ir import Value
+from tgc.types import TensorType
 
 
 def _with_copies(*names: str) -> tuple[str, ...]:
@@ -225,3 +226,67 @@ def take_along_dim(cx: Cx) -> Value:
     flat = cx.b.atomic.where(outside, cx.scalar(-1, elem), flat)
     table = cx.reshape(x, (x.type.num_elements,))
     return cx.b.atomic.gather(table, flat, axis=0)
+
+
+# -- scatters -------------------------------------------------------------------------------------
+
+
+def _write_rows(cx: Cx, x: Value, axis: int, indices, values) -> Value:
+    """x with x[..., idx[j], ...] = values[..., j, ...] along `axis` (idx one integer vector,
+    negative entries counting from the end, values broadcasting to x's shape with `axis` of
+    size len(idx)): what index_put and index_copy compute, a new value (tgc has no in-place
+    op). Row s of the result is values' row j where idx[j] == s (the last such j, where PyTorch
+    leaves a repeated index undefined), else x's row s: a [size, n] comparison of positions with
+    indices picks j, one gather takes the rows, one where keeps the others. The torch.compile
+    backend writes such an update of a KV cache as the index_copy itself (tgc/dynamo)."""
+    if cx.dtype_of(indices) == torch.bool:
+        raise cx.error("writing through a boolean mask (tgc writes rows at integer indices)")
+    idx = _indices(cx, indices)
+    if idx.type.rank == 0:
+        idx = cx.reshape(idx, (1,))
+    if idx.type.rank != 1:
+        raise cx.error(f"writing at indices of rank {idx.type.rank} (tgc writes at a vector)")
+    rank, size, n = x.type.rank, x.type.shape[axis], idx.type.shape[0]
+    target = list(x.type.shape)
+    target[axis] = n
+    values = cx.value(values, x.type.element_type)
+    if values.type.rank == rank - 1 and n == 1:  # a rank-0 index: the axis is not in values
+        values = cx.reshape(values, values.type.shape[:axis] + (1,) + values.type.shape[axis:])
+    values = cx.broadcast(values, target)
+    elem = idx.type.element_type
+    negative = cx.b.atomic.cmp(idx, cx.scalar(0, elem), pred="lt")
+    idx = cx.b.atomic.where(negative, cx.b.atomic.add(idx, cx.scalar(size, elem)), idx)
+    grid = TensorType.get((size, n), elem)
+    rows = cx.b.atomic.iota(axis=0, result_type=grid)
+    hits = cx.b.atomic.cmp(rows, cx.reshape(idx, (1, n)), pred="eq")
+    column = cx.b.atomic.iota(axis=1, result_type=grid)
+    chosen = cx.b.atomic.where(hits, column, cx.scalar(-1, elem))
+    source = cx.b.atomic.reduce_max(chosen, axes=[1])
+    written = cx.b.atomic.cmp(source, cx.scalar(0, elem), pred="ge")
+    source = cx.b.atomic.where(written, source, cx.scalar(0, elem))
+    gathered = cx.b.atomic.gather(values, source, axis=axis)
+    mask_shape = [1] * rank
+    mask_shape[axis] = size
+    return cx.b.atomic.where(cx.reshape(written, mask_shape), gathered, x)
+
+
+@lowering("index_put")
+def index_put(cx: Cx) -> Value:
+    """x[..., idx, ...] = values with one integer index tensor (accumulate=False): the
+    functional form PyTorch's functionalisation makes of `index_put_`, `x[:, :, idx] = v` and
+    `index_copy_` (core aten decomposes index_copy into it)."""
+    x = cx.value("self")
+    if cx.arg("accumulate"):
+        raise cx.error("index_put with accumulate=True (tgc writes rows, it does not add)")
+    given = [(axis, i) for axis, i in enumerate(cx.arg("indices")) if i is not None]
+    if len(given) != 1:
+        raise cx.error(f"writing with {len(given)} index tensors (tgc writes along one dim)")
+    axis, indices = given[0]
+    return _write_rows(cx, x, axis, indices, cx.arg("values"))
+
+
+@lowering("index_copy")
+def index_copy(cx: Cx) -> Value:
+    x = cx.value("self")
+    axis = cx.axis(cx.arg("dim"), x.type.rank)
+    return _write_rows(cx, x, axis, cx.arg("index"), cx.arg("source"))

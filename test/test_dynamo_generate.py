@@ -1,0 +1,175 @@
+"""Hugging Face generate() with a static KV cache through torch.compile(backend="tgc") on the
+CPU (docs/torch-compile.md, "Generation").
+
+Skipped where PyTorch or transformers is not installed (CI has neither). The model is a tiny
+Llama (2 layers, hidden 64, 4 heads, 2 key-value heads, vocabulary 256) with random weights;
+`model.forward` is compiled, as the Hugging Face docs do for a static cache. Each test checks,
+from the backend's tally, that the prefill and the decode step ran in tgc (a fallback to eager
+fails it). Greedy tokens must be eager's exactly (float32); the logits of every step are
+compared with the float64 model's within LOGITS_TOL * max(1, largest |reference|), and the
+cache left after generation with eager's float32 cache within CACHE_TOL.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip(
+    "torch", reason="the torch.compile backend needs PyTorch, which is not installed"
+)
+transformers = pytest.importorskip(
+    "transformers", reason="generation through torch.compile needs transformers"
+)
+
+from tgc.dynamo import coverage, reset_coverage  # noqa: E402
+
+# float32 plans against the float64 model over two layers (a few ulp per op, softmax and
+# rmsnorm over 64 values): as test_dynamo_backend's Hugging Face models
+LOGITS_TOL = 2e-4
+# the cache holds k and v projections (one linear, rotary): float32 against eager float32
+CACHE_TOL = 1e-5
+NEW_TOKENS = 4
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test starts with Dynamo's caches, its counters and the backend's tally empty."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    reset_coverage()
+    yield
+    torch._dynamo.reset()
+
+
+def tiny_llama(seed: int = 0):
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=128,
+    )
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def prompt(length: int, seed: int, batch: int = 1) -> torch.Tensor:
+    return torch.randint(0, 256, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def generate(model, ids: torch.Tensor, new_tokens: int = NEW_TOKENS, **kw):
+    with torch.no_grad():
+        return model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            cache_implementation="static",
+            return_dict_in_generate=True,
+            output_logits=True,
+            pad_token_id=0,
+            **kw,
+        )
+
+
+def compiled(model):
+    """`model` with its forward compiled by tgc, as the Hugging Face docs compile it."""
+    model.forward = torch.compile(model.forward, backend="tgc")
+    return model
+
+
+def cache_of(out):
+    """The cache generate() returned (transformers names it `cache` or `past_key_values`)."""
+    return getattr(out, "past_key_values", None) or out.cache
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor, tol: float, what: str = "") -> None:
+    assert got.shape == want.shape, (what, got.shape, want.shape)
+    want = want.double()
+    scale = max(1.0, want.abs().max().item())
+    err = (got.double() - want).abs().max().item()
+    assert err <= tol * scale, f"{what}: max abs error {err:.3g} > {tol * scale:.3g}"
+
+
+def dynamo_recompiles() -> int:
+    """Frames Dynamo compiled beyond the first of each graph: counters['recompiles'] where
+    this PyTorch keeps it, else the frames compiled less the unique graphs."""
+    counters = torch._dynamo.utils.counters
+    if counters["recompiles"]:
+        return sum(counters["recompiles"].values())
+    return counters["frames"]["ok"] - counters["stats"]["unique_graphs"]
+
+
+# -- the cache update's lowering -------------------------------------------------------------------
+
+
+class CacheWrite(torch.nn.Module):
+    """A static cache written in place as transformers' StaticLayer writes it (index_copy_), by
+    a slice assignment with negative indices (index_put_), and then read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("keys", torch.zeros(2, 3, 8, 4))
+
+    def forward(self, k, pos, v, where):
+        self.keys.index_copy_(2, pos, k)
+        self.keys[:, :, where] = v
+        return self.keys.sum(-1) * 2
+
+
+def test_index_copy_and_index_put_write_rows_as_eager():
+    model, twin = CacheWrite(), CacheWrite()
+    run = torch.compile(model, backend="tgc")
+    for step, (pos, where) in enumerate([([5, 1], [-1]), ([0, 6], [2]), ([3, 3], [-8])]):
+        k = torch.randn(2, 3, 2, 4, generator=torch.Generator().manual_seed(step))
+        v = torch.randn(2, 3, 1, 4, generator=torch.Generator().manual_seed(10 + step))
+        args = (k, torch.tensor(pos), v, torch.tensor(where))
+        with torch.no_grad():
+            got, want = run(*args), twin(*args)
+        # rows are copied, not computed: exactly eager's (a repeated index: the last wins)
+        assert torch.equal(model.keys, twin.keys)
+        assert_close(got, want, 1e-6)
+    tally = coverage()
+    assert tally.graphs >= 1 and tally.graphs_in_tgc == tally.graphs, tally
+
+
+# -- generate() --------------------------------------------------------------------------------
+
+
+def test_generate_with_a_static_cache_matches_eager():
+    model = tiny_llama()
+    ids = prompt(7, seed=1)
+    want = generate(model, ids)
+    exact = generate(copy.deepcopy(model).double(), ids)
+    got = generate(compiled(model), ids)
+    assert torch.equal(got.sequences, want.sequences)
+    assert torch.equal(got.sequences, exact.sequences)
+    assert len(got.logits) == NEW_TOKENS
+    for step, (g, e) in enumerate(zip(got.logits, exact.logits)):
+        assert_close(g, e, LOGITS_TOL, f"logits of new token {step}")
+    # the prefill and the decode step, each compiled once and run in tgc
+    tally = coverage()
+    assert (tally.graphs, tally.graphs_in_tgc) == (2, 2), tally
+    assert tally.ops_in_tgc == tally.ops
+    # the cache tgc updated holds what eager's holds
+    for mine, theirs in zip(cache_of(got).layers, cache_of(want).layers):
+        assert_close(mine.keys, theirs.keys, CACHE_TOL)
+        assert_close(mine.values, theirs.values, CACHE_TOL)
+
+
+def test_the_decode_step_is_compiled_once_and_reused_for_every_token():
+    model = compiled(tiny_llama())
+    ids = prompt(5, seed=2)
+    want = generate(tiny_llama(), ids, new_tokens=8)
+    got = generate(model, ids, new_tokens=8)
+    assert torch.equal(got.sequences, want.sequences)
+    tally = coverage()
+    # prefill + one decode step for 7 decode calls: tgc compiled two graphs, Dynamo two frames
+    assert (tally.graphs, tally.graphs_in_tgc) == (2, 2), tally
+    counters = torch._dynamo.utils.counters
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
+    assert dynamo_recompiles() == 0
