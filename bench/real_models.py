@@ -217,15 +217,17 @@ def token_ids(vocab: int, batch: int, seq: int, seed: int):
     return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
 
 
-def export_and_import(module, ids):
-    """(the exported program, the imported tgc module, seconds of export, seconds of import)."""
+def export_and_import(module, inputs):
+    """(the exported program, the imported tgc module, seconds of export, seconds of import);
+    `inputs` is one tensor (a text model's ids) or a tuple of them."""
     import torch
 
     from tgc.importers.torch import import_exported_program
 
+    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
     t0 = time.perf_counter()
     with torch.no_grad():
-        ep = torch.export.export(module, (ids,))
+        ep = torch.export.export(module, inputs)
     t1 = time.perf_counter()
     imported = import_exported_program(ep)
     return ep, imported, t1 - t0, time.perf_counter() - t1
@@ -261,12 +263,452 @@ def count_ops(module) -> int:
     return sum(1 for f in module.funcs for _ in f.body.ops)
 
 
+# -- vision and diffusion models (issue 25, item 5) -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """A vision or diffusion model: how it is built (random weights, seed 0, nothing downloaded)
+    and what it takes. `build(tiny, resnet)` gives (the model in eval mode, wrapped to return one
+    tensor, on the CPU in float32; a line saying what was built); `inputs(batch, tiny, dtype,
+    seed)` the forward's tensors on the CPU; `shape(batch, tiny)` them in words."""
+
+    name: str
+    title: str
+    build: Callable
+    inputs: Callable
+    shape: Callable
+    batches: tuple[int, ...] = (1, 8)  # on the GPU, unless --batch
+    # float64 dry run: numpy against PyTorch, relative to max |PyTorch|
+    f64_tolerance: float = 1e-10
+
+
+def _randomise_batch_norms(model, seed: int) -> None:
+    """Batch norm statistics and affine parameters drawn near a trained network's (a fresh module
+    has mean 0, variance 1, scale 1, shift 0: the norm would hide a mistake in any of them)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                n = m.num_features
+                m.running_mean.copy_(0.1 * torch.randn(n, generator=g))
+                m.running_var.copy_(torch.rand(n, generator=g) + 0.5)
+                m.weight.copy_(torch.rand(n, generator=g) + 0.5)
+                m.bias.copy_(0.1 * torch.randn(n, generator=g))
+
+
+def _one_tensor(model, call: Callable, inputs: str):
+    """`model` as a module returning the one tensor `call(model, *args)`; its forward's arguments
+    (the imported function's input names) are `inputs`: "pixel_values", "latents" or "unet"
+    (sample, timestep, encoder_hidden_states)."""
+    import torch
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+    class Images(Wrapped):
+        def forward(self, pixel_values):
+            return call(self.model, pixel_values)
+
+    class Latents(Wrapped):
+        def forward(self, latents):
+            return call(self.model, latents)
+
+    class Denoiser(Wrapped):
+        def forward(self, sample, timestep, encoder_hidden_states):
+            return call(self.model, sample, timestep, encoder_hidden_states)
+
+    return {"pixel_values": Images, "latents": Latents, "unet": Denoiser}[inputs]().eval()
+
+
+def _resnet50(tiny: bool, impl: str = "auto"):
+    """torchvision's `resnet50(weights=None)` where torchvision imports (`impl` "auto" or
+    "torchvision"), else Hugging Face's `ResNetForImageClassification` from `ResNetConfig()`
+    (its defaults are ResNet-50: bottlenecks [3, 4, 6, 3], widths 256-2048; 1000 labels as
+    torchvision's). Tiny: one bottleneck per stage, 10 classes; Hugging Face's at widths 16-128
+    (torchvision's widths are fixed)."""
+    import torch
+
+    if impl not in ("auto", "torchvision", "hf"):
+        raise ValueError(f"--resnet must be auto, torchvision or hf, not {impl!r}")
+    tv = None
+    if impl != "hf":
+        try:
+            import torchvision
+            from torchvision.models.resnet import Bottleneck, ResNet
+
+            tv = torchvision
+        except ImportError:
+            if impl == "torchvision":
+                raise
+    torch.manual_seed(0)
+    if tv is not None:
+        if tiny:
+            model = ResNet(Bottleneck, [1, 1, 1, 1], num_classes=10)
+            what = "torchvision ResNet(Bottleneck, [1, 1, 1, 1], 10 classes)"
+        else:
+            model = tv.models.resnet50(weights=None)
+            what = f"torchvision {tv.__version__} resnet50(weights=None)"
+        call = _call_plain
+    else:
+        import transformers
+
+        values = {"num_labels": 1000}
+        if tiny:
+            values = {
+                "embedding_size": 8,
+                "hidden_sizes": [16, 32, 64, 128],
+                "depths": [1, 1, 1, 1],
+                "num_labels": 10,
+            }
+        model = transformers.ResNetForImageClassification(transformers.ResNetConfig(**values))
+        what = "Hugging Face ResNetForImageClassification(ResNetConfig(" + (
+            "tiny: widths 16-128, one bottleneck per stage, 10 labels))"
+            if tiny
+            else "), 1000 labels; torchvision absent)"
+        )
+        call = _call_logits
+    _randomise_batch_norms(model, seed=0)
+    return _one_tensor(model.eval(), call, "pixel_values"), what
+
+
+def _call_plain(model, x):
+    return model(x)
+
+
+def _call_logits(model, pixel_values):
+    return model(pixel_values=pixel_values).logits
+
+
+def _call_hidden(model, pixel_values):
+    return model(pixel_values=pixel_values).last_hidden_state
+
+
+def _call_unet(model, sample, timestep, encoder_hidden_states):
+    return model(sample, timestep, encoder_hidden_states, return_dict=False)[0]
+
+
+def _call_decode(model, latents):
+    return model.decode(latents, return_dict=False)[0]
+
+
+def _vit(tiny: bool, impl: str = "auto"):
+    """Hugging Face `ViTModel(ViTConfig())`: ViT-base, 224 x 224 images in 16 x 16 patches (197
+    tokens), 12 layers, 768 wide, 12 heads; no pooler; the last hidden state. Tiny: 32 x 32 images
+    in 8 x 8 patches, 2 layers, 32 wide, 4 heads."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    values = {}
+    if tiny:
+        values = {
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 64,
+            "image_size": 32,
+            "patch_size": 8,
+        }
+    model = transformers.ViTModel(transformers.ViTConfig(**values), add_pooling_layer=False)
+    what = "Hugging Face ViTModel(ViTConfig(" + ("tiny))" if tiny else ")), ViT-base/16 at 224")
+    return _one_tensor(model.eval(), _call_hidden, "pixel_values"), what
+
+
+def _image_size(name: str, tiny: bool) -> int:
+    return 32 if tiny else 224
+
+
+def _images(name: str):
+    def inputs(batch: int, tiny: bool, dtype, seed: int):
+        import torch
+
+        size = _image_size(name, tiny)
+        g = torch.Generator().manual_seed(seed)
+        return (torch.randn(batch, 3, size, size, generator=g).to(dtype),)
+
+    return inputs
+
+
+def _image_shape(name: str):
+    def shape(batch: int, tiny: bool) -> str:
+        size = _image_size(name, tiny)
+        return f"{batch} x 3 x {size} x {size}"
+
+    return shape
+
+
+# The UNet: diffusers' UNet2DConditionModel at a small config, two resolutions with
+# cross-attention on the first and in the middle (the arrangement of diffusers' own tests and of
+# Stable Diffusion's, fewer and narrower blocks): latents 4 x 32 x 32, 77 text tokens of 64.
+_UNET = {
+    "full": {
+        "block_out_channels": (64, 128),
+        "cross_attention_dim": 64,
+        "attention_head_dim": 8,  # diffusers reads it as the number of heads
+        "norm_num_groups": 32,
+        "sample_size": 32,
+        "tokens": 77,
+    },
+    "tiny": {
+        "block_out_channels": (16, 32),
+        "cross_attention_dim": 16,
+        "attention_head_dim": 4,
+        "norm_num_groups": 8,
+        "sample_size": 8,
+        "tokens": 5,
+    },
+}
+
+
+def _unet(tiny: bool, impl: str = "auto"):
+    import diffusers
+    import torch
+
+    c = _UNET["tiny" if tiny else "full"]
+    torch.manual_seed(0)
+    model = diffusers.UNet2DConditionModel(
+        sample_size=c["sample_size"],
+        in_channels=4,
+        out_channels=4,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        block_out_channels=c["block_out_channels"],
+        layers_per_block=1,
+        cross_attention_dim=c["cross_attention_dim"],
+        attention_head_dim=c["attention_head_dim"],
+        norm_num_groups=c["norm_num_groups"],
+    )
+    what = (
+        f"diffusers {diffusers.__version__} UNet2DConditionModel(block_out_channels="
+        f"{c['block_out_channels']}, layers_per_block=1, cross_attention_dim="
+        f"{c['cross_attention_dim']}, {c['attention_head_dim']} heads)"
+    )
+    return _one_tensor(model.eval(), _call_unet, "unet"), what
+
+
+def _unet_inputs(batch: int, tiny: bool, dtype, seed: int):
+    """Latents and text states N(0, 1), timesteps drawn from 0..999 (int64: diffusers computes
+    their sinusoidal embedding in float32 whatever the model's dtype)."""
+    import torch
+
+    c = _UNET["tiny" if tiny else "full"]
+    g = torch.Generator().manual_seed(seed)
+    size = c["sample_size"]
+    sample = torch.randn(batch, 4, size, size, generator=g).to(dtype)
+    timestep = torch.randint(0, 1000, (batch,), generator=g)
+    text = torch.randn(batch, c["tokens"], c["cross_attention_dim"], generator=g).to(dtype)
+    return sample, timestep, text
+
+
+def _unet_shape(batch: int, tiny: bool) -> str:
+    c = _UNET["tiny" if tiny else "full"]
+    size = c["sample_size"]
+    return f"{batch} x 4 x {size} x {size}, {c['tokens']} tokens"
+
+
+# The VAE decoder: diffusers' AutoencoderKL at a small config, its `decode` (post-quant 1x1
+# convolution, then the decoder: mid block with self-attention, up blocks of res-nets and
+# nearest upsampling, GroupNorm, SiLU): latents 4 x 32 x 32 to images 3 x 128 x 128.
+_VAE = {
+    "full": {"block_out_channels": (64, 128, 256), "norm_num_groups": 32, "latent": 32},
+    "tiny": {"block_out_channels": (8, 16), "norm_num_groups": 4, "latent": 8},
+}
+
+
+def _vae(tiny: bool, impl: str = "auto"):
+    import diffusers
+    import torch
+
+    c = _VAE["tiny" if tiny else "full"]
+    blocks = len(c["block_out_channels"])
+    torch.manual_seed(0)
+    model = diffusers.AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * blocks,
+        up_block_types=("UpDecoderBlock2D",) * blocks,
+        block_out_channels=c["block_out_channels"],
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=c["norm_num_groups"],
+        sample_size=c["latent"] * 2 ** (blocks - 1),
+    )
+    what = (
+        f"diffusers {diffusers.__version__} AutoencoderKL(block_out_channels="
+        f"{c['block_out_channels']}, layers_per_block=1).decode"
+    )
+    return _one_tensor(model.eval(), _call_decode, "latents"), what
+
+
+def _vae_inputs(batch: int, tiny: bool, dtype, seed: int):
+    import torch
+
+    size = _VAE["tiny" if tiny else "full"]["latent"]
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, 4, size, size, generator=g).to(dtype),)
+
+
+def _vae_shape(batch: int, tiny: bool) -> str:
+    size = _VAE["tiny" if tiny else "full"]["latent"]
+    return f"{batch} x 4 x {size} x {size}"
+
+
+VISION = {
+    s.name: s
+    for s in (
+        VisionSpec(
+            "resnet50",
+            "ResNet-50 (torchvision resnet50(weights=None), else Hugging Face ResNetConfig()), "
+            "224 x 224 images, logits of 1000",
+            _resnet50,
+            _images("resnet50"),
+            _image_shape("resnet50"),
+        ),
+        VisionSpec(
+            "vit",
+            "ViT-base/16 (Hugging Face ViTModel(ViTConfig())), 224 x 224 images, last hidden state",
+            _vit,
+            _images("vit"),
+            _image_shape("vit"),
+        ),
+        VisionSpec(
+            "unet",
+            "diffusers UNet2DConditionModel, small (block_out_channels (64, 128), one layer per "
+            "block, cross-attention to 77 x 64 text states), latents 4 x 32 x 32",
+            _unet,
+            _unet_inputs,
+            _unet_shape,
+            batches=(2, 8),
+            # the timestep embedding is float32 in diffusers (sin and cos of float32
+            # arguments), so a float64 model carries float32 rounding: numpy's and PyTorch's
+            # float32 sin/cos differ in the last bit
+            f64_tolerance=1e-6,
+        ),
+        VisionSpec(
+            "vae",
+            "diffusers AutoencoderKL decode, small (block_out_channels (64, 128, 256), one layer "
+            "per block), latents 4 x 32 x 32 to images 3 x 128 x 128",
+            _vae,
+            _vae_inputs,
+            _vae_shape,
+        ),
+    )
+}
+MODELS = (*SPECS, *VISION)  # every name --only takes, in report order
+
+
+@dataclass
+class Built:
+    """A model ready to export: `module` (eval mode, on the CPU, in its dtype) returns one tensor;
+    `inputs(seed)` are its forward's tensors on the CPU."""
+
+    module: object
+    inputs: Callable
+    shape: str
+    params: int
+    title: str
+
+
+def make(
+    name: str,
+    dtype,
+    batch: int,
+    *,
+    tiny: bool,
+    seq: int = 512,
+    resnet: str = "auto",
+    llama_hidden: int | None = None,
+) -> Built:
+    """Model `name` (a text model of SPECS or a vision model of VISION) built in `dtype`."""
+    if name in SPECS:
+        spec = SPECS[name]
+        extra = overrides(name, tiny, llama_hidden)
+        model = build(spec, tiny, extra, dtype)
+        vocab = model.config.vocab_size
+        return Built(
+            wrap(model, spec.output),
+            lambda seed: (token_ids(vocab, batch, seq, seed),),
+            f"{batch} x {seq}",
+            sum(p.numel() for p in model.parameters()),
+            spec.title if not tiny else f"{name} (tiny config)",
+        )
+    spec = VISION[name]
+    module, what = spec.build(tiny, resnet)
+    module = module.to(dtype).eval()
+    return Built(
+        module,
+        lambda seed: spec.inputs(batch, tiny, dtype, seed),
+        spec.shape(batch, tiny),
+        sum(p.numel() for p in module.parameters()),
+        what,
+    )
+
+
 # -- the dry run (no GPU) ---------------------------------------------------------------------------
+
+
+DRY_DTYPES = {"f32": "float32", "f64": "float64"}
+
+
+def dry_tolerance(name: str, dtype_name: str) -> float:
+    """The dry run's check: numpy against PyTorch on the CPU, relative to max |PyTorch|."""
+    if dtype_name == "f32":
+        return DRY_TOLERANCE
+    return VISION[name].f64_tolerance if name in VISION else 1e-10
+
+
+def dry_dtype(name: str, given: str | None) -> str:
+    """The dry run's dtype: `given`, else f32 for a text model (as the GPU's f32 row) and f64 for
+    a vision model (its float64 check against PyTorch's)."""
+    return given or ("f64" if name in VISION else "f32")
+
+
+@dataclass
+class DryCase:
+    """A model exported and imported on the CPU, and what to check it with: `arguments` are the
+    imported function's (parameters, then fresh inputs, seed 2, not the export's), `want` is
+    PyTorch's output on them."""
+
+    built: Built
+    imported: object
+    arguments: list
+    want: np.ndarray
+    export_s: float
+    import_s: float
+
+
+def dry_case(
+    name: str,
+    dtype_name: str,
+    batch: int,
+    *,
+    tiny: bool,
+    seq: int = 16,
+    resnet: str = "auto",
+    llama_hidden: int | None = None,
+) -> DryCase:
+    import torch
+
+    dtype = getattr(torch, DRY_DTYPES[dtype_name])
+    built = make(name, dtype, batch, tiny=tiny, seq=seq, resnet=resnet, llama_hidden=llama_hidden)
+    ep, imported, export_s, import_s = export_and_import(built.module, built.inputs(1))
+    fresh = built.inputs(2)
+    with torch.no_grad():
+        want = built.module(*fresh).numpy()
+    arguments = [t.detach().numpy() for t in parameter_tensors(ep)] + [t.numpy() for t in fresh]
+    return DryCase(built, imported, arguments, want, export_s, import_s)
 
 
 @dataclass
 class DryRow:
     model: str
+    dtype: str = "-"
+    shape: str = "-"
     params: str = "-"
     imported: str = "-"
     interpreter: str = "-"
@@ -275,46 +717,57 @@ class DryRow:
     failed: bool = False
 
 
-def dry_run_one(name: str, args) -> DryRow:
-    import torch
-
+def dry_run_one(name: str, batch: int, args) -> DryRow:
     import tgc
     from tgc.pass_manager import PassManager
     from tgc.planner.executor import run_plan
     from tgc.planner.select import select_kernels
 
-    spec = SPECS[name]
-    row = DryRow(name)
-    batch, seq = args.batch or 2, args.seq or 16
+    dtype_name = dry_dtype(name, args.dry_dtype)
+    row = DryRow(name, dtype_name)
+    tolerance = dry_tolerance(name, dtype_name)
     try:
-        model = build(spec, args.tiny, overrides(name, args), torch.float32)
-        row.params = f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M"
-        module = wrap(model, spec.output)
-        ids = token_ids(model.config.vocab_size, batch, seq, seed=1)
-        ep, imported, export_s, import_s = export_and_import(module, ids)
+        case = dry_case(
+            name,
+            dtype_name,
+            batch,
+            tiny=args.tiny,
+            seq=args.seq or 16,
+            resnet=args.resnet,
+            llama_hidden=args.llama_hidden,
+        )
+        row.shape = case.built.shape
+        row.params = f"{case.built.params / 1e6:.2f} M"
         row.imported = (
-            f"ok ({count_ops(imported)} ops; export {export_s:.1f} s, import {import_s:.1f} s)"
+            f"ok ({count_ops(case.imported)} ops; export {case.export_s:.1f} s, "
+            f"import {case.import_s:.1f} s)"
         )
     except Exception as e:  # noqa: BLE001  (a model that fails gets its row, the others run)
         row.imported, row.note, row.failed = "failed", one_line(e), True
         return row
-    fresh = token_ids(model.config.vocab_size, batch, seq, seed=2)
-    with torch.no_grad():
-        want = module(fresh).numpy()
-    inputs = [t.detach().numpy() for t in parameter_tensors(ep)] + [fresh.numpy()]
-    row.interpreter = _checked(lambda: tgc.run(imported, inputs)[0], want, row, "interpreter")
+    imported, inputs, want = case.imported, case.arguments, case.want
+    row.interpreter = _checked(
+        lambda: tgc.run(imported, inputs)[0], want, row, "interpreter", tolerance
+    )
     try:
+        t0 = time.perf_counter()
         PassManager.from_text("lower-for-planning").run(imported)
         select_kernels(imported.funcs[0], tolerance=1e-5, backends=("numpy",))
+        plan_s = time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001
         row.planned, row.failed = "failed", True
         row.note += f" numpy plan: {one_line(e)};"
         return row
-    row.planned = _checked(lambda: run_plan(imported.funcs[0], inputs)[0], want, row, "numpy plan")
+    row.planned = _checked(
+        lambda: run_plan(imported.funcs[0], inputs)[0], want, row, "numpy plan", tolerance
+    )
+    row.planned += f"; planned in {plan_s:.1f} s"
     return row
 
 
-def _checked(run: Callable[[], np.ndarray], want: np.ndarray, row: DryRow, what: str) -> str:
+def _checked(
+    run: Callable[[], np.ndarray], want: np.ndarray, row: DryRow, what: str, tolerance: float
+) -> str:
     t0 = time.perf_counter()
     try:
         got = run()
@@ -323,21 +776,21 @@ def _checked(run: Callable[[], np.ndarray], want: np.ndarray, row: DryRow, what:
         row.note += f" {what}: {one_line(e)};"
         return "failed"
     err = rel_error(got, want)
-    verdict = "ok" if err <= DRY_TOLERANCE else "WRONG"
+    verdict = "ok" if err <= tolerance else "WRONG"
     row.failed |= verdict != "ok"
     return f"{verdict}, error {err:.1e} ({time.perf_counter() - t0:.1f} s)"
 
 
 def dry_table(rows: list[DryRow]) -> list[str]:
     lines = [
-        "| model | parameters | export + import | numpy interpreter vs PyTorch CPU | "
-        "numpy plan (lower-for-planning, select-kernels) vs PyTorch CPU | note |",
-        "|---|---|---|---|---|---|",
+        "| model | dtype | input | parameters | export + import | numpy interpreter vs PyTorch "
+        "CPU | numpy plan (lower-for-planning, select-kernels) vs PyTorch CPU | note |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r.model} | {r.params} | {r.imported} | {r.interpreter} | {r.planned} | "
-            f"{r.note.strip()} |"
+            f"| {r.model} | {r.dtype} | {r.shape} | {r.params} | {r.imported} | "
+            f"{r.interpreter} | {r.planned} | {r.note.strip()} |"
         )
     return lines
 
@@ -359,6 +812,8 @@ class Row:
     dtype: str
     shape: str = ""
     params: str = ""
+    batch: int = 0
+    title: str = ""  # what was built (the ResNet's implementation, the configs)
     tgc_first_s: float | None = None  # import + compile_module + first call
     tgc_import_s: float | None = None
     tgc_compile_s: float | None = None  # compile_module's first use (lower, measure, plan, check)
@@ -391,20 +846,26 @@ def as_host(value) -> np.ndarray:
     return torch.as_tensor(value, device="cuda").float().cpu().numpy().astype(np.float64)
 
 
-def gpu_one(name: str, dtype_name: str, args, db: str) -> Row:
+def gpu_one(name: str, dtype_name: str, batch: int, args, db: str) -> Row:
     import torch
 
-    spec = SPECS[name]
     dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[dtype_name]
-    batch, seq = args.batch or 4, args.seq or 512
-    row = Row(name, dtype_name, shape=f"{batch} x {seq}")
+    row = Row(name, dtype_name, batch=batch)
     try:
-        model = build(spec, args.tiny, overrides(name, args), dtype)
-        row.params = f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f} M"
-        module = wrap(model, spec.output)
-        ids = token_ids(model.config.vocab_size, batch, seq, seed=1)
+        built = make(
+            name,
+            dtype,
+            batch,
+            tiny=args.tiny,
+            seq=args.seq or 512,
+            resnet=args.resnet,
+            llama_hidden=args.llama_hidden,
+        )
+        row.shape, row.title = built.shape, built.title
+        row.params = f"{built.params / 1e6:.1f} M"
+        module = built.module
         t0 = time.perf_counter()
-        ep, imported, _, import_s = export_and_import(module, ids)
+        ep, imported, _, import_s = export_and_import(module, built.inputs(1))
         row.tgc_import_s = import_s
         export_s = time.perf_counter() - t0 - import_s
         params = [t.detach().to("cuda").contiguous() for t in parameter_tensors(ep)]
@@ -412,24 +873,26 @@ def gpu_one(name: str, dtype_name: str, args, db: str) -> Row:
         row.note = f"export/import failed: {one_line(e)}"
         return row
     module = module.to("cuda")
-    ids_cuda = token_ids(model.config.vocab_size, batch, seq, seed=2).to("cuda")
+    inputs = tuple(t.to("cuda") for t in built.inputs(2))
     stream = torch.cuda.current_stream()
 
     def eager():
         with torch.no_grad():
-            return module(ids_cuda)
+            return module(*inputs)
 
     want = as_host(eager())
     torch.cuda.synchronize()
     profiles = [] if args.profile else None
     for mode in args.modes:
-        row.modes[mode] = asdict(torch_mode(module, ids_cuda, mode, want, stream, profiles))
+        row.modes[mode] = asdict(torch_mode(module, inputs, mode, want, stream, profiles))
         torch._dynamo.reset()
         gc.collect()
         torch.cuda.empty_cache()
-    run_tgc(row, imported, params, ids_cuda, want, stream, args, db, dtype_name, profiles)
+    run_tgc(row, imported, params, inputs, want, stream, args, db, dtype_name, profiles)
     if profiles:
-        out = Path(args.out or ROOT / "bench" / "results") / f"profile-{name}-{dtype_name}.txt"
+        out = Path(args.out or ROOT / "bench" / "results") / (
+            f"profile-{name}-{dtype_name}-b{batch}.txt"
+        )
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("\n".join(profiles))
     row.note = (row.note + f" (torch.export {export_s:.1f} s, not in tgc's first run)").strip()
@@ -437,7 +900,7 @@ def gpu_one(name: str, dtype_name: str, args, db: str) -> Row:
 
 
 def run_tgc(
-    row: Row, imported, params, ids, want, stream, args, db: str, dtype_name: str, profiles=None
+    row: Row, imported, params, inputs, want, stream, args, db: str, dtype_name: str, profiles=None
 ):
     """tgc's first run, second plan and steady state into `row` (errors noted, not raised)."""
     import torch
@@ -447,7 +910,7 @@ def run_tgc(
     from tgc.printer import print_module
 
     options = RouteOptions(db=db, measure_budget=args.measure_budget)
-    values = [*params, ids]
+    values = [*params, *inputs]
     # the second compile's module: compile_module lowers its module in place, and importing
     # `ep` again fails once the model's parameters have moved to the GPU
     text = print_module(imported)
@@ -528,7 +991,7 @@ def kernel_table(call, title: str, rows: int = 25) -> str:
     return f"## {title} (3 calls)\n\n{table}\n"
 
 
-def torch_mode(module, ids, mode: str, want: np.ndarray, stream, profiles=None) -> ModeResult:
+def torch_mode(module, inputs, mode: str, want: np.ndarray, stream, profiles=None) -> ModeResult:
     import torch
 
     result = ModeResult()
@@ -541,7 +1004,7 @@ def torch_mode(module, ids, mode: str, want: np.ndarray, stream, profiles=None) 
 
         def call():
             with torch.no_grad():
-                return fn(ids)
+                return fn(*inputs)
 
         t0 = time.perf_counter()
         got = as_host(call())  # copies out before a CUDA graph replay can overwrite it
@@ -596,7 +1059,7 @@ def gpu_table(rows: list[dict], modes: list[str]) -> list[str]:
     head = [
         "model",
         "dtype",
-        "tokens",
+        "input",
         "tgc first run",
         "tgc 2nd plan",
         "tgc",
@@ -650,15 +1113,18 @@ def _fastest(r: dict) -> bool:
 
 def gpu_report(rows: list[dict], device: str, commit: str, args) -> list[str]:
     today = datetime.date.today().isoformat()
-    names = sorted({r["model"] for r in rows}, key=list(SPECS).index)
+    titles = {}
+    for r in rows:  # what was built, in report order (a row of an older run may have no title)
+        titles.setdefault(r["model"], r.get("title") or _registry_title(r["model"]))
     lines = [
         f"# Real models through tgc's GPU route: {device}, {today}",
         "",
         f"- device: {device}; date: {today}; commit: {commit}",
         f"- versions: {versions()}",
-        "- models (transformers, from their configs with random weights, seed 0; exported with "
-        "torch.export on the CPU, imported with tgc's torch importer, parameters as arguments):",
-        *[f"  - {n}: {SPECS[n].title}" for n in names],
+        "- models (transformers, torchvision or diffusers, from their configs with random "
+        "weights, seed 0, batch norm statistics drawn; exported with torch.export on the CPU, "
+        "imported with tgc's torch importer, parameters as arguments):",
+        *[f"  - {n}: {t}" for n, t in titles.items()],
         "- tgc: `compile_module` (planner/route.py) with a fresh measurement database "
         f"(measure budget {args.measure_budget:g} s); *first run* = import + compile_module "
         "(lower, measure, plan, whole-plan check) + first call; *2nd plan* = compile_module again "
@@ -677,21 +1143,42 @@ def gpu_report(rows: list[dict], device: str, commit: str, args) -> list[str]:
         if r["tgc_candidates"]:
             times = ", ".join(f"{k} {v:.3f} ms" for k, v in r["tgc_candidates"].items())
             lines.append(
-                f"- {r['model']} {r['dtype']}: whole plans {times}; ran '{r['tgc_chosen']}'; "
-                f"CUDA graphs: {r.get('tgc_graphs') or '-'}"
+                f"- {r['model']} {r['dtype']} {r['shape']}: whole plans {times}; ran "
+                f"'{r['tgc_chosen']}'; CUDA graphs: {r.get('tgc_graphs') or '-'}"
             )
         errors = {m: v["error"] for m, v in r["modes"].items() if v["error"] is not None}
         if any(m != "eager" for m in errors):
             text = ", ".join(f"{m} {e:.1e}" for m, e in errors.items() if m != "eager")
-            lines.append(f"- {r['model']} {r['dtype']}: PyTorch modes against eager: {text}")
+            lines.append(
+                f"- {r['model']} {r['dtype']} {r['shape']}: PyTorch modes against eager: {text}"
+            )
     return lines + [""]
 
 
-def overrides(name: str, args) -> dict:
-    if name == "llama" and args.llama_hidden and not args.tiny:
-        hidden = args.llama_hidden
-        return {"hidden_size": hidden, "intermediate_size": int(hidden * 11008 / 4096)}
+def _registry_title(name: str) -> str:
+    spec = SPECS.get(name) or VISION.get(name)
+    return spec.title if spec is not None else name
+
+
+def _order(r: dict) -> tuple:
+    model = list(MODELS).index(r["model"]) if r["model"] in MODELS else len(MODELS)
+    return model, r["dtype"], r.get("batch", 0), r["shape"]
+
+
+def overrides(name: str, tiny: bool, llama_hidden: int | None) -> dict:
+    if name == "llama" and llama_hidden and not tiny:
+        return {"hidden_size": llama_hidden, "intermediate_size": int(llama_hidden * 11008 / 4096)}
     return {}
+
+
+def batches(name: str, given: str | None, dry: bool) -> list[int]:
+    """`--batch` (comma-separated), else a text model's 4 (dry run 2) and a vision model's own
+    (dry run 1 and 2)."""
+    if given:
+        return [int(b) for b in given.split(",") if b]
+    if name in VISION:
+        return [1, 2] if dry else list(VISION[name].batches)
+    return [2] if dry else [4]
 
 
 def results_path(out: Path, device: str) -> Path:
@@ -703,17 +1190,41 @@ def results_path(out: Path, device: str) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--only", default="", help=f"comma-separated models (default all: {','.join(SPECS)})"
+        "--only", default="", help=f"comma-separated models (default all: {','.join(MODELS)})"
+    )
+    ap.add_argument(
+        "--vision", action="store_true", help=f"the vision models: --only {','.join(VISION)}"
     )
     ap.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated: bf16,f32")
     ap.add_argument("--modes", default=",".join(MODES), help="PyTorch modes to run beside tgc")
-    ap.add_argument("--batch", type=int, default=None, help="sequences (default 4; dry run 2)")
+    ap.add_argument(
+        "--batch",
+        default=None,
+        help="comma-separated batch sizes, a row each (default: text 4, dry run 2; vision each "
+        "model's, 1,8 (unet 2,8), dry run 1,2)",
+    )
     ap.add_argument("--seq", type=int, default=None, help="tokens each (default 512; dry run 16)")
-    ap.add_argument("--tiny", action="store_true", help="small configs (2 layers, hidden 64)")
+    ap.add_argument(
+        "--tiny",
+        action="store_true",
+        help="small configs (text: 2 layers, hidden 64; vision: 32 x 32 images, few channels)",
+    )
     ap.add_argument("--llama-hidden", type=int, default=None, help="Llama's hidden size (2048)")
+    ap.add_argument(
+        "--resnet",
+        default="auto",
+        choices=("auto", "torchvision", "hf"),
+        help="ResNet-50 from torchvision (auto: where it imports) or Hugging Face transformers",
+    )
     ap.add_argument("--measure-budget", type=float, default=30.0, help="tgc's, seconds")
     ap.add_argument("--db", default=None, help="measurement database (default: a fresh one)")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: import and numpy checks")
+    ap.add_argument(
+        "--dry-dtype",
+        default=None,
+        choices=tuple(DRY_DTYPES),
+        help="the dry run's dtype (default: f32 for text models, f64 for vision models)",
+    )
     ap.add_argument("--commit", default=None, help="commit to report (default: git's HEAD)")
     ap.add_argument(
         "--out", default=None, help="report folder (default bench/results; dry run none)"
@@ -722,17 +1233,25 @@ def main(argv: list[str] | None = None) -> int:
         "--profile", action="store_true", help="also write each run's GPU kernels by time"
     )
     args = ap.parse_args(argv)
-    names = [n for n in args.only.split(",") if n] or list(SPECS)
+    names = [n for n in args.only.split(",") if n]
+    if args.vision:
+        names += [n for n in VISION if n not in names]
+    names = names or list(MODELS)
     args.dtypes = [d for d in args.dtypes.split(",") if d]
     args.modes = [m for m in args.modes.split(",") if m]
     for given, known, what in (
-        (names, SPECS, "model"),
+        (names, MODELS, "model"),
         (args.dtypes, DTYPES, "dtype"),
         (args.modes, MODES, "mode"),
     ):
         unknown = sorted(set(given) - set(known))
         if unknown:
             ap.error(f"unknown {what}(s) {unknown}; known: {list(known)}")
+    try:
+        for name in names:
+            batches(name, args.batch, args.dry_run)
+    except ValueError:
+        ap.error(f"--batch takes comma-separated integers, not {args.batch!r}")
     import tgc
 
     tgc.load_all()
@@ -744,15 +1263,21 @@ def main(argv: list[str] | None = None) -> int:
 def dry_run(names: list[str], args) -> int:
     rows = []
     for name in names:
-        t0 = time.time()
-        rows.append(dry_run_one(name, args))
-        print(f"{name}: {time.time() - t0:.1f} s {rows[-1]}", flush=True)
+        for batch in batches(name, args.batch, dry=True):
+            t0 = time.time()
+            rows.append(dry_run_one(name, batch, args))
+            print(f"{name} batch {batch}: {time.time() - t0:.1f} s {rows[-1]}", flush=True)
+    f64 = ", ".join(
+        f"{n} {dry_tolerance(n, 'f64'):g}" for n in names if dry_dtype(n, args.dry_dtype) == "f64"
+    )
     lines = [
         f"# Real models, dry run (no GPU): {datetime.date.today().isoformat()}",
         "",
         f"- commit: {commit_of(args.commit)}; versions: {versions()}",
-        f"- {'tiny configs' if args.tiny else 'full configs'}, f32, batch {args.batch or 2} x "
-        f"{args.seq or 16} tokens; checks relative to max |PyTorch|, at most {DRY_TOLERANCE:g}",
+        f"- {'tiny configs' if args.tiny else 'full configs'}; text models {args.seq or 16} "
+        "tokens a sequence; exported at inputs of seed 1, checked on fresh ones (seed 2)",
+        f"- checks: max |numpy - PyTorch| relative to max |PyTorch|, at most {DRY_TOLERANCE:g} "
+        "in f32" + (f"; in f64 {f64}" if f64 else ""),
         "",
         *dry_table(rows),
         "",
@@ -778,19 +1303,20 @@ def gpu_run(names: list[str], args) -> int:
         db = args.db or str(Path(tmp) / "measurements.sqlite")
         for name in names:
             for dtype_name in args.dtypes:
-                t0 = time.time()
-                row = gpu_one(name, dtype_name, args, db)
-                print(f"{name} {dtype_name}: {time.time() - t0:.0f} s {row}", flush=True)
-                rows[f"{name}/{dtype_name}"] = asdict(row)
-                base.parent.mkdir(parents=True, exist_ok=True)
-                store.write_text(json.dumps(rows, indent=1) + "\n")
-                ordered = sorted(
-                    rows.values(), key=lambda r: (list(SPECS).index(r["model"]), r["dtype"])
-                )
-                lines = gpu_report(ordered, device, commit, args)
-                base.with_suffix(".md").write_text("\n".join(lines))
-                gc.collect()
-                torch.cuda.empty_cache()
+                for batch in batches(name, args.batch, dry=False):
+                    t0 = time.time()
+                    row = gpu_one(name, dtype_name, batch, args, db)
+                    print(
+                        f"{name} {dtype_name} batch {batch}: {time.time() - t0:.0f} s {row}",
+                        flush=True,
+                    )
+                    rows[f"{name}/{dtype_name}/{row.shape or batch}"] = asdict(row)
+                    base.parent.mkdir(parents=True, exist_ok=True)
+                    store.write_text(json.dumps(rows, indent=1) + "\n")
+                    lines = gpu_report(sorted(rows.values(), key=_order), device, commit, args)
+                    base.with_suffix(".md").write_text("\n".join(lines))
+                    gc.collect()
+                    torch.cuda.empty_cache()
     print("\n".join(lines))
     print(f"wrote {base.with_suffix('.md')}")
     failed = [r for r in rows.values() if r["tgc_ms"] is None]
