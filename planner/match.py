@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -301,11 +302,22 @@ class _Matcher:
             return
         if p_op.block is not self.block and p_op.name != "atomic.constant":
             return
-        self.ops[r_op] = p_op
+        with self._binding(r_op, p_op):
+            yield from self._operands(r_op, p_op)
+
+    @contextmanager
+    def _binding(self, r_op: Operation | None, p_op: Operation):
+        """Reference op `r_op` bound to program op `p_op` while the body runs (None: `p_op`
+        only taken, as a copy of a constant bound already)."""
+        if r_op is not None:
+            self.ops[r_op] = p_op
         self.used.add(p_op)
-        yield from self._operands(r_op, p_op)
-        del self.ops[r_op]
-        self.used.discard(p_op)
+        try:
+            yield
+        finally:
+            if r_op is not None:
+                del self.ops[r_op]
+            self.used.discard(p_op)
 
     def _shaped(self, r_op: Operation, p_op: Operation, reciprocal: bool) -> Iterator[None]:
         """Bind reference constant `r_op` to program constant `p_op` of another value, to be
@@ -322,11 +334,8 @@ class _Matcher:
         if p_op in self.used:
             return
         self.shaped.append((r_op, p_op, reciprocal))
-        self.ops[r_op] = p_op
-        self.used.add(p_op)
-        yield
-        del self.ops[r_op]
-        self.used.discard(p_op)
+        with self._binding(r_op, p_op):
+            yield
         self.shaped.pop()
 
     def _copy_of_constant(self, bound: Operation, p_op: Operation) -> Iterator[None]:
@@ -338,10 +347,9 @@ class _Matcher:
         if p_op in self.used or not _same_constant(bound.attr("value"), p_op.attr("value")):
             return
         self.copies.append(p_op)
-        self.used.add(p_op)
-        yield
+        with self._binding(None, p_op):
+            yield
         self.copies.pop()
-        self.used.discard(p_op)
 
     def _scaling(self, r_op: Operation, p_op: Operation) -> Iterator[None]:
         """`x * c` against `x / d` (or the other way round): canonicalize writes a division by
@@ -349,12 +357,9 @@ class _Matcher:
         wide is `* 0.125` where a 768-wide program has `/ 768`."""
         r_x, r_c = _scaled_operands(r_op)
         p_x, p_c = _scaled_operands(p_op)
-        self.ops[r_op] = p_op
-        self.used.add(p_op)
-        for _ in self.value(r_x, p_x):
-            yield from self._shaped(r_c.defining_op, p_c.defining_op, reciprocal=True)
-        del self.ops[r_op]
-        self.used.discard(p_op)
+        with self._binding(r_op, p_op):
+            for _ in self.value(r_x, p_x):
+                yield from self._shaped(r_c.defining_op, p_c.defining_op, reciprocal=True)
 
     def _argument(self, rv: Value, pv: Value) -> Iterator[None]:
         bound = self.args.get(rv)
