@@ -2,21 +2,33 @@
 # One session's GPU validation, in stages that each fit one device call (10 minutes at most),
 # so that a session's device time is not spent on a stage cut off before it wrote anything.
 #
-#   STAGE=tests  bash bench/gpu_session.sh   # the GPU tests (about 6-8 minutes)
-#   STAGE=models bash bench/gpu_session.sh   # GPT-2 small and the Llama-style model, bf16
-#   STAGE=more   bash bench/gpu_session.sh   # BERT, the f32 rows, the torch.compile backend
+#   STAGE=tests      bash bench/gpu_session.sh  # the GPU tests (about 6-8 minutes)
+#   STAGE=models     bash bench/gpu_session.sh  # GPT-2 small and the Llama-style model, bf16
+#   STAGE=more       bash bench/gpu_session.sh  # ResNet-50, ViT-base, the UNet and the VAE
+#                                               # decoder, bf16 at batch 8 (issue 25 item 5)
+#   STAGE=vision-f32 bash bench/gpu_session.sh  # the same four in f32
+#   STAGE=vision-b1  bash bench/gpu_session.sh  # the same four, bf16, at batch 1 (the UNet 2)
+#   STAGE=bert       bash bench/gpu_session.sh  # BERT, the torch.compile backend's tests and the
+#                                               # vision builders' test (what `more` ran before)
 #
-# From the project root on the GPU machine, after `source .whl/install.sh` (docs/gpu.md); logs
-# and result files go to $OUT (default ./gpu-session-out), each written as soon as it is made.
-# A model row needs 150-270 s (eager, torch.compile's compile, tgc's first compile with its
+# From the project root on the GPU machine, after `source .whl/install.sh` (docs/gpu.md); the
+# vision stages install diffusers from .whl/vision where it does not import (docs/vision.md
+# says which wheels; without torchvision the ResNet-50 is Hugging Face's). Logs and result
+# files go to $OUT (default ./gpu-session-out), each written as soon as it is made.
+# A text model row needs 150-270 s (eager, torch.compile's compile, tgc's first compile with its
 # measurements, the second compile), so each model gets its own timeout of MODEL_TIMEOUT
-# seconds (default 280) and a stage runs at most two of them.
+# seconds (default 280) and a stage runs at most two of them. A vision row runs beside eager and
+# torch.compile's default mode only (max-autotune's compile of a CNN takes minutes) under
+# VISION_TIMEOUT seconds (default 130), four to a stage. Every row is saved after each of its
+# steps, and a row cut off by its timeout (SIGTERM; SIGKILL 15 s later) is saved with what it had
+# and the step it was in, so a cut row still reports eager and torch.compile.
 set -uo pipefail
 out=${OUT:-gpu-session-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo "${COMMIT:-unknown}")
 model_timeout=${MODEL_TIMEOUT:-280}
+vision_timeout=${VISION_TIMEOUT:-130}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
 echo "commit $commit" | tee -a "$out/device.txt"
 
@@ -29,9 +41,34 @@ pytest_gpu() {  # name, files...: pytest without xdist (the GPU is one), its tai
 }
 
 model() {  # one model row of bench/real_models.py, with its own timeout
-  timeout "$model_timeout" python3 bench/real_models.py --commit "$commit" --out "$out" "$@" \
-    >"$out/real-models-$(echo "$*" | tr ' ,' '__').txt" 2>&1
+  timeout -k 15 "$model_timeout" python3 bench/real_models.py --commit "$commit" --out "$out" \
+    "$@" >"$out/real-models-$(echo "$*" | tr ' ,' '__').txt" 2>&1
   echo "real_models $* -> exit $?"
+}
+
+vision_deps() {  # diffusers where it does not import: the wheels of .whl/vision (docs/vision.md)
+  python3 -c 'import diffusers' 2>/dev/null && return
+  if ls .whl/vision/diffusers-*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-vision \
+      .whl/vision/*.whl && export PYTHONPATH=/tmp/site-vision${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  python3 -c 'import diffusers; print("diffusers", diffusers.__version__)' ||
+    echo "no diffusers: the unet and vae rows will fail with that"
+}
+
+vision() {  # dtype, batch, models...: one vision row each, beside eager and compile's default
+  local dtype=$1 batch=$2
+  shift 2
+  vision_deps
+  for name in "$@"; do
+    local b=$batch
+    # the UNet at batch 2 at least: a guided diffusion step runs a prompt and its empty twin
+    [ "$name" = unet ] && [ "$b" = 1 ] && b=2
+    timeout -k 15 "$vision_timeout" python3 bench/real_models.py --commit "$commit" \
+      --out "$out" --only "$name" --dtypes "$dtype" --batch "$b" --modes eager,default \
+      >"$out/real-models-$name-$dtype-b$b.txt" 2>&1
+    echo "real_models $name $dtype batch $b -> exit $?"
+  done
 }
 
 case "${STAGE:-tests}" in
@@ -45,11 +82,21 @@ models)
   model --only llama --dtypes bf16
   ;;
 more)
+  vision bf16 8 resnet50 vit unet vae
+  ;;
+vision-f32)
+  vision f32 8 resnet50 vit unet vae
+  ;;
+vision-b1)
+  vision bf16 1 resnet50 vit unet vae
+  ;;
+bert)
   model --only bert --dtypes bf16
-  pytest_gpu dynamo test/test_dynamo_backend.py test/test_hl_vision.py
+  pytest_gpu dynamo test/test_dynamo_backend.py test/test_hl_vision.py \
+    test/test_bench_real_models.py
   ;;
 *)
-  echo "STAGE must be tests, models or more" >&2
+  echo "STAGE must be tests, models, more, vision-f32, vision-b1 or bert" >&2
   exit 2
   ;;
 esac

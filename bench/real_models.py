@@ -1,16 +1,32 @@
-"""Real Hugging Face models through tgc's GPU route, beside PyTorch (issue 22, item 6).
+"""Real models through tgc's GPU route, beside PyTorch (issue 22, item 6; issue 25, item 5).
 
-On the GPU machine (PyTorch, transformers, PyCUDA and nvcc there), from the repository root:
+On the GPU machine (PyTorch, transformers, PyCUDA and nvcc there; torchvision and diffusers for
+the vision rows), from the repository root:
 
-    python3 bench/real_models.py [--only gpt2,llama,...] [--dtypes bf16,f32] [--batch 4] [--seq 512]
+    python3 bench/real_models.py [--only gpt2,llama,...] [--vision] [--dtypes bf16,f32]
+        [--batch 4 | --batch 1,8] [--seq 512] [--resnet auto|torchvision|hf]
         [--modes eager,default,max-autotune-no-cudagraphs,reduce-overhead] [--db PATH]
         [--measure-budget 30] [--llama-hidden 2048] [--commit HASH] [--out bench/results]
 
-Each model is built by transformers from its config with random weights (seeded; nothing is
-downloaded), cast with `.to(dtype)`, wrapped to return one tensor (the logits of a causal LM, the
-last hidden state of an encoder; `use_cache=False`) and exported with `torch.export` on the CPU,
-then imported with `tgc.importers.torch.import_exported_program` (parameters as `{tgc.param}`
-arguments). Then, on one GPU in one process:
+The models (`--only` names; default all):
+- text, by Hugging Face transformers: gpt2, llama, bert, qwen2, mistral (SPECS). Each is built
+  from its config, wrapped to return one tensor (the logits of a causal LM, the last hidden
+  state of an encoder; `use_cache=False`), fed token ids (batch 4 x 512 tokens unless given).
+- vision and diffusion (VISION; `--vision` selects them all): resnet50 (torchvision's
+  `resnet50(weights=None)` where torchvision imports, else transformers'
+  `ResNetForImageClassification(ResNetConfig())`, 1000 labels; `--resnet` picks), vit
+  (transformers' `ViTModel(ViTConfig())`, ViT-base/16, no pooler, the last hidden state), unet
+  (diffusers' `UNet2DConditionModel`, small: block_out_channels (64, 128), one layer per block,
+  cross-attention to 77 x 64 text states, latents 4 x 32 x 32, int64 timesteps) and vae
+  (diffusers' `AutoencoderKL(block_out_channels=(64, 128, 256)).decode`: latents 4 x 32 x 32 to
+  images 3 x 128 x 128). Images are 224 x 224; each model runs at batch 1 and 8 (the UNet 2
+  and 8) unless `--batch` says, a row each. Batch norm statistics are drawn (a fresh one is the
+  identity and would hide a mistake).
+
+Every model is built with random weights (seed 0; nothing is downloaded), cast with
+`.to(dtype)` and exported with `torch.export` on the CPU, then imported with
+`tgc.importers.torch.import_exported_program` (parameters as `{tgc.param}` arguments). Then, on
+one GPU in one process:
 
 - tgc: `compile_module` (planner/route.py: lower for planning, measure on first use within
   `--measure-budget` seconds, plan, check the whole plan) and a first call; its *first run* is
@@ -27,16 +43,20 @@ arguments). Then, on one GPU in one process:
 Every tgc result is checked against PyTorch eager's in the same dtype: max |tgc - eager| at most
 `TOLERANCE[dtype]` x max |eager| (bf16 2e-2, f32 1e-3); a time is kept only for a result that
 passes. The compiled modes' results are compared the same way and their errors reported.
-Rows go to bench/results/real-models-<device>-<date>.json (keyed by model and dtype, so that
-runs with `--only` / `--dtypes` add to one report) and the report, with the device, date,
-commit and versions, to the .md of the same name. A model that fails (export, import, tgc or a
-PyTorch mode) gets its one-line error in its row; the others still run.
+Rows go to bench/results/real-models-<device>-<date>.json (keyed by model, dtype and input
+shape, so that runs with `--only` / `--dtypes` / `--batch` add to one report) and the report,
+with the device, date, commit and versions, to the .md of the same name. A model that fails
+(export, import, tgc or a PyTorch mode) gets its one-line error in its row; the others still run.
 
-Without a GPU, `--dry-run` builds, exports and imports each model (`--tiny`: small configs, 2
-layers), runs the imported module through tgc's numpy interpreter (`tgc.run`) in f32 on small
-inputs (batch 2 x 16 tokens unless given) and checks it against PyTorch's CPU output (rtol
-`DRY_TOLERANCE` of max |PyTorch|); then plans it on the numpy backend (lower-for-planning,
-select-kernels) and runs that plan, checked alike. It writes no file unless `--out` is given.
+Without a GPU, `--dry-run` builds, exports and imports each model (`--tiny`: small configs, text
+models 2 layers wide 64, vision models 32 x 32 images and few channels), runs the imported
+module through tgc's numpy interpreter (`tgc.run`) on fresh inputs (not the export's) and checks
+it against PyTorch's CPU output: text models in f32 (batch 2 x 16 tokens unless given) within
+`DRY_TOLERANCE` of max |PyTorch|, vision models in float64 (batch 1 and 2 unless given) within
+their `f64_tolerance` (1e-10; the UNet 1e-6: diffusers computes the timestep embedding in
+float32); `--dry-dtype` sets the dtype for all. Then it plans the module on the numpy backend
+(lower-for-planning, select-kernels) and runs that plan, checked alike. It writes no file unless
+`--out` is given. test/test_bench_real_models.py runs the tiny vision builders the same way.
 """
 
 from __future__ import annotations
@@ -814,6 +834,7 @@ class Row:
     params: str = ""
     batch: int = 0
     title: str = ""  # what was built (the ResNet's implementation, the configs)
+    running: str = ""  # the step under way when the row was last saved ("" once it is done)
     tgc_first_s: float | None = None  # import + compile_module + first call
     tgc_import_s: float | None = None
     tgc_compile_s: float | None = None  # compile_module's first use (lower, measure, plan, check)
@@ -846,11 +867,19 @@ def as_host(value) -> np.ndarray:
     return torch.as_tensor(value, device="cuda").float().cpu().numpy().astype(np.float64)
 
 
-def gpu_one(name: str, dtype_name: str, batch: int, args, db: str) -> Row:
+class CutOff(BaseException):
+    """SIGTERM (the caller's `timeout`) arrived: the row so far is saved, the run ends. Not an
+    Exception, so that no model's `except Exception` takes it for the model's failure."""
+
+
+def gpu_one(row: Row, args, db: str, save: Callable[[], None] = lambda: None) -> Row:
+    """Row `row` (its model, dtype and batch given) measured; `save()` is called after each step
+    with `row.running` naming the next, so that a run cut off by a timeout leaves what it had."""
     import torch
 
+    name, dtype_name, batch = row.model, row.dtype, row.batch
     dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[dtype_name]
-    row = Row(name, dtype_name, batch=batch)
+    row.running = "build, export, import"
     try:
         built = make(
             name,
@@ -870,8 +899,10 @@ def gpu_one(name: str, dtype_name: str, batch: int, args, db: str) -> Row:
         export_s = time.perf_counter() - t0 - import_s
         params = [t.detach().to("cuda").contiguous() for t in parameter_tensors(ep)]
     except Exception as e:  # noqa: BLE001
-        row.note = f"export/import failed: {one_line(e)}"
+        row.note, row.running = f"export/import failed: {one_line(e)}", ""
         return row
+    row.running = "eager"
+    save()
     module = module.to("cuda")
     inputs = tuple(t.to("cuda") for t in built.inputs(2))
     stream = torch.cuda.current_stream()
@@ -884,11 +915,15 @@ def gpu_one(name: str, dtype_name: str, batch: int, args, db: str) -> Row:
     torch.cuda.synchronize()
     profiles = [] if args.profile else None
     for mode in args.modes:
+        row.running = f"PyTorch {mode}"
         row.modes[mode] = asdict(torch_mode(module, inputs, mode, want, stream, profiles))
         torch._dynamo.reset()
         gc.collect()
         torch.cuda.empty_cache()
-    run_tgc(row, imported, params, inputs, want, stream, args, db, dtype_name, profiles)
+        save()
+    row.running = "tgc compile_module (first use) and first call"
+    run_tgc(row, imported, params, inputs, want, stream, args, db, dtype_name, profiles, save)
+    row.running = ""
     if profiles:
         out = Path(args.out or ROOT / "bench" / "results") / (
             f"profile-{name}-{dtype_name}-b{batch}.txt"
@@ -900,9 +935,20 @@ def gpu_one(name: str, dtype_name: str, batch: int, args, db: str) -> Row:
 
 
 def run_tgc(
-    row: Row, imported, params, inputs, want, stream, args, db: str, dtype_name: str, profiles=None
+    row: Row,
+    imported,
+    params,
+    inputs,
+    want,
+    stream,
+    args,
+    db: str,
+    dtype_name: str,
+    profiles=None,
+    save: Callable[[], None] = lambda: None,
 ):
-    """tgc's first run, second plan and steady state into `row` (errors noted, not raised)."""
+    """tgc's first run, second plan and steady state into `row` (errors noted, not raised;
+    `save()` after the first run and after the steady state)."""
     import torch
 
     import tgc
@@ -930,6 +976,8 @@ def run_tgc(
         row.tgc_chosen = str(report.chosen)
         row.tgc_candidates = {k: round(float(v), 4) for k, v in report.candidates.items()}
         row.tgc_error = rel_error(got, want)
+        row.running = "tgc steady state"
+        save()
         if row.tgc_error <= TOLERANCE[dtype_name]:
             row.tgc_ms = time_ms(lambda: prog(values), stream)
             row.tgc_plain_ms = time_ms(lambda: prog.planned(values), stream)
@@ -951,6 +999,8 @@ def run_tgc(
         prog = None
         gc.collect()
         torch.cuda.empty_cache()
+    row.running = "tgc second compile"
+    save()
     try:
         second = compile_module(tgc.parse(text), options=options)
         row.tgc_second_plan_s = second.report.plan_s
@@ -1090,6 +1140,8 @@ def gpu_table(rows: list[dict], modes: list[str]) -> list[str]:
         cells.append("-" if host is None else f"{host:.0f} / {plain_host:.0f} µs")
         cells.append("-" if r["tgc_error"] is None else f"{r['tgc_error']:.1e}")
         notes = [r["note"]] if r["note"] else []
+        if r.get("running") and "cut off" not in r["note"]:
+            notes.append(f"unfinished: stopped during {r['running']}")
         for m in modes:
             res = r["modes"].get(m)
             if res is None:
@@ -1292,6 +1344,8 @@ def dry_run(names: list[str], args) -> int:
 
 
 def gpu_run(names: list[str], args) -> int:
+    import signal
+
     import torch
 
     device = torch.cuda.get_device_name()
@@ -1299,22 +1353,40 @@ def gpu_run(names: list[str], args) -> int:
     store = base.with_suffix(".json")
     rows = json.loads(store.read_text()) if store.exists() else {}
     commit = commit_of(args.commit)
+    lines: list[str] = []
+
+    def save(row: Row) -> None:
+        nonlocal lines
+        rows[f"{row.model}/{row.dtype}/{row.shape or row.batch}"] = asdict(row)
+        base.parent.mkdir(parents=True, exist_ok=True)
+        store.write_text(json.dumps(rows, indent=1) + "\n")
+        lines = gpu_report(sorted(rows.values(), key=_order), device, commit, args)
+        base.with_suffix(".md").write_text("\n".join(lines))
+
+    def cut_off(signum, frame):
+        raise CutOff
+
+    signal.signal(signal.SIGTERM, cut_off)
     with tempfile.TemporaryDirectory(prefix="tgc-real-models-") as tmp:
         db = args.db or str(Path(tmp) / "measurements.sqlite")
         for name in names:
             for dtype_name in args.dtypes:
                 for batch in batches(name, args.batch, dry=False):
                     t0 = time.time()
-                    row = gpu_one(name, dtype_name, batch, args, db)
+                    row = Row(name, dtype_name, batch=batch)
+                    try:
+                        gpu_one(row, args, db, lambda: save(row))
+                    except CutOff:
+                        row.note += f" cut off by SIGTERM (its timeout) during {row.running};"
+                        save(row)
+                        print(f"{name} {dtype_name} batch {batch}: {row}", flush=True)
+                        print(f"cut off; wrote {base.with_suffix('.md')}", flush=True)
+                        return 124
                     print(
                         f"{name} {dtype_name} batch {batch}: {time.time() - t0:.0f} s {row}",
                         flush=True,
                     )
-                    rows[f"{name}/{dtype_name}/{row.shape or batch}"] = asdict(row)
-                    base.parent.mkdir(parents=True, exist_ok=True)
-                    store.write_text(json.dumps(rows, indent=1) + "\n")
-                    lines = gpu_report(sorted(rows.values(), key=_order), device, commit, args)
-                    base.with_suffix(".md").write_text("\n".join(lines))
+                    save(row)
                     gc.collect()
                     torch.cuda.empty_cache()
     print("\n".join(lines))

@@ -93,3 +93,40 @@ def test_usage_errors(argv: list[str], message: str, capsys) -> None:
         real_models.main(argv)
     assert info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@_needs("torch")
+def test_a_row_cut_off_by_its_timeout_keeps_what_it_had(tmp_path, monkeypatch) -> None:
+    """gpu_session.sh runs each row under `timeout`: its SIGTERM ends the run, but the row is
+    saved with the steps it finished and the one it was in (no GPU: the row is a stand-in)."""
+    import json
+    import os
+    import signal
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Stand-in GPU")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+
+    def gpu_one(row, args, db, save):
+        row.shape, row.running = "8 x 3 x 224 x 224", "PyTorch eager"
+        row.modes["eager"] = {"first_s": 0.1, "ms": 2.0, "error": 0.0, "note": ""}
+        row.running = "tgc compile_module (first use) and first call"
+        save()
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the row")
+
+    monkeypatch.setattr(real_models, "gpu_one", gpu_one)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        code = real_models.main(["--only", "vit", "--dtypes", "bf16", "--out", str(tmp_path)])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert code == 124
+    (store,) = tmp_path.glob("real-models-*.json")
+    (row,) = json.loads(store.read_text()).values()
+    assert row["modes"]["eager"]["ms"] == 2.0
+    assert row["running"] == "tgc compile_module (first use) and first call"
+    assert "cut off by SIGTERM (its timeout) during tgc compile_module" in row["note"]
+    report = store.with_suffix(".md").read_text()
+    assert "| vit | bf16 | 8 x 3 x 224 x 224 |" in report
