@@ -139,6 +139,10 @@ def test_index_copy_and_index_put_write_rows_as_eager():
 
 # -- generate() --------------------------------------------------------------------------------
 
+LAYERS = 2
+# tgc pieces per Dynamo graph: the graph is cut at each layer's cache writes (tgc/dynamo/split.py)
+PIECES = LAYERS + 1
+
 
 def test_generate_with_a_static_cache_matches_eager():
     model = tiny_llama()
@@ -151,25 +155,102 @@ def test_generate_with_a_static_cache_matches_eager():
     assert len(got.logits) == NEW_TOKENS
     for step, (g, e) in enumerate(zip(got.logits, exact.logits)):
         assert_close(g, e, LOGITS_TOL, f"logits of new token {step}")
-    # the prefill and the decode step, each compiled once and run in tgc
+    # the prefill and the decode step, each compiled once (as its pieces) and run in tgc
     tally = coverage()
-    assert (tally.graphs, tally.graphs_in_tgc) == (2, 2), tally
+    assert (tally.graphs, tally.graphs_in_tgc) == (2 * PIECES, 2 * PIECES), tally
     assert tally.ops_in_tgc == tally.ops
-    # the cache tgc updated holds what eager's holds
+    # the cache tgc's pieces and the in-place writes filled holds what eager's holds
     for mine, theirs in zip(cache_of(got).layers, cache_of(want).layers):
-        assert_close(mine.keys, theirs.keys, CACHE_TOL)
-        assert_close(mine.values, theirs.values, CACHE_TOL)
+        assert_close(mine.keys, theirs.keys, CACHE_TOL, "keys")
+        assert_close(mine.values, theirs.values, CACHE_TOL, "values")
+
+
+def fixed_cache(model, length: int = 32) -> dict:
+    """A static cache of `length` positions, as generate()'s keyword: its shape, and so the
+    decode step's, does not depend on the prompt or the number of new tokens. transformers 5
+    names the keyword `cache` (`past_key_values`, which it still takes, before)."""
+    cache = transformers.StaticCache(config=model.config, max_cache_len=length)
+    major = int(transformers.__version__.split(".")[0])
+    return {"cache" if major >= 5 else "past_key_values": cache}
+
+
+def generate_into(model, ids, new_tokens: int, cache: dict):
+    with torch.no_grad():
+        return model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+            **cache,
+        )
 
 
 def test_the_decode_step_is_compiled_once_and_reused_for_every_token():
     model = compiled(tiny_llama())
+    eager = tiny_llama()
     ids = prompt(5, seed=2)
-    want = generate(tiny_llama(), ids, new_tokens=8)
-    got = generate(model, ids, new_tokens=8)
-    assert torch.equal(got.sequences, want.sequences)
-    tally = coverage()
-    # prefill + one decode step for 7 decode calls: tgc compiled two graphs, Dynamo two frames
-    assert (tally.graphs, tally.graphs_in_tgc) == (2, 2), tally
+    got = generate_into(model, ids, 2, fixed_cache(model))
+    after_two = coverage()
+    assert (after_two.graphs, after_two.graphs_in_tgc) == (2 * PIECES, 2 * PIECES), after_two
+    got = generate_into(model, ids, 9, fixed_cache(model))
+    assert torch.equal(got, generate_into(eager, ids, 9, fixed_cache(eager)))
+    # 8 decode calls more, nothing compiled: not by tgc, not by Dynamo
+    assert coverage().graphs == after_two.graphs, coverage()
     counters = torch._dynamo.utils.counters
     assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
     assert dynamo_recompiles() == 0
+
+
+def bytes_per_decode_token(model, ids, cache_length: int) -> float:
+    """What the backend writes into the caller's tensors per decode step: the bytes of a
+    generate() of 6 new tokens less those of one of 2, over the 4 decode steps between."""
+    before = coverage().bytes_written
+    generate_into(model, ids, 2, fixed_cache(model, cache_length))
+    two = coverage().bytes_written
+    generate_into(model, ids, 6, fixed_cache(model, cache_length))
+    six = coverage().bytes_written
+    return ((six - two) - (two - before)) / 4
+
+
+def test_the_cache_update_writes_only_the_new_rows(monkeypatch):
+    import tgc.dynamo.split
+
+    cache_length, kv_heads, head_dim, f32 = 32, 2, 16, 4
+    ids = prompt(6, seed=3)
+    counter = 8  # each layer's cumulative_length (an int64 scalar) is written back whole
+    row = kv_heads * head_dim * f32  # one position of one layer's keys or values
+    model = compiled(tiny_llama())
+    rows = bytes_per_decode_token(model, ids, cache_length)
+    assert rows == LAYERS * (2 * row + counter)
+    # the cache after generation is eager's (greedy tokens too)
+    mine, theirs = fixed_cache(model), fixed_cache(model)
+    got = generate_into(model, ids, 5, mine)
+    want = generate_into(tiny_llama(), ids, 5, theirs)
+    assert torch.equal(got, want)
+    (name,) = mine
+    for a, b in zip(mine[name].layers, theirs[name].layers):
+        assert_close(a.keys, b.keys, CACHE_TOL, "keys")
+        assert_close(a.values, b.values, CACHE_TOL, "values")
+    # before: the graph whole, each cache update a new value copied into the cache whole
+    torch._dynamo.reset()
+    monkeypatch.setattr(tgc.dynamo.split, "has_row_writes", lambda gm: False)
+    whole = bytes_per_decode_token(compiled(tiny_llama()), ids, cache_length)
+    assert whole == LAYERS * (2 * row * cache_length + counter)
+
+
+def test_two_prompt_lengths_in_one_process():
+    """Prefill is compiled per prompt length (Dynamo makes the length symbolic after the second
+    one; tgc compiles each length it is called with); with one fixed cache the decode step
+    keeps its shape, and is not compiled again."""
+    model = compiled(tiny_llama())
+    eager = tiny_llama()
+    for length, seed in ((5, 4), (9, 5), (5, 6)):
+        ids = prompt(length, seed=seed)
+        got = generate_into(model, ids, 3, fixed_cache(model))
+        assert torch.equal(got, generate_into(eager, ids, 3, fixed_cache(eager))), length
+    tally = coverage()
+    assert tally.graphs == tally.graphs_in_tgc, tally
+    # prefill at 5, decode; Dynamo's dynamic graphs: prefill at 9, and at 5 again, and the
+    # decode step's tgc pieces but the first (its shapes are the cache's, not the prompt's)
+    assert tally.graphs <= 6 * PIECES, tally

@@ -52,8 +52,11 @@ def tgc_backend(gm, example_inputs, *, options=None, mode=None):
         ) from None
     import tgc
     from tgc.dynamo.graph import CompiledGraph
+    from tgc.dynamo.split import SplitGraph, has_row_writes
 
     tgc.load_all()
     compile_id = gm.meta.get("dynamo_compile_id")
     name = f"graph {compile_id}" if compile_id is not None else "a graph"
+    if has_row_writes(gm):  # a KV cache's index_copy_: written in place, rows only
+        return SplitGraph(gm, parsed, name)
     return CompiledGraph(gm, parsed, name)

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
+from tgc.dynamo import tally
 from tgc.dynamo.lowering import Lowered
 from tgc.dynamo.options import BackendOptions
 from tgc.dynamo.tensors import ParamViews, as_tensor
@@ -70,6 +71,7 @@ class CudaGraph:
                 continue
             with torch.no_grad():
                 args[write].copy_(tensor)
+            tally.wrote(args[write].numel() * args[write].element_size())
         return pytree.tree_unflatten(outputs, lowered.out_spec)
 
 

@@ -14,6 +14,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from tgc.builtin import FuncOp
+from tgc.dynamo import tally
 from tgc.dynamo.lowering import Lowered
 from tgc.dynamo.options import BackendOptions
 from tgc.dynamo.tensors import ParamViews, as_array, as_tensor
@@ -84,6 +85,7 @@ class HostGraph:
                 continue
             with torch.no_grad():  # the graph's own update, made by tgc: not for autograd
                 args[write].copy_(as_tensor(array))
+            tally.wrote(args[write].numel() * args[write].element_size())
         return pytree.tree_unflatten(outputs, lowered.out_spec)
 
 

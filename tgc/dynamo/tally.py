@@ -25,6 +25,9 @@ class Coverage:
     graphs_in_tgc: int = 0
     ops: int = 0
     ops_in_tgc: int = 0
+    # bytes the backend wrote into the caller's tensors for in-place updates: an update a
+    # compiled graph writes back whole, and the rows a split graph's row writes write (split.py)
+    bytes_written: int = 0
 
     def summary(self) -> str:
         return (
@@ -44,6 +47,11 @@ def coverage() -> Coverage:
 def reset_coverage() -> None:
     global _TALLY
     _TALLY = Coverage()
+
+
+def wrote(nbytes: int) -> None:
+    """The backend wrote `nbytes` into a caller's tensor (an in-place update)."""
+    _TALLY.bytes_written += nbytes
 
 
 def compiled(name: str, ops: int, shapes: str) -> None:

@@ -1,0 +1,120 @@
+"""A graph that writes rows into a tensor in place (a static KV cache's `index_copy_`), split
+at those writes so that each is made on the tensor itself, not by copying a whole new value.
+
+tgc's functions have no state: exported and functionalised, `cache.index_copy_(2, pos, k)`
+becomes a new cache value (index_put, importers/torch/ops_shape.py) that the backend copies
+into the cache after the call, the whole [B, H, S_max, D] buffer per layer per token, and the
+attention that reads the updated cache reads that new value. Here Dynamo's graph is cut at
+each run of row writes (torch.fx's split_module, nodes kept in order): the pieces between are
+compiled by tgc as any graph is (graph.CompiledGraph: per shape, with its fallback and its
+tally line), and the writes run as PyTorch's own `index_copy_` / `index_put_` on the caller's
+tensor, writing only the rows given. The piece after a write reads the tensor, now updated,
+as an input (on the CPU a view of the same memory: nothing is copied). What is copied is
+counted in the tally (`Coverage.bytes_written`): the rows a write writes, and every update a
+compiled piece writes back whole (a counter's `add_`, any other in-place update).
+
+Dynamo hands the backend graphs whose in-place writes read and return the written tensor
+through its placeholder (the write's own result is unused), so later nodes depend on the
+write only through the tensor's memory: the pieces run in the graph's order, which keeps it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.fx.passes.split_module import split_module
+
+from tgc.dynamo import tally
+from tgc.dynamo.graph import CompiledGraph
+from tgc.dynamo.options import BackendOptions
+
+# In-place row writes that the split leaves to PyTorch (method and function forms).
+ROW_WRITES = frozenset({"index_copy_", "index_put_"})
+
+
+def is_row_write(node: torch.fx.Node) -> bool:
+    if node.op == "call_method":
+        return node.target in ROW_WRITES
+    if node.op == "call_function":
+        name = getattr(node.target, "__name__", "")
+        return name.split(".")[0] in ROW_WRITES
+    return False
+
+
+def has_row_writes(gm: torch.fx.GraphModule) -> bool:
+    return any(is_row_write(n) for n in gm.graph.nodes)
+
+
+class RowWrites(torch.fx.Interpreter):
+    """A piece made of row writes only, run by PyTorch on the caller's tensors; the bytes each
+    write writes are counted in the tally."""
+
+    def call_method(self, target, args, kwargs):
+        tally.wrote(_row_bytes(target, args, kwargs))
+        return super().call_method(target, args, kwargs)
+
+    def call_function(self, target, args, kwargs):
+        if getattr(target, "__name__", "").split(".")[0] in ROW_WRITES:
+            tally.wrote(_row_bytes(target.__name__.split(".")[0], args, kwargs))
+        return super().call_function(target, args, kwargs)
+
+    def __call__(self, *args):
+        return self.run(*args)
+
+
+def _row_bytes(name: str, args, kwargs) -> int:
+    """The bytes an index_copy_(self, dim, index, source) or index_put_(self, indices,
+    values) writes: the elements of the rows given, not the tensor's."""
+    target = args[0]
+    if name == "index_copy_":
+        source = args[3] if len(args) > 3 else kwargs["source"]
+        return source.numel() * target.element_size()
+    indices = args[1] if len(args) > 1 else kwargs["indices"]
+    given = [(d, i) for d, i in enumerate(indices) if i is not None]
+    if not given:
+        return target.numel() * target.element_size()
+    rows = math.prod(torch.broadcast_shapes(*(i.shape for _, i in given)))
+    indexed = math.prod(target.shape[d] for d, _ in given)
+    return rows * (target.numel() // max(indexed, 1)) * target.element_size()
+
+
+class SplitGraph:
+    """Dynamo's graph as pieces compiled by tgc and the row writes between them (module doc):
+    called as the graph is, it runs the pieces in order."""
+
+    def __init__(self, gm: torch.fx.GraphModule, options: BackendOptions, name: str) -> None:
+        part: dict[torch.fx.Node, int] = {}
+        current, writing = 0, False
+        for node in gm.graph.nodes:
+            if node.op in ("placeholder", "output"):
+                continue
+            write = is_row_write(node)
+            if write != writing:
+                current += 1
+                writing = write
+            part[node] = current
+        writes = {part[n] for n in part if is_row_write(n)}
+        self.split = split_module(gm, gm, lambda n: part[n], keep_original_order=True)
+        marks = {
+            n.name: n.meta["tensor_dict"]
+            for n in gm.graph.nodes
+            if n.op == "placeholder" and "tensor_dict" in n.meta
+        }
+        pieces = [n for n in self.split.graph.nodes if n.op == "call_module"]
+        for count, node in enumerate(pieces, start=1):
+            sub = getattr(self.split, node.target)
+            index = int(node.target.rsplit("_", 1)[1])
+            if index in writes:
+                piece = RowWrites(sub)
+            else:
+                for p in sub.graph.nodes:  # the parameters' static marks, for static_inputs
+                    if p.op == "placeholder" and p.name in marks:
+                        p.meta["tensor_dict"] = marks[p.name]
+                piece = CompiledGraph(sub, options, f"{name} piece {count} of {len(pieces)}")
+            delattr(self.split, node.target)
+            setattr(self.split, node.target, piece)
+        self.pieces = pieces
+
+    def __call__(self, *args):
+        return self.split(*args)
