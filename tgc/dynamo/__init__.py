@@ -10,7 +10,9 @@ flow, graph breaks, guards and recompiles) and hands each to `tgc_backend`, whic
 callable (graph.py) that, per set of argument shapes, exports the graph to core aten ops,
 functionalised (lowering.py), imports it with the torch importer, plans it (the CPU route of
 `tgc-run --backend auto`, host.py; the GPU route, cuda.py, not yet run) and runs it on the
-tensors' memory; in-place updates of inputs are written back. A graph tgc cannot compile runs
+tensors' memory; in-place updates of inputs are written back. A graph with in-place row
+writes (a static KV cache's index_copy_) is cut at them and the writes made in place by
+PyTorch, rows only (split.py). A graph tgc cannot compile runs
 eagerly, said in one line on the "tgc" logger with a tally of how much runs in tgc
 (tally.py).
 
