@@ -1089,7 +1089,7 @@ def commit_of(given: str | None) -> str:
 
 def versions() -> str:
     parts = [f"python {sys.version.split()[0]}", f"numpy {np.__version__}"]
-    for module in ("torch", "transformers", "pycuda", "triton"):
+    for module in ("torch", "transformers", "torchvision", "diffusers", "pycuda", "triton"):
         try:
             parts.append(f"{module} {importlib.metadata.version(module)}")
         except importlib.metadata.PackageNotFoundError:
