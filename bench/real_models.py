@@ -42,7 +42,8 @@ one GPU in one process:
 
 Every tgc result is checked against PyTorch eager's in the same dtype: max |tgc - eager| at most
 `TOLERANCE[dtype]` x max |eager| (bf16 2e-2, f32 1e-3); a time is kept only for a result that
-passes. The compiled modes' results are compared the same way and their errors reported.
+passes. cuDNN's TF32 is off (`torch.backends.cudnn.allow_tf32 = False`), so that an f32
+convolution is f32 in every mode (PyTorch's default runs them in TF32; matmuls it does not). The compiled modes' results are compared the same way and their errors reported.
 Rows go to bench/results/real-models-<device>-<date>.json (keyed by model, dtype and input
 shape, so that runs with `--only` / `--dtypes` / `--batch` add to one report) and the report,
 with the device, date, commit and versions, to the .md of the same name. A model that fails
@@ -1186,7 +1187,8 @@ def gpu_report(rows: list[dict], device: str, commit: str, args) -> list[str]:
         "their first call, compile included",
         f"- checks: tgc against eager, max |difference| <= {TOLERANCE['bf16']:g} (bf16) / "
         f"{TOLERANCE['f32']:g} (f32) x max |eager|, before its time is kept; **bold**: tgc "
-        "fastest of the row",
+        "fastest of the row; f32 convolutions in f32 everywhere (torch.backends.cudnn."
+        "allow_tf32 = False; PyTorch's default runs them in TF32)",
         "",
         *gpu_table(rows, args.modes),
         "",
@@ -1348,6 +1350,9 @@ def gpu_run(names: list[str], args) -> int:
 
     import torch
 
+    # f32 means f32: PyTorch lets cuDNN run f32 convolutions in TF32 by default (matmuls it does
+    # not), which would put eager and torch.compile's f32 vision rows 1e-3 off f32
+    torch.backends.cudnn.allow_tf32 = False
     device = torch.cuda.get_device_name()
     base = results_path(Path(args.out or ROOT / "bench" / "results"), device)
     store = base.with_suffix(".json")

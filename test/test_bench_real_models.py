@@ -107,6 +107,8 @@ def test_a_row_cut_off_by_its_timeout_keeps_what_it_had(tmp_path, monkeypatch) -
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Stand-in GPU")
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    # the run turns cuDNN's TF32 off for its f32 rows: put it back after
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", torch.backends.cudnn.allow_tf32)
 
     def gpu_one(row, args, db, save):
         row.shape, row.running = "8 x 3 x 224 x 224", "PyTorch eager"
@@ -123,6 +125,7 @@ def test_a_row_cut_off_by_its_timeout_keeps_what_it_had(tmp_path, monkeypatch) -
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert code == 124
+    assert torch.backends.cudnn.allow_tf32 is False
     (store,) = tmp_path.glob("real-models-*.json")
     (row,) = json.loads(store.read_text()).values()
     assert row["modes"]["eager"]["ms"] == 2.0
