@@ -305,8 +305,9 @@ class VisionSpec:
 
 
 def _randomise_batch_norms(model, seed: int) -> None:
-    """Batch norm statistics and affine parameters drawn near a trained network's (a fresh module
-    has mean 0, variance 1, scale 1, shift 0: the norm would hide a mistake in any of them)."""
+    """Batch norm statistics and affine parameters drawn: means and shifts N(0, 0.01), variances
+    and scales in [0.5, 1.5) (a fresh module has mean 0, variance 1, scale 1, shift 0: the norm
+    would hide a mistake in any of them)."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -440,27 +441,22 @@ def _vit(tiny: bool, impl: str = "auto"):
     return _one_tensor(model.eval(), _call_hidden, "pixel_values"), what
 
 
-def _image_size(name: str, tiny: bool) -> int:
+def _image_size(tiny: bool) -> int:
+    """Images of the ResNet and the ViT: 224 x 224 (ViT-base's config); tiny 32 x 32."""
     return 32 if tiny else 224
 
 
-def _images(name: str):
-    def inputs(batch: int, tiny: bool, dtype, seed: int):
-        import torch
+def _images(batch: int, tiny: bool, dtype, seed: int):
+    import torch
 
-        size = _image_size(name, tiny)
-        g = torch.Generator().manual_seed(seed)
-        return (torch.randn(batch, 3, size, size, generator=g).to(dtype),)
-
-    return inputs
+    size = _image_size(tiny)
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, 3, size, size, generator=g).to(dtype),)
 
 
-def _image_shape(name: str):
-    def shape(batch: int, tiny: bool) -> str:
-        size = _image_size(name, tiny)
-        return f"{batch} x 3 x {size} x {size}"
-
-    return shape
+def _image_shape(batch: int, tiny: bool) -> str:
+    size = _image_size(tiny)
+    return f"{batch} x 3 x {size} x {size}"
 
 
 # The UNet: diffusers' UNet2DConditionModel at a small config, two resolutions with
@@ -587,15 +583,15 @@ VISION = {
             "ResNet-50 (torchvision resnet50(weights=None), else Hugging Face ResNetConfig()), "
             "224 x 224 images, logits of 1000",
             _resnet50,
-            _images("resnet50"),
-            _image_shape("resnet50"),
+            _images,
+            _image_shape,
         ),
         VisionSpec(
             "vit",
             "ViT-base/16 (Hugging Face ViTModel(ViTConfig())), 224 x 224 images, last hidden state",
             _vit,
-            _images("vit"),
-            _image_shape("vit"),
+            _images,
+            _image_shape,
         ),
         VisionSpec(
             "unet",
