@@ -43,13 +43,12 @@ import numpy as np
 from tgc.builtin import FuncOp, ReturnOp
 from tgc.diagnostics import UNKNOWN_LOC, TgcError
 from tgc.dialects.kernel import CallOp, CopyOp, FusedOp
-from tgc.evaluate import allocating
+from tgc.evaluate import allocating, evaluate_block, evaluate_op
 from tgc.ir import Operation
 from tgc.planner import family_of, load_backends
 from tgc.planner.backends import BACKENDS, SPACES, TEMPLATES, Backend, Space, Template
 from tgc.planner.fixed import Fixed
 from tgc.planner.kernel import BACKEND_SPACE, KERNELS, Kernel
-from tgc.evaluate import evaluate_block
 from tgc.runtime.interpreter import check_inputs
 
 
@@ -277,11 +276,8 @@ def _prepare_op(op: Operation, backends: dict[str, Backend]) -> Callable[[list],
         )
     if isinstance(op, FusedOp):
         return lambda values: evaluate_block(op.body, values, "native")
-    from tgc.planner.backends.numpy import op_kernel_run
-
-    run = op_kernel_run(type(op))
-    attrs, types = op.attributes, [r.type for r in op.results]
-    return lambda values: run(values, attrs, types)
+    # A plain op on the host runs its numpy meaning, on itself (nothing built per call).
+    return lambda values: evaluate_op(op, [np.asarray(v) for v in values], "native")
 
 
 def _prepare_call(op: CallOp, backends: dict[str, Backend]) -> Callable[[list], list]:

@@ -285,3 +285,30 @@ func.func @f(%x: {X}) -> {X} {{
 """
     with pytest.raises(TgcError, match="'atomic.exp' on values in cuda memory has no kernel"):
         run_plan(parse(text), fresh_inputs(parse(text), 10), backends)
+
+
+def test_op_kernels_are_prepared_once_not_built_on_every_call(monkeypatch):
+    """A plan run many times (a torch.compile'd model's calls) builds nothing per call: the
+    numpy backend prepares each op kernel's call once (its op, from the call's types and
+    attributes), and the calls then run on values alone, with the same results."""
+    from tgc.ir import Operation
+    from tgc.planner.executor import PlannedFunction
+
+    selected = parse(SELECTED)
+    planned = PlannedFunction(selected)
+    inputs = fresh_inputs(selected, 3)
+    (first,) = planned(inputs)
+    built = []
+    real_init = Operation.__init__
+
+    def counting_init(self, *args, **kwargs):
+        built.append(type(self).__name__)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(Operation, "__init__", counting_init)
+    for _ in range(3):
+        (again,) = planned(inputs)
+        np.testing.assert_array_equal(again, first)
+    assert built == []  # no op made while running
+    (want,) = run_plan(selected, inputs)
+    np.testing.assert_array_equal(first, want)
