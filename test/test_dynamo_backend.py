@@ -133,8 +133,7 @@ def test_gpt2_matches_eager():
 
 
 def hf_model(name: str):
-    """A tiny Hugging Face model with random weights, its extra arguments, and whether it runs
-    whole in tgc."""
+    """A tiny Hugging Face model with random weights, and its extra arguments."""
     transformers = pytest.importorskip("transformers", reason="needs transformers")
     torch.manual_seed(0)
     if name == "llama":
@@ -143,20 +142,19 @@ def hf_model(name: str):
             intermediate_size=128, vocab_size=128, max_position_embeddings=32, bos_token_id=0,
             eos_token_id=0, pad_token_id=0,
         )  # fmt: skip
-        return transformers.LlamaForCausalLM(config), {"use_cache": False}, True
+        return transformers.LlamaForCausalLM(config), {"use_cache": False}
     config = transformers.BertConfig(
         num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
         vocab_size=128, max_position_embeddings=32, pad_token_id=0,
     )  # fmt: skip
-    return transformers.BertModel(config), {}, False
+    return transformers.BertModel(config), {}
 
 
 @pytest.mark.parametrize("name", ["llama", "bert"])
 def test_hf_llama_and_bert_match_eager(name):
-    """Llama runs whole in tgc. BERT's padding mask (Hugging Face's masking_utils) indexes with
-    two index tensors, which the importer has no lowering for (2026-11-28): that graph may run
-    eagerly; the result matches either way and the tally counts its one graph."""
-    model, kw, whole = hf_model(name)
+    """Both run whole in tgc, BERT's padding mask too (Hugging Face's masking_utils reads it at
+    [batch, position]: two index tensors, one gather)."""
+    model, kw = hf_model(name)
     model.eval()
     want_model = reference(model)
     ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(1))
@@ -168,8 +166,7 @@ def test_hf_llama_and_bert_match_eager(name):
     key = "logits" if name == "llama" else "last_hidden_state"
     assert_close(got[key], want[key], GPT2_TOL)
     assert coverage().graphs == 1
-    if whole:
-        assert coverage().graphs_in_tgc == 1
+    assert coverage().graphs_in_tgc == 1
 
 
 def test_bfloat16_goes_in_and_out_through_its_bits():

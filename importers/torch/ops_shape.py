@@ -6,6 +6,8 @@ The `*_copy` forms (the edge dialect's view_copy, permute_copy, ...) lower as th
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from tgc.importers.torch._context import Cx, Static
@@ -170,24 +172,55 @@ def index_select(cx: Cx) -> Value:
 
 @lowering("index")
 def index(cx: Cx) -> Value:
-    """x[..., idx, ...] with one integer index tensor (x[:, idx]); negative indices count from
-    the end as in PyTorch."""
+    """x[..., i0, i1, ..., ...] with integer index tensors on adjacent dims (x[:, idx],
+    mask[batch, position]): the result has the index tensors' broadcast shape in their place,
+    as in PyTorch. Negative indices count from the end. Several index tensors gather once, from
+    x with their dims merged into one, at the flat position i0 * size1 + i1 (and so on)."""
     x = cx.value("self")
     given = [(axis, i) for axis, i in enumerate(cx.arg("indices")) if i is not None]
-    if len(given) != 1:
-        raise cx.error(f"indexing with {len(given)} index tensors (tgc gathers along one dim)")
-    axis, indices = given[0]
-    if cx.dtype_of(indices) == torch.bool:
+    axes = [axis for axis, _ in given]
+    if not given or axes != list(range(axes[0], axes[0] + len(axes))):
+        raise cx.error(
+            "indexing with index tensors on dims that are not adjacent (PyTorch moves their "
+            "dims first; tgc gathers in place)"
+        )
+    if any(not isinstance(i, Static) and cx.dtype_of(i) == torch.bool for _, i in given):
         raise cx.error("indexing with a boolean mask has a data-dependent shape")
-    size = x.type.shape[axis]
-    if isinstance(indices, Static):
-        indices = Static(indices.node, indices.tensor % max(size, 1))
-        return cx.b.atomic.gather(x, _indices(cx, indices), axis=axis)
-    idx = _indices(cx, indices)
+    if len(given) == 1:
+        (axis, indices), size = given[0], x.type.shape[given[0][0]]
+        if isinstance(indices, Static):
+            indices = Static(indices.node, indices.tensor % max(size, 1))
+            return cx.b.atomic.gather(x, _indices(cx, indices), axis=axis)
+        return cx.b.atomic.gather(x, _wrapped(cx, _indices(cx, indices), size), axis=axis)
+    first, sizes = axes[0], [x.type.shape[a] for a in axes]
+    merged = cx.reshape(
+        x, (*x.type.shape[:first], math.prod(sizes), *x.type.shape[first + len(axes) :])
+    )
+    shape = cx.outs[0].shape[first : first + len(cx.outs[0].shape) - x.type.rank + len(axes)]
+    flat = None
+    for (_, indices), size, stride in zip(given, sizes, _strides(sizes)):
+        idx = _wrapped(cx, _indices(cx, indices), size)
+        elem = idx.type.element_type
+        if tuple(idx.type.shape) != tuple(shape):
+            idx = cx.b.atomic.broadcast(idx, result_type=idx.type.with_shape(tuple(shape)))
+        term = cx.b.atomic.mul(idx, cx.scalar(stride, elem)) if stride != 1 else idx
+        flat = term if flat is None else cx.b.atomic.add(flat, term)
+    return cx.b.atomic.gather(merged, flat, axis=first)
+
+
+def _wrapped(cx: Cx, idx: Value, size: int) -> Value:
+    """`idx` with its negative entries counted from the end of a dim of `size`."""
     elem = idx.type.element_type
     negative = cx.b.atomic.cmp(idx, cx.scalar(0, elem), pred="lt")
-    wrapped = cx.b.atomic.where(negative, cx.b.atomic.add(idx, cx.scalar(size, elem)), idx)
-    return cx.b.atomic.gather(x, wrapped, axis=axis)
+    return cx.b.atomic.where(negative, cx.b.atomic.add(idx, cx.scalar(size, elem)), idx)
+
+
+def _strides(sizes: list[int]) -> list[int]:
+    """Row-major strides of a tensor of `sizes`."""
+    strides = [1] * len(sizes)
+    for d in range(len(sizes) - 2, -1, -1):
+        strides[d] = strides[d + 1] * sizes[d + 1]
+    return strides
 
 
 def _indices(cx: Cx, indices) -> Value:
