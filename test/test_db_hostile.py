@@ -501,6 +501,24 @@ def test_the_shipped_databases_are_marked_and_in_rollback_journal_mode(tmp_path,
 # -- 7: waiting says so and Ctrl-C ends it; only regular files ---------------------------------------
 
 
+def _as_from_a_terminal() -> None:
+    """In the child before it runs: SIGINT handled and not blocked, as a tool started from a
+    terminal has it (a test runner's process may have inherited it ignored or blocked, and
+    the child would inherit that in turn)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _signal_state(pid: int) -> str:
+    """The process's state and its blocked, ignored and caught signals, from /proc."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            keep = ("State", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
+            return "; ".join(line.strip() for line in f if line.startswith(keep))
+    except OSError as e:
+        return f"no /proc status ({e})"
+
+
 def test_a_lock_wait_is_said_and_ctrl_c_ends_it_at_once(tmp_path):
     path = tmp_path / "m.sqlite"
     with Database.open(str(path)) as db:
@@ -534,6 +552,7 @@ def test_a_lock_wait_is_said_and_ctrl_c_ends_it_at_once(tmp_path):
             [PY, "-m", "tgc.tools.db", "--db", str(path), "import", str(export)],
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=_as_from_a_terminal,
         )
         try:
             fd = waiter.stderr.fileno()
@@ -548,7 +567,10 @@ def test_a_lock_wait_is_said_and_ctrl_c_ends_it_at_once(tmp_path):
             assert len(said.strip().splitlines()) == 1
             start = time.monotonic()
             waiter.send_signal(signal.SIGINT)
-            code = waiter.wait(timeout=10)
+            try:
+                code = waiter.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"no exit 10 s after SIGINT; {_signal_state(waiter.pid)}")
             # at once, against the lock's 60 s: 5 s leaves room for a loaded 2-core machine
             assert time.monotonic() - start < 5.0
             assert code == 130
