@@ -21,24 +21,30 @@ def check_decomposition(cls: type[Operation]) -> None:
     from tgc.parser import parse_module  # the Lark grammar is built once, then cached
     from tgc.verifier import verify
 
-    examples = [m.group(1) for m in map(_EXAMPLE.search, cls.__doc__.splitlines()) if m]
-    examples = [text for text in examples if text.split(" = ", 1)[-1].startswith(cls.name + " ")]
+    examples = docstring_examples(cls)
     if not examples:
         raise TypeError(
             f"{cls.name}: the docstring has no syntax example to check its decomposition"
         )
     for text in examples:
-        module = parse_module(_example_function(cls.name, text), f"<{cls.name} docstring>")
+        module = parse_module(example_function(cls.name, text), f"<{cls.name} docstring>")
         verify(module)
         (func,) = module.funcs
         for op in [op for op in func.body.ops if type(op) is cls]:
             _expand(op, (cls.name,))
 
 
-_EXAMPLE = re.compile(r"`((?:%[\w.]+(?:, %[\w.]+)* = )?\w+\.\w+ [^`]*)`")
+# A syntax example in a docstring: `%y = dialect.op ...` in backquotes, on one line.
+EXAMPLE = re.compile(r"`((?:%[\w.]+(?:, %[\w.]+)* = )?\w+\.\w+ [^`]*)`")
 
 
-def _example_function(name: str, text: str) -> str:
+def docstring_examples(cls: type[Operation]) -> list[str]:
+    """The syntax examples of `cls` itself in its docstring (those of other ops left out)."""
+    found = [m.group(1) for m in map(EXAMPLE.search, (cls.__doc__ or "").splitlines()) if m]
+    return [text for text in found if text.split(" = ", 1)[-1].startswith(cls.name + " ")]
+
+
+def example_function(name: str, text: str) -> str:
     """A function around one docstring example: its operands become the arguments."""
     ins, outs = re.search(r": \((.*?)\) -> \(?(.*?)\)?$", text).groups()
     in_types = re.split(r",\s*(?=tensor<)", ins) if ins else []

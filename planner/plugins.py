@@ -169,19 +169,18 @@ def _cases(kernel: Kernel) -> list[tuple[list, list, FuncOp | None]]:
                     continue  # the graph holds sizes that do not follow its arguments
                 cases.append((ins, list(func.function_type.results), func))
         return cases
-    from tgc.dialects._decomposition_check import _EXAMPLE, _example_function
+    from tgc.dialects._decomposition_check import docstring_examples, example_function
     from tgc.opdef import OPS
     from tgc.parser import parse_module
 
     cls = OPS.get(kernel.op)
     if cls is None:
         raise TgcError(f"kernel '{kernel.name}' runs op '{kernel.op}', which is not registered")
-    for line in (cls.__doc__ or "").splitlines():
-        found = _EXAMPLE.search(line)
-        if found and found.group(1).split(" = ", 1)[-1].startswith(kernel.op + " "):
-            func = parse_module(_example_function(kernel.op, found.group(1)), "<example>").funcs[0]
-            return [([a.type for a in func.body.args], list(func.function_type.results), None)]
-    raise TgcError(f"kernel '{kernel.name}': op '{kernel.op}' has no example to check it on")
+    examples = docstring_examples(cls)
+    if not examples:
+        raise TgcError(f"kernel '{kernel.name}': op '{kernel.op}' has no example to check it on")
+    func = parse_module(example_function(kernel.op, examples[0]), "<example>").funcs[0]
+    return [([a.type for a in func.body.args], list(func.function_type.results), None)]
 
 
 def _check_at(kernel: Kernel, ins: list, outs: list, ref: FuncOp | None) -> bool:

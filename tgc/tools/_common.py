@@ -115,10 +115,25 @@ def version() -> str:
         return "unknown (tgc is not installed: pip install -e .)"
 
 
+class _Version(argparse.Action):
+    """`--version`: the version looked up when asked for, not at every tool's start."""
+
+    def __init__(self, option_strings, dest, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"{parser.prog} {version()}")
+        parser.exit()
+
+
 def add_common_flags(ap) -> None:
     """`--debug` and `--version`, on every tool."""
     ap.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
-    ap.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    add_version(ap)
+
+
+def add_version(ap) -> None:
+    ap.add_argument("--version", action=_Version, help="show the version and exit")
 
 
 DB_HELP = (

@@ -35,7 +35,7 @@ import time
 
 import tgc
 from tgc.diagnostics import TgcError, printable
-from tgc.tools._common import DB_HELP, EXIT_OK, guarded, parse_args, version
+from tgc.tools._common import DB_HELP, EXIT_OK, add_version, guarded, parse_args
 from tgc.tools._outputs import check_not_database, database_files, same_file
 
 EXPORT_FORMAT = "tgc-measurements"
@@ -53,7 +53,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="tgc-db", description="The kernel measurement database.", parents=[common]
     )
-    ap.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    add_version(ap)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("list", parents=[common], help="devices and kernels measured")
     show = sub.add_parser("show", parents=[common], help="a kernel's records and fitted curve")

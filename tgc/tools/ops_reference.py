@@ -13,11 +13,10 @@ import inspect
 import re
 import sys
 
+from tgc.dialects._decomposition_check import EXAMPLE, docstring_examples, example_function
 from tgc.opdef import OPS, REQUIRED, AttrDef, OperandDef
 from tgc.printer import print_op
 
-# A syntax example in a docstring: `%y = dialect.op ...` in backquotes (one line).
-EXAMPLE = re.compile(r"`((?:%[\w.]+(?:, %[\w.]+)* = )?\w+\.\w+ [^`]*)`")
 IR_LINE = re.compile(r"[%^} ]|\w+\.\w+ ")
 OPERAND_FORMS = {"single": "{}", "optional": "[{}]", "variadic": "{}..."}
 
@@ -64,11 +63,6 @@ def meaning(cls) -> str:
     return "\n\n".join(paragraphs)
 
 
-def examples(cls) -> list[str]:
-    found = [m.group(1) for m in map(EXAMPLE.search, (cls.__doc__ or "").splitlines()) if m]
-    return [e for e in found if e.split(" = ", 1)[-1].startswith(cls.name + " ")]
-
-
 def operand_text(d: OperandDef) -> str:
     return OPERAND_FORMS[d.kind].format(d.name)
 
@@ -113,11 +107,10 @@ def decomposition(cls, example: str) -> str | None:
     where the example cannot be built alone."""
     from tgc.builder import Builder
     from tgc.diagnostics import TgcError
-    from tgc.dialects._decomposition_check import _example_function
     from tgc.parser import parse_module
 
     try:
-        (func,) = parse_module(_example_function(cls.name, example), "<example>").funcs
+        (func,) = parse_module(example_function(cls.name, example), "<example>").funcs
     except (TgcError, ValueError, AttributeError):
         return None
     op = next(op for op in func.body.ops if type(op) is cls)
@@ -131,7 +124,8 @@ def decomposition(cls, example: str) -> str | None:
 def section(name: str) -> str:
     cls = OPS[name]
     lines = [f"### `{name}`", "", meaning(cls), ""]
-    for example in examples(cls):
+    examples = docstring_examples(cls)
+    for example in examples:
         lines += ["```mlir", example, "```", ""]
     operands = ", ".join(f"`{operand_text(d)}`" for d in cls.operand_defs) or "none"
     lines.append(f"- operands: {operands}")
@@ -140,8 +134,8 @@ def section(name: str) -> str:
     traits = ", ".join(sorted(cls.traits)) or "none"
     lines.append(f"- traits: {traits}")
     lines.append("")
-    if callable(getattr(cls, "decompose", None)) and examples(cls):
-        lowered = decomposition(cls, examples(cls)[0])
+    if callable(getattr(cls, "decompose", None)) and examples:
+        lowered = decomposition(cls, examples[0])
         if lowered is not None:
             lines += ["Decomposes into (one level; `lower-hl` repeats it):", "", "```mlir"]
             lines += [lowered, "```", ""]
