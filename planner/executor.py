@@ -112,6 +112,7 @@ class PlannedFunction:
         self.steps: list[_Step] = []
         self.returned: tuple[int, ...] | None = None
         fixed = Fixed()
+        compile_regions(func.body.ops, table)
         for op in func.body.ops:
             operands = tuple(slots[v] for v in op.operands)
             if isinstance(op, ReturnOp):
@@ -252,6 +253,28 @@ def _out_of_memory(op: Operation) -> None:
 
 def _what(op: Operation) -> str:
     return f"the result of '{op.attr('callee') if isinstance(op, CallOp) else op.name}'"
+
+
+def compile_regions(ops, backends: Mapping[str, Backend]) -> None:
+    """The generated kernels of `ops` compiled at once, by each backend that compiles many at
+    once (Backend.compile_regions); what cannot be found here is left to `_prepare_op`, which
+    says what is wrong with it."""
+    batches: dict[str, list[Operation]] = {}
+    for op in ops:
+        backend = None
+        if isinstance(op, CallOp) and op.regions:
+            template = TEMPLATES.get(op.attr("callee"))
+            backend = backends.get(template.backend) if template is not None else None
+        elif isinstance(op, FusedOp):
+            spaces = {v.type.encoding for v in op.operands} | {r.type.encoding for r in op.results}
+            if spaces == {None}:
+                continue  # a host kernel.fused is evaluated, not compiled
+            found = [b for b in backends.values() if b.run_region is not None]
+            backend = next((b for b in found if {BACKEND_SPACE.get(b.name)} == spaces), None)
+        if backend is not None and backend.compile_regions is not None:
+            batches.setdefault(backend.name, []).append(op)
+    for name, batch in batches.items():
+        backends[name].compile_regions(batch)
 
 
 def _prepare_op(op: Operation, backends: dict[str, Backend]) -> Callable[[list], list]:

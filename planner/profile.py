@@ -99,6 +99,10 @@ NATIVE_FACTOR = 4  # ... and this many times the op-by-op evaluation's own error
 # CPU timing.
 NOISY_SPREAD = 0.5
 MAX_ATTEMPTS = 3  # timings of one call in all, the first included, before it is flagged noisy
+# Instances whose generated kernels are compiled together before they are measured: nvcc takes
+# about a second a kernel, so one at a time it, not the GPU, set the pace of first-use
+# measuring (1.3 kernels/s on an H200); runtime/cuda_compile.py runs up to 16 compiles at once.
+COMPILE_AHEAD = 16
 
 
 @dataclass(frozen=True, eq=False)
@@ -517,6 +521,28 @@ def region_call(inst: Instance, ref: FuncOp):
     return scratch.body.append(call)
 
 
+def compile_ahead(insts: list[Instance]) -> None:
+    """The generated kernels of `insts` compiled at once by each backend that can
+    (Backend.compile_regions), so that measuring them one by one waits for no compile. A kernel
+    that fails to compile here fails again, with its message, when it is measured."""
+    batches: dict[str, list] = {}
+    for inst in insts:
+        backend = BACKENDS.get(inst.kernel.backend)
+        generated = inst.kernel.run is None and inst.kernel.op != "kernel.copy"
+        if not generated or backend is None or backend.compile_regions is None:
+            continue
+        try:
+            call = region_call(inst, reference_function(inst))
+        except TypeError:  # no reference: `measure` says so
+            continue
+        batches.setdefault(backend.name, []).append(call)
+    for name, calls in batches.items():
+        try:
+            BACKENDS[name].compile_regions(calls)
+        except TgcError:
+            pass  # said by the failing kernel's own measurement
+
+
 def _measure_copy(inst: Instance, min_time: float, origin: str) -> Measurement:
     src, dst = inst.operand_types[0], inst.result_types[0]
     host = src.with_encoding(None)
@@ -705,7 +731,9 @@ class Profiler:
         report = Report(instances=len(insts), known=len(insts) - len(todo))
         bar = Progress(len(todo), "measuring", self.progress)
         try:
-            for inst in self._until_deadline(todo, report):
+            for i, inst in enumerate(self._until_deadline(todo, report)):
+                if i % COMPILE_AHEAD == 0:
+                    compile_ahead(todo[i : i + COMPILE_AHEAD])
                 m = self.measure(inst, self.min_time)
                 self.db.record(m)
                 self._count(report, inst, m)

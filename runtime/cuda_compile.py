@@ -121,7 +121,10 @@ def load_kernels(kernels: list[KernelSource]) -> list:
     context()
     arch = device_arch()
     sources = [prelude() + "\n" + k.source for k in kernels]
-    todo = [(s, k) for s, k in zip(sources, kernels) if (s, arch) not in _functions]
+    # each source once: two threads compiling one source would write one temporary file
+    todo = list(
+        {s: (s, k) for s, k in zip(sources, kernels) if (s, arch) not in _functions}.values()
+    )
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(todo)))) as pool:
         cubins = list(pool.map(lambda sk: compile_cubin(sk[0], arch, sk[1]), todo))
     for (s, k), cubin in zip(todo, cubins):

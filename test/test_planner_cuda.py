@@ -36,6 +36,7 @@ from tgc.planner.executor import PlannedFunction, run_plan
 from tgc.planner.kernel import KERNELS, rel_error
 from tgc.planner.select import select_kernels
 from tgc.runtime.interpreter import random_inputs, run_function
+from tgc.printer import print_op
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.tg"))
 
@@ -522,8 +523,11 @@ def _stand_in_call(kernel, inputs, attrs, result_types):
 @pytest.fixture
 def stand_in():
     """The CUDA planner side registered with a stand-in device; the moves between spaces and
-    the generated calls are counted."""
-    counts = {"to_host": 0, "from_host": 0, "regions": 0}
+    the generated calls are counted; `compiled` holds the size of each batch of generated
+    kernels compiled (Backend.compile_regions), a kernel run uncompiled compiling alone, as
+    cuda.py's does."""
+    counts = {"to_host": 0, "from_host": 0, "regions": 0, "compiled": []}
+    compiled: set[str] = set()
 
     def to_host(v):
         counts["to_host"] += 1
@@ -533,14 +537,22 @@ def stand_in():
         counts["from_host"] += 1
         return Boxed(ck.host_array(a, t).copy())  # as cuda.py uploads
 
+    def compile_regions(ops):
+        counts["compiled"].append(len(ops))
+        compiled.update(print_op(op) for op in ops)
+
     def region(op, inputs):
         counts["regions"] += 1
+        if print_op(op) not in compiled:
+            compile_regions([op])
         return _stand_in_region(op, inputs)
 
     def lt_run(name):  # a cuBLASLt kernel's host run (the profiler calls it through call)
         return lambda inputs, attrs, result_types: [_lt_model(name, inputs, result_types[0])]
 
-    backend = Backend("cuda", call=_stand_in_call, run_region=region)
+    backend = Backend(
+        "cuda", call=_stand_in_call, run_region=region, compile_regions=compile_regions
+    )
     ck.register(backend, Space("cuda", to_host, from_host), lt_run=lt_run)
     yield counts
     ck.unregister()
@@ -797,6 +809,22 @@ def test_a_backend_that_prepares_its_calls_prepares_each_once_and_runs_them(stan
         assert rel_error(got, want) <= 1e-5
     assert len(prepared) == len({id(op) for op in prepared})  # once per call op
     assert len(runs) == 3 * len(template_calls) and stand_in["regions"] == 0
+
+
+def test_a_planned_function_compiles_its_generated_kernels_in_one_batch(stand_in):
+    """nvcc takes about a second a kernel: a plan's generated kernels are compiled together
+    (Backend.compile_regions, in parallel on the GPU), not one after another as each call is
+    prepared; a kernel run later finds itself compiled."""
+    (block,) = (p for p in EXAMPLES if p.stem == "gpt2_block")
+    func, _ = _selected(block.read_text(), "lower-hl")
+    template_calls = [
+        op for op in func.body.ops if isinstance(op, CallOp) and op.attr("callee") in TEMPLATES
+    ]
+    assert len(template_calls) > 1
+    planned = PlannedFunction(func)
+    assert stand_in["compiled"] == [len(template_calls)]
+    planned(random_inputs(func, 0))
+    assert stand_in["compiled"] == [len(template_calls)] and stand_in["regions"] > 0
 
 
 def test_a_prepared_call_that_returns_the_wrong_shape_is_a_located_internal_error(stand_in):
@@ -1103,6 +1131,25 @@ def test_a_region_holding_an_op_that_cannot_infer_its_type_is_measured(profiled,
         m = measure(inst, min_time=0.001)
         assert m.ok, f"{inst.describe()}: {m.message}"
         assert m.max_error <= inst.kernel.max_rel_error and m.median > 0
+
+
+def test_the_profiler_compiles_generated_kernels_in_batches_ahead_of_measuring(
+    profiled, stand_in, tmp_path, monkeypatch
+):
+    """First use measured 1.3 generated kernels a second on an H200, each waiting for its own
+    nvcc: the profiler hands the backend COMPILE_AHEAD of them at a time before measuring them,
+    and no kernel then compiles alone."""
+    from tgc.planner import profile
+    from tgc.planner.db import Database
+
+    regions = [i for i in profiled if i.kernel.name in TEMPLATES]
+    monkeypatch.setattr(profile, "COMPILE_AHEAD", 2)
+    assert len(regions) > 2
+    with Database.open(str(tmp_path / "m.sqlite")) as db:
+        report = profile.Profiler(db, min_time=0.001, progress=False).run(regions)
+    assert report.measured == len(regions)
+    full, rest = divmod(len(regions), 2)
+    assert stand_in["compiled"] == [2] * full + [rest] * (rest > 0)
 
 
 def test_a_region_computing_a_wrong_value_is_recorded_as_failed(profiled, monkeypatch):

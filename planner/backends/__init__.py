@@ -52,7 +52,11 @@ class Backend:
     it, does once what every call of `op` would (compile its region, work out a GEMM's shape),
     so that a plan run many times (`PlannedFunction`) spends on the host only what the launch
     needs; it takes and returns values in the space's representation, as a run does (None for
-    a kernel it has nothing to prepare for)."""
+    a kernel it has nothing to prepare for). `compile_regions(ops)`, where a backend has it,
+    compiles the generated kernels of many such `op`s at once (nvcc runs in parallel): the
+    executor and the profiler hand it every region they are about to run, so that a plan or a
+    batch of measurements waits for one round of compiles, not for one compile after another;
+    a later `run_region` or `prepare` of each op finds its kernel compiled."""
 
     name: str  # a key of planner.kernel.BACKEND_SPACE
     call: Callable[..., list] = _run_kernel
@@ -60,6 +64,7 @@ class Backend:
     release: Callable = _same  # the backend's representation -> the space's
     run_region: Callable[..., list] | None = None
     prepare: Callable[..., Callable[[list], list] | None] | None = None
+    compile_regions: Callable[[list], None] | None = None
 
 
 @dataclass(frozen=True)

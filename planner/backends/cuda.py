@@ -209,15 +209,27 @@ _COMPILED: dict[int, tuple[Operation, object, object]] = {}
 
 def _compiled(op: CallOp | FusedOp):
     found = _COMPILED.get(id(op))
-    if found is not None and found[0] is op:
-        return found[1], found[2]
+    if found is None or found[0] is not op:
+        compile_regions([op])
+        found = _COMPILED[id(op)]
+    return found[1], found[2]
+
+
+def compile_regions(ops: list) -> None:
+    """Generate the kernels of the region ops `ops` and compile those not compiled yet, in
+    parallel (Backend.compile_regions)."""
+    todo = [op for op in ops if _COMPILED.get(id(op), (None,))[0] is not op]
+    sources = [_source(op) for op in todo]
+    for op, source, function in zip(todo, sources, load_kernels(sources)):
+        _COMPILED[id(op)] = (op, source, function)
+
+
+def _source(op: CallOp | FusedOp):
     fused = op if isinstance(op, FusedOp) else planner_side.fused_from_call(op)
     symbol = planner_side.kernel_symbol(fused)
     source = generate_kernel(fused, planner_side.call_params(op), symbol)
     source.loc = op.loc
-    (function,) = load_kernels([source])
-    _COMPILED[id(op)] = (op, source, function)
-    return source, function
+    return source
 
 
 def _label(source) -> str:
@@ -470,7 +482,14 @@ _cublas_host_run = _on_host(_gemm)  # cuda.cublas.gemm on host arrays
 _padded_host_run = _on_host(_padded_gemm)
 
 
-BACKEND = Backend("cuda", call=_call, adopt=DeviceArray.of, run_region=run_region, prepare=prepare)
+BACKEND = Backend(
+    "cuda",
+    call=_call,
+    adopt=DeviceArray.of,
+    run_region=run_region,
+    prepare=prepare,
+    compile_regions=compile_regions,
+)
 SPACE = Space("cuda", to_host, from_host, time_queued)
 
 
