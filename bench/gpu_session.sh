@@ -22,7 +22,12 @@
 # VISION_TIMEOUT seconds (default 130), four to a stage. Every row is saved after each of its
 # steps, and a row cut off by its timeout (SIGTERM; SIGKILL 15 s later) is saved with what it had
 # and the step it was in, so a cut row still reports eager and torch.compile.
+# Each row also writes the breakdown of the plan that ran (plan-<model>-<dtype>-b<batch>.txt) and
+# each text model row its measurement database (--keep-db, measurements-*.sqlite): the next
+# session reads what was measured. What comes back of $out is a few files (8), so at the end of a
+# stage they go into one archive, $out/plans-<stage>.tar.gz (tar -xzf to read them).
 set -uo pipefail
+stage=${STAGE:-tests}
 out=${OUT:-gpu-session-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -40,9 +45,9 @@ pytest_gpu() {  # name, files...: pytest without xdist (the GPU is one), its tai
   tail -3 "$out/$name.txt"
 }
 
-model() {  # one model row of bench/real_models.py, with its own timeout
+model() {  # one model row of bench/real_models.py, with its own timeout, its database kept
   timeout -k 15 "$model_timeout" python3 bench/real_models.py --commit "$commit" --out "$out" \
-    "$@" >"$out/real-models-$(echo "$*" | tr ' ,' '__').txt" 2>&1
+    --keep-db "$@" >"$out/real-models-$(echo "$*" | tr ' ,' '__').txt" 2>&1
   echo "real_models $* -> exit $?"
 }
 
@@ -71,7 +76,16 @@ vision() {  # dtype, batch, models...: one vision row each, beside eager and com
   done
 }
 
-case "${STAGE:-tests}" in
+bundle() {  # the rows' plan files and kept databases as one file of $out (see the top)
+  local files
+  files=$(cd "$out" && ls plan-*.txt measurements-*.sqlite 2>/dev/null)
+  [ -n "$files" ] || return 0
+  # shellcheck disable=SC2086  # the names are words: model, dtype, batch
+  tar -czf "$out/plans-$stage.tar.gz" -C "$out" $files && (cd "$out" && rm -f $files) &&
+    echo "plans-$stage.tar.gz:" $files
+}
+
+case "$stage" in
 tests)
   pytest_gpu route test/test_route_cuda.py test/test_graphs.py test/test_route.py \
     test/test_plan_memory.py test/test_noisy.py test/test_profile_torch_check.py
@@ -100,3 +114,4 @@ bert)
   exit 2
   ;;
 esac
+bundle

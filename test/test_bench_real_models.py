@@ -9,6 +9,14 @@ at most the dry run's tolerance x max |PyTorch| (1e-10; the UNet 1e-6, its times
 being float32 in diffusers). Each model needs PyTorch and transformers (the UNet and VAE
 diffusers), optional extras CI does not install: without them the checks skip with that reason.
 The argument checks need none of them.
+
+Also on the CPU: the breakdown of a planned function by its kernels' planned costs (what each
+GPU row writes as plan-<model>-<dtype>-b<batch>.txt), on examples/mlp.tg planned for the numpy
+backend; the accuracy rule (`error_limit`: a bf16 result against the float32 reference may be
+as far off as the dtype's tolerance or twice eager bf16's own error) as a pure function, and on a
+tiny BERT in bf16 through the dry run; and, with a stand-in for a GPU row, that `--keep-db`
+copies the measurement database after each row and the report shows the errors against the
+reference and the plan.
 """
 
 from __future__ import annotations
@@ -133,3 +141,186 @@ def test_a_row_cut_off_by_its_timeout_keeps_what_it_had(tmp_path, monkeypatch) -
     assert "cut off by SIGTERM (its timeout) during tgc compile_module" in row["note"]
     report = store.with_suffix(".md").read_text()
     assert "| vit | bf16 | 8 x 3 x 224 x 224 |" in report
+
+
+# -- the plan breakdown ---------------------------------------------------------------------------
+
+
+def _planned(text: str):
+    import tgc
+    from tgc.pass_manager import PassManager
+    from tgc.planner.select import select_kernels
+
+    tgc.load_all()
+    module = tgc.parse(text)
+    PassManager.from_text("lower-for-planning").run(module)
+    select_kernels(module.funcs[0], tolerance=1e-5, backends=("numpy",))
+    return module.funcs[0]
+
+
+def test_plan_breakdown_sums_planned_costs_per_callee() -> None:
+    func = _planned((ROOT / "examples" / "mlp.tg").read_text())
+    calls = [op for op in func.walk() if op.name == "kernel.call"]
+    # one matmul's cost said measured, as a database's would be: the breakdown tells them apart
+    head = next(op for op in calls if op.attributes["callee"] == "numpy.atomic.matmul")
+    head.attributes["plan.source"] = "measured"
+    b = real_models.plan_breakdown(func, top=2)
+    assert b["calls"] == len(calls) == 5
+    assert b["seconds"] == pytest.approx(sum(op.attributes["plan.seconds"] for op in calls))
+    assert b["sources"] == {"measured": 1, "roofline": 4}
+    # the two dearest callees, dearest first: both matmuls under one name, then the gelu region
+    matmul, second = b["callees"]
+    assert matmul == {
+        "callee": "numpy.atomic.matmul",
+        "calls": 2,
+        "seconds": pytest.approx(
+            sum(
+                op.attributes["plan.seconds"]
+                for op in calls
+                if op.attributes["callee"] == matmul["callee"]
+            )
+        ),
+        "measured": 1,
+        "guessed": 1,
+    }
+    assert second["seconds"] <= matmul["seconds"] and second["callee"] != matmul["callee"]
+    (first, other) = b["largest"]
+    assert first["seconds"] >= other["seconds"]
+    assert first["what"].startswith("atomic.matmul (tensor<")
+    gelu = next(c for c in real_models.plan_calls(func) if "region" in c["what"])
+    assert gelu["callee"] == "numpy.gelu_tanh" and "atomic.exp" in gelu["what"]
+    text = real_models.plan_text(b, "mlp")
+    assert "5 kernel calls and copies" in text and "1 measured, 4 roofline" in text
+    assert "numpy.atomic.matmul: 2 call(s)" in text and "1 measured / 1 guessed" in text
+    summary = real_models.plan_summary(b, "planned")
+    assert summary["chosen"] == "planned" and summary["calls"] == 5
+    assert summary["planned_ms"] == pytest.approx(b["seconds"] * 1e3, abs=1e-4)
+    assert summary["callees"][0].startswith("numpy.atomic.matmul: 2 call(s)")
+    assert len(summary["largest"]) == 2
+
+
+def test_plan_breakdown_names_copies_by_their_spaces() -> None:
+    func = _planned(
+        """func.func @f(%x: tensor<4xf32, "cuda">) -> tensor<4xf32, "cuda"> {
+  %e = atomic.exp %x : (tensor<4xf32, "cuda">) -> tensor<4xf32, "cuda">
+  func.return %e : tensor<4xf32, "cuda">
+}"""
+    )
+    callees = [c["callee"] for c in real_models.plan_calls(func)]
+    assert callees == ["kernel.copy cuda->host", "numpy.atomic.exp", "kernel.copy host->cuda"]
+    b = real_models.plan_breakdown(func)
+    assert b["calls"] == 3 and sum(e["calls"] for e in b["callees"]) == 3
+
+
+# -- the accuracy check ---------------------------------------------------------------------------
+
+
+def test_error_limit_is_the_tolerance_or_twice_eagers_own_error() -> None:
+    limit = real_models.error_limit
+    bf16, f32 = real_models.TOLERANCE["bf16"], real_models.TOLERANCE["f32"]
+    assert limit(bf16, 0.004) == bf16  # eager close to float32: the dtype's tolerance holds
+    assert limit(bf16, 0.015) == pytest.approx(0.03)  # eager's rounding alone is 1.5e-2
+    assert 0.026 <= limit(bf16, 0.015) and not 0.031 <= limit(bf16, 0.015)
+    assert limit(f32, 0.0) == f32  # an f32 row: eager is the reference, the tolerance as before
+    assert limit(bf16, None) == bf16  # no eager error (eager itself is the reference)
+    # eager overflowed: that says nothing of what bf16 can do, so no licence for tgc to
+    for broken in (float("inf"), float("nan")):
+        assert limit(bf16, broken) == bf16
+    assert not float("nan") <= limit(bf16, 0.015)  # a NaN result never passes
+
+
+@_needs("torch", "transformers")
+def test_tiny_bert_bf16_against_the_float32_reference(tmp_path) -> None:
+    """The dry run's bf16 check: the float32 reference on the CPU (the bf16 weights upcast), eager
+    bf16's own error against it, and tgc's numpy interpreter and numpy plan within the limit."""
+    import tgc
+
+    tgc.load_all()
+    case = real_models.dry_case("bert", "bf16", 2, tiny=True)
+    assert case.want.dtype == np.float64
+    # bf16 rounding is visible in eager, and the reference is not eager over again
+    assert 1e-4 < case.eager_error < real_models.TOLERANCE["bf16"]
+    (got,) = tgc.run(case.imported, case.arguments)
+    error = real_models.rel_error(got, case.want)
+    assert error <= real_models.error_limit(real_models.TOLERANCE["bf16"], case.eager_error)
+    code = real_models.main(
+        ["--dry-run", "--tiny", "--only", "bert", "--dry-dtype", "bf16", "--out", str(tmp_path)]
+    )
+    assert code == 0
+    (report,) = tmp_path.glob("real-models-dry-run-*.md")
+    assert "| bert | bf16 | 2 x 16 |" in report.read_text()
+    assert "PyTorch f32 (its bf16" in report.read_text()
+    plan = (tmp_path / "plan-bert-bf16-b2.txt").read_text()
+    assert "## by callee, the 12 dearest" in plan and "roofline" in plan
+
+
+# -- a GPU row's files, with a stand-in for the row -----------------------------------------------
+
+
+@_needs("torch")
+def test_keep_db_copies_the_database_after_each_row_and_the_report_shows_errors(
+    tmp_path, monkeypatch
+) -> None:
+    import json
+    import sqlite3
+    from dataclasses import asdict
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Stand-in GPU")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", torch.backends.cudnn.allow_tf32)
+    # a row of an earlier run of the same day, written before rows had a reference: still shown
+    old = asdict(
+        real_models.Row("gpt2", "bf16", shape="4 x 512", batch=4, tgc_error=0.013, tgc_ms=2.0)
+    )
+    for key in ("reference", "eager_error", "tgc_limit", "tgc_plan"):
+        del old[key]
+    store = real_models.results_path(tmp_path, "Stand-in GPU").with_suffix(".json")
+    store.write_text(json.dumps({"gpt2/bf16/4 x 512": old}))
+    plan = real_models.plan_summary(
+        real_models.plan_breakdown(_planned((ROOT / "examples" / "mlp.tg").read_text())), "default"
+    )
+
+    def gpu_one(row, args, db, save):  # what a row leaves: measurements, errors, a plan
+        con = sqlite3.connect(db)
+        con.execute("create table if not exists rows (name text)")
+        con.execute("insert into rows values (?)", (row.dtype,))
+        con.commit()
+        con.close()
+        row.shape, row.reference = "8 x 3 x 224 x 224", "f32" if row.dtype == "bf16" else "eager"
+        row.modes["default"] = {"first_s": 9.0, "ms": 2.0, "error": 0.026, "note": ""}
+        row.eager_error = 0.015 if row.dtype == "bf16" else 0.0
+        row.tgc_error = 0.0263 if row.dtype == "bf16" else 5e-4
+        row.tgc_ms, row.tgc_plan = 1.5, plan
+        row.tgc_limit = real_models.error_limit(real_models.TOLERANCE[row.dtype], row.eager_error)
+        return row
+
+    monkeypatch.setattr(real_models, "gpu_one", gpu_one)
+    argv = ["--only", "vit", "--dtypes", "bf16,f32", "--batch", "8", "--out", str(tmp_path)]
+    assert real_models.main([*argv, "--keep-db"]) == 0
+    # a copy after each row, of the run's one database as it was then
+    for dtype, names in (("bf16", ["bf16"]), ("f32", ["bf16", "f32"])):
+        con = sqlite3.connect(tmp_path / f"measurements-vit-{dtype}-b8.sqlite")
+        assert [n for (n,) in con.execute("select name from rows")] == names
+        con.close()
+    report = store.with_suffix(".md").read_text()
+    assert "max(0.02 (bf16) / 0.001 (f32), 2 x eager's own error)" in report
+    assert "| 2.6e-02 (<= 3.0e-02) |" in report  # tgc's error and its limit
+    assert "| 5.0e-04 (<= 1.0e-03) |" in report  # the f32 row: eager is its reference
+    assert real_models._error_cell({"tgc_error": 0.031, "tgc_limit": 0.03, "reference": "f32"}) == (
+        "3.1e-02 (> 3.0e-02)"
+    )
+    assert "| 1.3e-02 vs eager |" in report  # the older row, its error against eager
+    assert (
+        "vit bf16 8 x 3 x 224 x 224: errors against the f32 reference: default 2.6e-02, "
+        "eager 1.5e-02, tgc 2.6e-02" in report
+    )
+    assert "plan 'default', 5 calls" in report and "numpy.atomic.matmul: 2 call(s)" in report
+    rows = json.loads(store.read_text())
+    assert rows["vit/bf16/8 x 3 x 224 x 224"]["tgc_plan"]["calls"] == 5
+    # without --keep-db, nothing is copied
+    for f in tmp_path.glob("measurements-*.sqlite"):
+        f.unlink()
+    assert real_models.main(argv) == 0
+    assert not list(tmp_path.glob("measurements-*.sqlite"))
