@@ -214,7 +214,7 @@ def measurement_problem(m: Measurement) -> str | None:
             return f"{what} is {_shown(getattr(m, what))}, not a finite number >= 0"
     if not non_negative(m.created):
         return f"created is {_shown(m.created)}, not a time"
-    for what in ("median", "min"):  # a success needs its median; any time is positive
+    for what in ("median", "min", "device_median"):  # a success needs its median; times > 0
         v = getattr(m, what)
         if ((m.ok and what == "median") or v is not None) and not positive(v):
             return f"{what} is {_shown(v)}, not a positive finite number of seconds"
@@ -489,14 +489,15 @@ class Database:
             f"""
             INSERT INTO measurements (kernel_id, device_id, signature, dtypes, params, attrs_key,
                 attrs, bytes, flops, status, median, min, spread, runs, max_error, message,
-                created, origin, noisy)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                created, origin, noisy, device_median)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
             ON CONFLICT (kernel_id, device_id, signature, params, attrs_key) DO UPDATE SET
                 dtypes = excluded.dtypes, attrs = excluded.attrs, bytes = excluded.bytes,
                 flops = excluded.flops, status = excluded.status, median = excluded.median,
                 min = excluded.min, spread = excluded.spread, runs = excluded.runs,
                 max_error = excluded.max_error, message = excluded.message,
-                created = excluded.created, origin = excluded.origin, noisy = excluded.noisy
+                created = excluded.created, origin = excluded.origin, noisy = excluded.noisy,
+                device_median = excluded.device_median
             {guard}
             """,
             (
@@ -519,6 +520,7 @@ class Database:
                 m.created,
                 m.origin,
                 int(m.noisy),
+                m.device_median,
             ),
         )
         return cur.rowcount > 0
@@ -563,7 +565,8 @@ class Database:
             SELECT m.id, k.name, k.backend, k.source_hash, k.params, d.fingerprint, d.backend,
                 d.description, m.signature, m.dtypes, m.params, m.attrs_key, m.attrs, m.bytes,
                 m.flops, m.status, m.median, m.min, m.spread, m.runs, m.max_error, m.message,
-                m.created, m.origin, {column_or_default("noisy", self.version, "m.")}
+                m.created, m.origin, {column_or_default("noisy", self.version, "m.")},
+                {column_or_default("device_median", self.version, "m.")}
             FROM measurements m JOIN kernels k ON k.id = m.kernel_id
                 JOIN devices d ON d.id = m.device_id
             {"WHERE " + where if where else ""}
@@ -618,25 +621,42 @@ class Database:
 
     # -- reading: as stored (the planner validates and skips) -----------------------------------
 
-    def instance_records(self, kernel: KernelInfo, device: DeviceInfo, signature: str) -> list:
-        """(params, attrs_key, status, median, spread) of every record of one instance, as
-        stored (the caller skips damaged values)."""
+    def time_column(self, device_time: bool) -> str:
+        """The time a planner reads of `measurements m`: the median, or with `device_time` (a
+        plan replayed as a CUDA graph) the device's time alone where the record has it."""
+        if not device_time:
+            return "m.median"
+        return f"COALESCE({column_or_default('device_median', self.version, 'm.')}, m.median)"
+
+    def instance_records(
+        self, kernel: KernelInfo, device: DeviceInfo, signature: str, device_time: bool = False
+    ) -> list:
+        """(params, attrs_key, status, time, spread) of every record of one instance, as
+        stored (the caller skips damaged values); the time is `time_column`'s."""
         if self.empty:
             return []
         return self._read(
-            "SELECT m.params, m.attrs_key, m.status, m.median, m.spread FROM measurements m "
+            f"SELECT m.params, m.attrs_key, m.status, {self.time_column(device_time)}, m.spread "
+            "FROM measurements m "
             "JOIN kernels k ON k.id = m.kernel_id JOIN devices d ON d.id = m.device_id "
             "WHERE k.name = ? AND k.source_hash = ? AND d.fingerprint = ? AND m.signature = ?",
             (kernel.name, kernel.source_hash, device.fingerprint, signature),
         )
 
-    def curve_records(self, kernel: KernelInfo, device: DeviceInfo, params: str, dtypes: str):
-        """(bytes, flops, median) of the successful records of a kernel on a device with these
-        parameters and element types, as stored."""
+    def curve_records(
+        self,
+        kernel: KernelInfo,
+        device: DeviceInfo,
+        params: str,
+        dtypes: str,
+        device_time: bool = False,
+    ):
+        """(bytes, flops, time) of the successful records of a kernel on a device with these
+        parameters and element types, as stored; the time is `time_column`'s."""
         if self.empty:
             return []
         return self._read(
-            "SELECT m.bytes, m.flops, m.median FROM measurements m "
+            f"SELECT m.bytes, m.flops, {self.time_column(device_time)} FROM measurements m "
             "JOIN kernels k ON k.id = m.kernel_id JOIN devices d ON d.id = m.device_id "
             "WHERE k.name = ? AND k.source_hash = ? AND d.fingerprint = ? AND m.params = ? "
             "AND m.dtypes = ? AND m.status = 'ok' ORDER BY m.bytes, m.flops",

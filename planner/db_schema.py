@@ -11,8 +11,11 @@ Tables (schema version in `PRAGMA user_version`, upgraded by `MIGRATIONS`):
   attributes), bytes and flops moved, then either a time (median, min, spread, runs) with the
   error against float64, or a failure with its message; when, and what took it (profile, tune,
   import); and whether the time is *noisy* (its spread stayed above the profiler's
-  `NOISY_SPREAD` however often it was taken again). One row per instance and device: measuring
-  again replaces it.
+  `NOISY_SPREAD` however often it was taken again). A kernel timed on a device (schema 5) also
+  has its *device median*: the time of the work it queued alone, without the host's time to
+  queue it, which is what it adds to a plan replayed as a CUDA graph (the `median` is the
+  longer of the two, what it adds to a plan launched call by call). One row per instance and
+  device: measuring again replaces it.
 - `plan_times` (schema 4): whole-plan times the GPU route took (planner/plan_memory.py): per
   function (its canonical hash) and device, each candidate plan (`planned`, `library`,
   `default`) by the hash of its kernels, its time or why it did not run, and which one was
@@ -31,7 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # The oldest schema a reader reads without an upgrade: later versions only add columns with
 # defaults (`column_or_default`). Version 1 lacks `origin`, which every read names.
 READABLE_FROM = 2
@@ -137,13 +140,19 @@ def _v4(con: sqlite3.Connection) -> None:
     )
 
 
+def _v5(con: sqlite3.Connection) -> None:
+    # A replayed CUDA graph launches its kernels without the host: the planner of a replayed
+    # plan costs a kernel by the device's time alone (planner/profile.py `time_call`).
+    con.execute("ALTER TABLE measurements ADD COLUMN device_median REAL")
+
+
 # MIGRATIONS[i] takes a database from version i to i + 1; a new file runs them all.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 # measurements' column -> (the schema version that added it, what a reader of an older file
 # reads instead)
-ADDED_COLUMNS = {"noisy": (3, "0")}
+ADDED_COLUMNS = {"noisy": (3, "0"), "device_median": (5, "NULL")}
 PLAN_TIMES_SINCE = 4  # a file older than this has no whole-plan times (reads find none)
 
 
@@ -195,6 +204,7 @@ class Measurement:
     created: float = field(default_factory=time.time)
     origin: str = "profile"
     noisy: bool = False  # the spread stayed above NOISY_SPREAD after every repeat
+    device_median: float | None = None  # the queued work alone, where timed on a device
 
     @property
     def ok(self) -> bool:

@@ -213,7 +213,9 @@ class DatabaseCostSource:
     database (`TGC_DB` or the user cache). The file is opened for reading only; a missing file
     means no measurements. A file that cannot be used is said once and the fallback answers;
     a record with a damaged value (a time that is not a positive number, a status that is
-    neither) is skipped, said once per file."""
+    neither) is skipped, said once per file. With `device_time` a kernel timed on a device
+    costs the device's time alone (`Database.time_column`): the costs of a plan replayed as a
+    CUDA graph, whose kernels are launched without the host."""
 
     def __init__(
         self,
@@ -221,8 +223,10 @@ class DatabaseCostSource:
         fallback: CostSource | None = None,
         database: Database | None = None,
         warn: Callable[[str], None] = _warn,
+        device_time: bool = False,
     ) -> None:
         self.path = resolve_path(path) if database is None else database.path
+        self.device_time = device_time
         self.fallback = fallback or RooflineCostSource()
         self.warn = warn
         self.problem: str | None = None  # why the database is not used
@@ -314,7 +318,7 @@ class DatabaseCostSource:
     def _instance_rows(self, db: Database, keys, signature: str) -> list[tuple]:
         """(params, attrs_key, status, median, spread) of an instance's usable records."""
         out = []
-        for r in db.instance_records(*keys, signature):
+        for r in db.instance_records(*keys, signature, self.device_time):
             params, _, status, median, spread = r
             if status == FAILED:
                 out.append(r)
@@ -333,7 +337,7 @@ class DatabaseCostSource:
         key = (kernel.name, kernel.source_hash, device.fingerprint, params, dtypes)
         if key not in self._curves:
             points = []
-            for b, f, t in db.curve_records(kernel, device, params, dtypes):
+            for b, f, t in db.curve_records(kernel, device, params, dtypes, self.device_time):
                 if _usable_amount(b) and _usable_amount(f) and _usable_time(t):
                     points.append((b, f, t))
                 else:

@@ -384,6 +384,7 @@ class Timing:
     runs: int
     noisy: bool = False  # the spread stayed above NOISY_SPREAD in every attempt
     attempts: int = 1  # how many times the call was timed (steady_time)
+    device_median: float | None = None  # the queued work alone (timed with `queued`)
 
 
 def time_call(
@@ -393,7 +394,9 @@ def time_call(
 
     With `queued` (a space's `time_queued`), each call costs the longer of the work it queued,
     timed on the device, and the host's time to queue it: what it adds to a plan whose host runs
-    ahead of the device. Otherwise the host's clock around each synchronised call."""
+    ahead of the device; `device_median` is the work's alone, what the call adds to a plan
+    replayed as a CUDA graph (no host queues it there). Otherwise the host's clock around each
+    synchronised call."""
     sync()
     call()  # warm-up: first-call costs (allocation, caches, compilation) are not the kernel's
     sync()
@@ -402,9 +405,11 @@ def time_call(
     sync()
     first = time.perf_counter() - start
     runs = int(min(MAX_RUNS, max(MIN_RUNS, min_time / max(first, 1e-9))))
+    device_median = None
     if queued is not None:
         device, host = queued(call, runs, first)
         times = np.maximum(device, host)
+        device_median = float(np.median(device))
     else:
         times = np.empty(runs)
         for i in range(runs):
@@ -415,7 +420,8 @@ def time_call(
             times[i] = time.perf_counter() - start
     median = float(np.median(times))
     p10, p90 = np.percentile(times, [10, 90])
-    return Timing(median, float(times.min()), float((p90 - p10) / median) if median else 0.0, runs)
+    spread = float((p90 - p10) / median) if median else 0.0
+    return Timing(median, float(times.min()), spread, runs, device_median=device_median)
 
 
 def steady_time(
@@ -597,6 +603,9 @@ def _success(inst: Instance, timing: Timing, error: float, origin: str) -> Measu
         runs=timing.runs,
         max_error=error,
         noisy=timing.noisy,
+        device_median=None
+        if timing.device_median is None
+        else max(timing.device_median, MIN_SECONDS),
     )
 
 

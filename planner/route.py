@@ -20,7 +20,9 @@ the benchmarks). There is one: the planner's.
 4. `select-kernels` with the costs measured, else estimated from other measurements, else the
    default cost source: a roofline with the GPU's matrix units and per-family efficiencies
    (`RooflineCostSource.gpu_defaults`), under which, with no measurement at all, the plan is
-   what the fixed CUDA route made;
+   what the fixed CUDA route made. A plan replayed as a CUDA graph (`graphs`) costs each
+   kernel timed on the device by the device's time alone: no host queues a replayed kernel, so
+   the host work of a library call (PyTorch's dispatch, a ctypes call) costs nothing there;
 5. **the whole plan is checked**: a plan's time on a GPU is not the sum of its kernels' (launch
    overlap, host work, caches), so the plan is timed whole beside the plan of library kernels
    alone (what PyTorch eager would run) and the plan of the default costs, on random inputs,
@@ -200,10 +202,11 @@ def compile_function(func: FuncOp, options: RouteOptions = RouteOptions()) -> Co
     if options.measure:
         measure_first_use(func, tolerance, db_path, options, report)
     else:
-        report.unmeasured = len(_unknown(func, tolerance, db_path))
+        report.unmeasured = len(_unknown(func, tolerance, db_path, options.graphs))
     report.measure_s = time.perf_counter() - start
     start = time.perf_counter()
-    costs = CachedCosts(_costs(db_path))  # one database read for both plans that use it
+    # one database read for both plans that use it
+    costs = CachedCosts(_costs(db_path, options.graphs))
     candidates = {"planned": _plan(func, tolerance, costs, options.graphs)}
     if options.whole_plan_check:
         candidates["library"] = _plan(func, tolerance, costs, options.graphs, generated=False)
@@ -256,20 +259,25 @@ def _context(tolerance: float, generated: bool = True) -> PlanContext:
     )
 
 
-def _costs(db_path: str) -> CostSource:
+def _costs(db_path: str, device_time: bool = False) -> CostSource:
+    """The route's costs: the database's, else the GPU's roofline. With `device_time` (plans
+    replayed as CUDA graphs) a kernel costs the device's time alone: a library call whose
+    host work (PyTorch's dispatch, a ctypes call) outlasts its kernel costs the kernel there,
+    as it does inside a replayed graph."""
     from tgc.planner.estimate import DatabaseCostSource
 
-    return DatabaseCostSource(db_path, fallback=RooflineCostSource.gpu_defaults())
+    fallback = RooflineCostSource.gpu_defaults()
+    return DatabaseCostSource(db_path, fallback=fallback, device_time=device_time)
 
 
-def _instances(func: FuncOp, tolerance: float, db_path: str):
+def _instances(func: FuncOp, tolerance: float, db_path: str, device_time: bool = False):
     """Every kernel instance the plans of `func` could use, in the order first use measures
     them: the library's products (cuBLAS, cuBLASLt, PyTorch's matmul, linear and attention) by
     their weight, heaviest first, then the rest in the profiler's order (likely winners
     first)."""
     from tgc.planner.profile import instances
 
-    costs = CachedCosts(_costs(db_path))
+    costs = CachedCosts(_costs(db_path, device_time))
     found = instances(func, _context(tolerance), costs)
     defaults = CachedCosts(RooflineCostSource.gpu_defaults())
 
@@ -284,11 +292,11 @@ def _instances(func: FuncOp, tolerance: float, db_path: str):
     return sorted(first, key=lambda i: -weight(i)) + [i for i in found if id(i) not in chosen]
 
 
-def _unknown(func: FuncOp, tolerance: float, db_path: str) -> list:
+def _unknown(func: FuncOp, tolerance: float, db_path: str, device_time: bool = False) -> list:
     from tgc.planner.db import Database, DatabaseUnavailable
     from tgc.planner.profile import unknown
 
-    insts = _instances(_scratch(func), tolerance, db_path)
+    insts = _instances(_scratch(func), tolerance, db_path, device_time)
     try:
         with Database.open(db_path, readonly=True) as db:
             return unknown(insts, db)
@@ -306,7 +314,7 @@ def measure_first_use(
     from tgc.planner.db import Database, DatabaseUnavailable
     from tgc.planner.profile import Profiler, unknown
 
-    insts = _instances(_scratch(func), tolerance, db_path)
+    insts = _instances(_scratch(func), tolerance, db_path, options.graphs)
     try:
         db = Database.open(db_path)
     except DatabaseUnavailable as e:
@@ -324,7 +332,7 @@ def measure_first_use(
         for _ in range(MAX_REPLANS):
             if profiler.out_of_time():
                 break
-            guessed = unknown(_guessed(func, tolerance, db_path), db)
+            guessed = unknown(_guessed(func, tolerance, db_path, options.graphs), db)
             if not guessed:
                 break
             runs.append(profiler.run(guessed))
@@ -337,7 +345,7 @@ def measure_first_use(
     report.unmeasured = left
 
 
-def _guessed(func: FuncOp, tolerance: float, db_path: str) -> list:
+def _guessed(func: FuncOp, tolerance: float, db_path: str, device_time: bool = False) -> list:
     """The kernel instances the plan of `func` chosen with what the database knows now would
     run on a guessed cost (estimated from other measurements, or the roofline), the dearest
     first: measuring them is what can change that plan most."""
@@ -345,7 +353,7 @@ def _guessed(func: FuncOp, tolerance: float, db_path: str) -> list:
     from tgc.planner.profile import instance_of
     from tgc.planner.select import plan_function
 
-    costs = CachedCosts(_costs(db_path))
+    costs = CachedCosts(_costs(db_path, device_time))
     try:
         selection = plan_function(_scratch(func), _context(tolerance), costs)
     except TgcError:

@@ -92,6 +92,42 @@ def test_migration_from_version_1_keeps_the_records(tmp_path):
     assert (m.kernel.name, m.median, m.origin) == ("numpy.atomic.exp", 0.5, "profile")
 
 
+def test_the_device_time_is_kept_and_read_by_a_replayed_plans_costs(tmp_path):
+    """A kernel timed on a device keeps the device's time alone beside its median (the longer
+    of device and host per call); costs for a plan replayed as a CUDA graph read it, other
+    costs the median; a record without it (a version-4 file's, or the host's) costs its
+    median either way. Export and import carry it."""
+    path = str(tmp_path / "m.sqlite")
+    exp = KERNELS["numpy.atomic.exp"]
+    with Database.open(path) as db:
+        db.record(record(seconds=4e-5, device_median=1e-5))
+    with Database.open(path, readonly=True) as db:
+        (m,) = db.rows()
+    assert (m.median, m.device_median) == (4e-5, 1e-5)
+
+    def seconds(device_time: bool, file: str = path) -> float:
+        source = DatabaseCostSource(file, device_time=device_time)
+        return source.cost(exp, [X], [X], {}).seconds
+
+    assert (seconds(True), seconds(False)) == (1e-5, 4e-5)
+    out, other = tmp_path / "e.json", str(tmp_path / "n.sqlite")
+    assert dbtool.main(["--db", path, "export", "-o", str(out)]) == 0
+    assert dbtool.main(["--db", other, "import", str(out)]) == 0
+    with Database.open(other, readonly=True) as db:
+        assert [m.device_median for m in db.rows()] == [1e-5]
+    old = str(tmp_path / "v4.sqlite")  # a version-4 file: no device_median column
+    with Database.open(old) as db:
+        db.record(record(seconds=4e-5))
+    con = sqlite3.connect(old, isolation_level=None)
+    con.execute("ALTER TABLE measurements DROP COLUMN device_median")
+    con.execute("PRAGMA user_version = 4")
+    con.close()
+    with Database.open(old, readonly=True) as db:
+        (m,) = db.rows()
+    assert m.device_median is None
+    assert (seconds(True, old), seconds(False, old)) == (4e-5, 4e-5)
+
+
 def unusable_files(tmp_path) -> dict[str, bytes]:
     rng = np.random.default_rng(1)
     other = tmp_path / "other.sqlite"

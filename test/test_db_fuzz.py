@@ -105,8 +105,13 @@ def tool(argv: list[str], where: str) -> int:
 
 
 def plan_costs(path: Path, where: str) -> None:
+    for device_time in (False, True):  # a plan launched call by call, one replayed
+        _plan_costs(path, where, device_time)
+
+
+def _plan_costs(path: Path, where: str, device_time: bool) -> None:
     said: list[str] = []
-    source = DatabaseCostSource(str(path), warn=said.append)
+    source = DatabaseCostSource(str(path), warn=said.append, device_time=device_time)
     try:
         for name in NAMES:
             for rows in (1, 7, 30, 45, 500):
@@ -201,6 +206,7 @@ COLUMNS = {
         "max_error",
         "created",
         "origin",
+        "device_median",
     ],
     "kernels": ["name", "backend", "source_hash", "params"],
     "devices": ["fingerprint", "backend", "description"],

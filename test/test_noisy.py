@@ -136,7 +136,7 @@ def test_export_and_import_carry_the_flag(noisy_db, tmp_path, capsys):
     out = tmp_path / "e.json"
     assert dbtool.main(["--db", str(noisy_db), "export", "-o", str(out)]) == 0
     data = json.loads(out.read_text())
-    assert data["version"] == dbtool.EXPORT_VERSION == 2
+    assert data["version"] == dbtool.EXPORT_VERSION == 3
     assert sorted(r["noisy"] for r in data["measurements"]) == [False, True]
     other = tmp_path / "n.sqlite"
     assert dbtool.main(["--db", str(other), "import", str(out)]) == 0
@@ -164,8 +164,12 @@ def test_an_export_of_version_1_imports_with_no_record_noisy(noisy_db, tmp_path,
     [
         (lambda d: d["measurements"][0].update(noisy="yes"), "noisy is 'yes', not true or false"),
         (lambda d: d["measurements"][0].update(noisy=1), "noisy is 1, not true or false"),
-        (lambda d: d.update(version=True), "is export version True; this tgc reads 1 and 2"),
-        (lambda d: d.update(version=3), "is export version 3; this tgc reads 1 and 2"),
+        (lambda d: d.update(version=True), "is export version True; this tgc reads 1, 2 and 3"),
+        (lambda d: d.update(version=4), "is export version 4; this tgc reads 1, 2 and 3"),
+        (
+            lambda d: d["measurements"][0].update(device_median=-1.0),
+            "device_median is -1.0, not a positive finite number of seconds",
+        ),
     ],
 )
 def test_import_refuses_a_bad_flag_or_export_version(noisy_db, tmp_path, capsys, change, message):

@@ -162,6 +162,9 @@ def test_queued_work_costs_the_longer_of_device_and_host_time():
     assert timing.runs == MIN_RUNS and len(calls) == 2 + MIN_RUNS  # warm-up and first call
     assert timing.median == pytest.approx(float(np.median(want)))
     assert timing.min == pytest.approx(float(want.min()))
+    # what the call adds to a plan replayed as a CUDA graph: the device's time alone
+    assert timing.device_median == pytest.approx(float(np.median(device[:MIN_RUNS])))
+    assert time_call(slow, lambda: None, min_time=1e-3).device_median is None
 
 
 def _exp_times(factor: float):

@@ -243,6 +243,29 @@ def test_the_plans_guesses_are_listed_dearest_first(stand_in, tmp_path):
     assert len({i.key() for i in guessed}) == len(guessed)
 
 
+def test_a_replayed_plan_costs_a_kernel_by_the_devices_time_alone(stand_in, tmp_path):
+    """No host queues a kernel of a replayed CUDA graph: a library call whose host work
+    outlasts its kernel (PyTorch's dispatch, a ctypes call) costs its device time in a plan
+    replayed as a graph, and the longer of the two in a plan launched call by call."""
+    db = tmp_path / "m.sqlite"
+    text = (EXAMPLES / "mlp.tg").read_text()
+    _compile(text, db)  # every instance measured (the stand-in's times have no device part)
+    with sqlite3.connect(db) as con:  # cuBLAS host-bound: slow per call, fast on the device
+        con.execute(
+            "UPDATE measurements SET median = 1.0, device_median = 1e-9 WHERE kernel_id IN "
+            "(SELECT id FROM kernels WHERE name LIKE 'cuda.cublas%')"
+        )
+
+    def callees(graphs: bool) -> set[str]:
+        compiled = _compile(text, db, graphs=graphs, whole_plan_check=False)
+        assert compiled.report.measured == 0
+        return {op.attr("callee") for op in compiled.func.body.ops if op.name == "kernel.call"}
+
+    replayed, launched = callees(True), callees(False)
+    assert any(c.startswith("cuda.cublas") for c in replayed)
+    assert not any(c.startswith("cuda.cublas") for c in launched)
+
+
 def test_the_summary_counts_failed_and_noisy_measurements():
     """The line tgc-run --backend cuda prints says what the first use measured, what failed
     its check and what was flagged noisy."""

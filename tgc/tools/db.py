@@ -39,9 +39,10 @@ from tgc.tools._common import DB_HELP, EXIT_OK, add_version, guarded, parse_args
 from tgc.tools._outputs import check_not_database, database_files, same_file
 
 EXPORT_FORMAT = "tgc-measurements"
-# 2: records say whether they are noisy; 1 (read too) did not, and its records are not.
-EXPORT_VERSION = 2
-READS_EXPORT_VERSIONS = (1, 2)
+# 3: records have the device's time alone (`device_median`, where timed on a device); 2: they
+# say whether they are noisy; 1 did not, and its records are not. All three are read.
+EXPORT_VERSION = 3
+READS_EXPORT_VERSIONS = (1, 2, 3)
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -338,7 +339,7 @@ def import_records(data, source: str) -> tuple[list, list]:
     if type(version) is not int or version not in READS_EXPORT_VERSIONS:  # not true, not 1.0
         raise TgcError(
             f"'{source}' is export version {_shown(version)}; this tgc reads "
-            f"{' and '.join(map(str, READS_EXPORT_VERSIONS))}"
+            f"{', '.join(map(str, READS_EXPORT_VERSIONS[:-1]))} and {READS_EXPORT_VERSIONS[-1]}"
         )
     for part in ("devices", "kernels", "measurements"):
         if not isinstance(data.get(part), list):
