@@ -18,6 +18,10 @@ from test_planner_cuda import stand_in as _stand_in_device  # noqa: F401  (a fix
 
 import tgc
 from tgc.planner import route
+from tgc.planner.db import dtypes_of
+from tgc.planner.estimate import instance_bytes
+from tgc.planner.profile import instances
+from tgc.planner.select import prepare
 from tgc.planner.cost import RooflineCostSource
 from tgc.runtime.interpreter import random_inputs, run_function
 
@@ -241,6 +245,43 @@ def test_the_plans_guesses_are_listed_dearest_first(stand_in, tmp_path):
     seconds = [defaults.cost(i.kernel, i.operand_types, i.result_types).seconds for i in guessed]
     assert seconds == sorted(seconds, reverse=True)
     assert len({i.key() for i in guessed}) == len(guessed)
+
+
+def test_copies_are_measured_at_a_few_sizes_and_the_rest_estimated(stand_in, tmp_path):
+    """A copy's time is a line in its bytes: first use measures COPY_SAMPLES sizes of each
+    copy direction and element type (the smallest, the middle, the largest), and the
+    database's estimate prices the others; a second compile measures nothing."""
+    db = tmp_path / "m.sqlite"
+    text = (EXAMPLES / "gpt2_block.tg").read_text()
+    module = tgc.parse(text)
+    tgc.run_pipeline(module, "lower-for-planning")
+    func = module.funcs[0]
+    route.move_signature_to_device(func)
+    prepare(func)
+    possible: dict[tuple, list[float]] = {}  # every copy a plan could make, by group
+    for i in instances(func, route._context(1e-5)):
+        if i.kernel.op == "kernel.copy":
+            key = (i.kernel.name, dtypes_of(i.operand_types, i.result_types))
+            possible.setdefault(key, []).append(instance_bytes(i.operand_types, i.result_types))
+    assert max(len(v) for v in possible.values()) > route.COPY_SAMPLES  # some are thinned
+
+    first = _compile(text, db)
+    assert first.report.unmeasured == 0
+    with sqlite3.connect(db) as con:
+        rows = con.execute(
+            "SELECT k.name, m.dtypes, m.bytes FROM measurements m JOIN kernels k "
+            "ON k.id = m.kernel_id WHERE k.name LIKE 'copy.%'"
+        ).fetchall()
+    measured: dict[tuple, list[float]] = {}
+    for name, dtypes, size in rows:
+        measured.setdefault((name, dtypes), []).append(size)
+    for key, sizes in possible.items():
+        got = sorted(measured.get(key, []))
+        assert len(got) <= route.COPY_SAMPLES, key
+        if key in measured:  # the extremes among what was measured
+            assert got[0] == min(sizes) and got[-1] == max(sizes), key
+    second = _compile(text, db)
+    assert second.report.measured == 0 and second.report.unmeasured == 0
 
 
 def test_a_replayed_plan_costs_a_kernel_by_the_devices_time_alone(stand_in, tmp_path):
