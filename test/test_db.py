@@ -128,6 +128,17 @@ def test_the_device_time_is_kept_and_read_by_a_replayed_plans_costs(tmp_path):
     assert (seconds(True, old), seconds(False, old)) == (4e-5, 4e-5)
 
 
+def test_show_prints_a_record_that_lacks_its_optional_fields(tmp_path, capsys):
+    """A success needs its median alone: tgc-db show prints '?' for a missing min, spread, run
+    count or error (it raised an internal error; found by test_db_fuzz)."""
+    path = str(tmp_path / "m.sqlite")
+    with Database.open(path) as db:
+        db.record(record(seconds=2e-4, min=None, spread=None, runs=None, max_error=None))
+    assert dbtool.main(["--db", path, "show", "numpy.atomic.exp"]) == 0
+    out = capsys.readouterr().out
+    assert "median 2.000e-04 s, min ? s, spread ?, ? runs, error ?" in out
+
+
 def unusable_files(tmp_path) -> dict[str, bytes]:
     rng = np.random.default_rng(1)
     other = tmp_path / "other.sqlite"

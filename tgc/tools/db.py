@@ -214,9 +214,15 @@ def _row_text(m) -> str:
         return f"{where}: FAILED: {m.message}"
     noisy = " (noisy)" if m.noisy else ""
     return (
-        f"{where}: median {m.median:.3e} s, min {m.min:.3e} s, spread {m.spread:.0%}{noisy}, "
-        f"{m.runs} runs, error {m.max_error:.2g}"
+        f"{where}: median {m.median:.3e} s, min {_optional(m.min, '.3e')} s, "
+        f"spread {_optional(m.spread, '.0%')}{noisy}, {_optional(m.runs, 'd')} runs, "
+        f"error {_optional(m.max_error, '.2g')}"
     )
+
+
+def _optional(value, spec: str) -> str:
+    """A field a record may lack (only a success's median is required): '?' where it does."""
+    return "?" if value is None else format(value, spec)
 
 
 # -- export, import --------------------------------------------------------------------------------
