@@ -232,6 +232,22 @@ def _source(op: CallOp | FusedOp):
     return source
 
 
+def launch_source(
+    source, function, inputs: list, result_types: list[TensorType]
+) -> list[DeviceArray]:
+    """Launch a user's CUDA kernel (planner/cuda_source.py), `function` its compiled `source`
+    (`load_kernels`), on device `inputs`, into fresh results of `result_types`."""
+    outs = [DeviceArray.empty(t.shape, t.dtype) for t in result_types]
+    pointers = [np.uintp(_pointer(v)) for v in inputs] + [np.uintp(o.ptr) for o in outs]
+    try:
+        function.prepared_async_call(
+            source.grid, source.block, _launch.stream, *pointers, shared_size=source.shared_bytes
+        )
+    except cuda.Error as e:
+        raise TgcError(f"{_label(source)} failed to run: {e}") from None
+    return outs
+
+
 def _label(source) -> str:
     """How a diagnostic names a generated kernel: its IR name and its symbol."""
     return f"kernel '{display_name(source.ir_name or source.name)}' ({source.name})"
