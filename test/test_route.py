@@ -135,6 +135,34 @@ def test_the_whole_plan_check_runs_the_fastest_candidate(stand_in):
     assert slow.calls > 1 and fast.calls > 1
 
 
+def test_the_library_plan_exists_where_some_op_has_no_library_kernel(stand_in, tmp_path):
+    """The whole-plan check's baseline: where some op no library kernel runs (here the GELU:
+    the stand-in device has cuBLAS but not PyTorch), generated kernels run there alone and
+    every product stays on cuBLAS, as eager would run it; before, there was no library plan
+    and nothing to hold the planned one against."""
+    from tgc.planner.backends import TEMPLATES
+
+    db = tmp_path / "m.sqlite"
+    text = (EXAMPLES / "mlp.tg").read_text()
+    compiled = _compile(text, db)
+    assert "library" in compiled.report.candidates
+    module = tgc.parse(text)
+    tgc.run_pipeline(module, "lower-for-planning")
+    func = module.funcs[0]
+    route.move_signature_to_device(func)
+    prepare(func)
+    # the GPU's default costs (the stand-in's timings of cuBLAS are its host's, not a GPU's)
+    costs = route.CachedCosts(route._costs(str(tmp_path / "none.sqlite")))
+    tolerance = route.plan_tolerance(func)
+    assert route._plan(func, tolerance, costs, False, generated=False) is None
+    library = route._library_plan(func, tolerance, costs, False)
+    callees = [op.attr("callee") for op in library.func.body.ops if op.name == "kernel.call"]
+    products = [c for c in callees if c.startswith("cuda.cublas")]
+    generated = [c for c in callees if c in TEMPLATES]
+    assert products and generated, callees
+    assert "cuda.matmul" not in generated, callees  # every product on the library's kernel
+
+
 def test_a_candidate_with_the_same_plan_is_not_timed_again(stand_in):
     func = tgc.parse((EXAMPLES / "softmax.tg").read_text()).funcs[0]
     route.move_signature_to_device(func)
