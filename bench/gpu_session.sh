@@ -2,8 +2,12 @@
 # One session's GPU validation, in stages that each fit one device call (10 minutes at most),
 # so that a session's device time is not spent on a stage cut off before it wrote anything.
 #
-#   STAGE=tests      bash bench/gpu_session.sh  # the GPU tests (about 6-8 minutes)
-#   STAGE=models     bash bench/gpu_session.sh  # GPT-2 small and the Llama-style model, bf16
+#   STAGE=tests      bash bench/gpu_session.sh  # the GPU tests but test_cuda.py (about 3 min)
+#   STAGE=cuda       bash bench/gpu_session.sh  # test_cuda.py (over 150 s on an H200)
+#   STAGE=models     bash bench/gpu_session.sh  # GPT-2 small and the Llama-style model, bf16,
+#                                               # beside eager, compile and reduce-overhead
+#   STAGE=autotune   bash bench/gpu_session.sh  # the same two beside max-autotune-no-cudagraphs
+#                                               # alone (its compile of GPT-2 took 117 s)
 #   STAGE=more       bash bench/gpu_session.sh  # ResNet-50, ViT-base, the UNet and the VAE
 #                                               # decoder, bf16 at batch 8 (issue 25 item 5)
 #   STAGE=vision-f32 bash bench/gpu_session.sh  # the same four in f32
@@ -37,10 +41,10 @@ vision_timeout=${VISION_TIMEOUT:-130}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
 echo "commit $commit" | tee -a "$out/device.txt"
 
-pytest_gpu() {  # name, files...: pytest without xdist (the GPU is one), its tail kept
-  local name=$1
-  shift
-  timeout 240 python3 -m pytest -o addopts="" -q -p no:cacheprovider --tb=short "$@" \
+pytest_gpu() {  # name, seconds, files...: pytest without xdist (the GPU is one), its tail kept
+  local name=$1 seconds=$2
+  shift 2
+  timeout "$seconds" python3 -m pytest -o addopts="" -q -p no:cacheprovider --tb=short "$@" \
     >"$out/$name.txt" 2>&1
   tail -3 "$out/$name.txt"
 }
@@ -87,13 +91,21 @@ bundle() {  # the rows' plan files and kept databases as one file of $out (see t
 
 case "$stage" in
 tests)
-  pytest_gpu route test/test_route_cuda.py test/test_graphs.py test/test_route.py \
-    test/test_plan_memory.py test/test_noisy.py test/test_profile_torch_check.py
-  pytest_gpu cuda test/test_cuda.py test/test_planner_cuda.py test/test_standalone.py
+  pytest_gpu route 200 test/test_route_cuda.py test/test_graphs.py test/test_route.py \
+    test/test_plan_memory.py test/test_noisy.py test/test_profile_torch_check.py \
+    test/test_cuda_source.py
+  pytest_gpu planner 200 test/test_planner_cuda.py test/test_standalone.py
+  ;;
+cuda)
+  pytest_gpu cuda 520 test/test_cuda.py
   ;;
 models)
-  model --only gpt2 --dtypes bf16 --profile
-  model --only llama --dtypes bf16
+  model --only gpt2 --dtypes bf16 --profile --modes eager,default,reduce-overhead
+  model --only llama --dtypes bf16 --modes eager,default,reduce-overhead
+  ;;
+autotune)
+  model --only gpt2 --dtypes bf16 --modes max-autotune-no-cudagraphs
+  model --only llama --dtypes bf16 --modes max-autotune-no-cudagraphs
   ;;
 more)
   vision bf16 8 resnet50 vit unet vae
@@ -106,11 +118,11 @@ vision-b1)
   ;;
 bert)
   model --only bert --dtypes bf16
-  pytest_gpu dynamo test/test_dynamo_backend.py test/test_hl_vision.py \
+  pytest_gpu dynamo 240 test/test_dynamo_backend.py test/test_hl_vision.py \
     test/test_bench_real_models.py
   ;;
 *)
-  echo "STAGE must be tests, models, more, vision-f32, vision-b1 or bert" >&2
+  echo "STAGE must be tests, cuda, models, autotune, more, vision-f32, vision-b1 or bert" >&2
   exit 2
   ;;
 esac
