@@ -69,3 +69,51 @@ def test_statistics_note_the_search():
     parse_pipeline("eqsat")[0].run_on_func(fb.func, stats)
     assert any("stopped: saturated" in n for n in stats.notes)
     assert [op.name for op in fb.func.body.ops] == ["atomic.add", "atomic.matmul", "func.return"]
+
+
+def test_the_planner_cost_model_extracts_by_measured_kernel_times(tmp_path):
+    """eqsat{cost=planner}: the graph chosen is the one whose kernels cost least by the
+    measurement database. A@B + A@C = A@(B+C) saves a product, but where the database says the
+    add of the weights (B+C, 64x64 here) is slow, the planner's extraction keeps two products;
+    the roofline's distributes either way."""
+    from tgc.planner import load_backends
+    from tgc.planner.db import Database, Measurement, device_of, kernel_info, signature_of
+    from tgc.planner.kernel import KERNELS
+
+    load_backends(["numpy"])
+    x, w = TensorType.get((4, 64), "f32"), TensorType.get((64, 64), "f32")
+    y = TensorType.get((4, 64), "f32")
+    add = KERNELS["numpy.atomic.add"]
+    db = tmp_path / "m.sqlite"
+    with Database.open(str(db)) as d:
+        d.record(
+            Measurement(
+                kernel=kernel_info(add),
+                device=device_of(add),
+                signature=signature_of([w, w], [w]),
+                dtypes="f32,f32->f32",
+                params={},
+                attrs_key="",
+                attrs="",
+                bytes=3.0 * w.nbytes,
+                flops=float(w.num_elements),
+                status="ok",
+                median=1.0,  # the weights' add: one second
+                min=1.0,
+                spread=0.0,
+                runs=5,
+                max_error=0.0,
+            )
+        )
+
+    def extracted(pipeline: str) -> list[str]:
+        fb = FunctionBuilder("g", [x, w, w], ["a", "b", "c"])
+        a, b, c = fb.args
+        fb.ret(fb.atomic.add(fb.atomic.matmul(a, b), fb.atomic.matmul(a, c)))
+        assert fb.func.function_type.results[0] is y
+        parse_pipeline(pipeline)[0].run_on_func(fb.func, PassStatistics())
+        return [op.name for op in fb.func.body.ops]
+
+    two_products = ["atomic.matmul", "atomic.matmul", "atomic.add", "func.return"]
+    assert extracted("eqsat") == ["atomic.add", "atomic.matmul", "func.return"]
+    assert extracted(f"eqsat{{cost=planner backends=numpy db={db}}}") == two_products

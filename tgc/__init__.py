@@ -51,14 +51,15 @@ _loaded = False
 
 
 def load_all() -> None:
-    """Register tgc's dialects (hl, atomic, kernel), its passes and the planner's
-    select-kernels pass. Idempotent: after the first call it returns at once."""
+    """Register tgc's dialects (hl, atomic, kernel), its passes, the planner's select-kernels
+    pass and eqsat's planner cost model. Idempotent: after the first call it returns at once."""
     global _loaded
     if _loaded:
         return
     # Importing a module registers what it defines.
     import tgc.dialects
     import tgc.passes
+    import tgc.planner.eqsat_cost  # noqa: F401  (eqsat's cost=planner)
     import tgc.planner.select  # noqa: F401  (the select-kernels pass)
 
     _loaded = True

@@ -3,8 +3,9 @@
 The package: `egraph.py` (the e-graph), `rules.py` (the algebraic family as patterns, rule
 tables in both directions, the merge of matmuls sharing an operand), `extract.py` (choosing
 the cheapest graph). The cost is the `algebraic` pass's roofline model (passes/algebraic/cost.py)
-through `NodeCost`, a function the caller may replace: the planner, which the passes may not
-import, can hand its own (measured) cost source to `saturate_and_extract`.
+through `NodeCost`, or another model named by the `cost` option from `COST_MODELS`: the
+planner, which the passes may not import, registers `planner` there (planner/eqsat_cost.py:
+each op at its cheapest kernel, measured, estimated or modelled).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from tgc.patterns import erase_dead_ops
 from tgc.rewriter import Rewriter
 
 MATMUL = "atomic.matmul"
+# cost model name -> (e-graph, the pass's options) -> NodeCost; `roofline` is below, the planner
+# adds `planner` when it loads (tgc.load_all).
+COST_MODELS: dict[str, object] = {}
 
 
 def _modelled(op: Operation) -> bool:
@@ -212,6 +216,9 @@ def roofline_cost(eg: EGraph, weights: CostWeights):
     return cost
 
 
+COST_MODELS["roofline"] = lambda eg, options: roofline_cost(eg, options.weights())
+
+
 class _Emitter:
     def __init__(self, built: Built, choice: dict[int, ENode], rewriter: Rewriter) -> None:
         self.built, self.choice, self.rewriter = built, choice, rewriter
@@ -257,12 +264,13 @@ def _leaves_below(eg: EGraph, choice, roots) -> set[ENode]:
 
 
 def rewrite_function(func: FuncOp, rules, weights, iterations, node_limit, seconds, cost=None):
-    """Saturate, extract and, where the extracted graph is cheaper, rebuild `func`.
-    Returns (report dict, cost before, cost after)."""
+    """Saturate, extract and, where the extracted graph is cheaper, rebuild `func`; `cost`
+    (the e-graph) -> NodeCost, None: the roofline of `weights`. Returns (report dict, cost
+    before, cost after)."""
     built = build_egraph(func)
     eg = built.eg
     report = saturate(eg, rules, iterations, node_limit, seconds)
-    cost = cost or roofline_cost(eg, weights)
+    cost = roofline_cost(eg, weights) if cost is None else cost(eg)
     users = [op for op in func.body.ops if isinstance(op, ReturnOp) or not _modelled(op)]
     roots = [
         eg.find(built.value_class[v]) for op in users for v in op.operands if v in built.value_class
@@ -326,6 +334,16 @@ class Eqsat(Pass):
     node_limit: int = option(20000, "stop saturating past this many e-nodes")
     time_limit: float = option(2.0, "stop saturating after this many seconds (per function)")
     rules_file: str = option("", "a rule table (.tg, tgc-rulegen's format) to apply as well")
+    cost: str = option(
+        "roofline",
+        "the extraction's cost model: roofline (algebraic's, with the three options below) or "
+        "planner (each op at its cheapest kernel: measured in `db`, else estimated, else "
+        "modelled)",
+    )
+    db: str = option("", "the measurement database of cost=planner (empty: the default)")
+    backends: tuple[str, ...] = option(
+        (), "backend families whose kernels cost=planner prices ops with (empty: all)"
+    )
     flop_cost: float = option(2e-14, "seconds per flop in the cost model")
     byte_cost: float = option(3.3e-13, "seconds per byte in the cost model")
     launch_cost: float = option(3e-6, "seconds per kernel launch in the cost model")
@@ -335,14 +353,28 @@ class Eqsat(Pass):
             raise PipelineError(
                 "pass 'eqsat' needs iterations >= 0, node-limit >= 1 and time-limit >= 0"
             )
+        if self.cost not in COST_MODELS:
+            raise PipelineError(
+                f"pass 'eqsat': unknown cost model '{self.cost}' "
+                f"(cost models: {', '.join(sorted(COST_MODELS))})"
+            )
+
+    def weights(self) -> CostWeights:
+        return CostWeights(self.flop_cost, self.byte_cost, self.launch_cost)
 
     def run_on_func(self, func: FuncOp, stats: PassStatistics) -> None:
         rules = hand_written_rules()
         if self.rules_file:
             rules = rules + both_ways(load_rules(self.rules_file))
-        weights = CostWeights(self.flop_cost, self.byte_cost, self.launch_cost)
+        model = COST_MODELS[self.cost]
         report, before, after = rewrite_function(
-            func, rules, weights, self.iterations, self.node_limit, self.time_limit
+            func,
+            rules,
+            self.weights(),
+            self.iterations,
+            self.node_limit,
+            self.time_limit,
+            cost=lambda eg: model(eg, self),
         )
         name = f"@{func.sym_name}"
         stats.note(
