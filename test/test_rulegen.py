@@ -16,6 +16,7 @@ from tgc.passes.rulegen.table import write_table
 from tgc.passes.rulegen.terms import Maker
 from tgc.passes.rulegen.verify import verify_candidate
 from tgc.tools import rulegen
+from tgc.types import TensorType
 from tgc.verifier import verify
 
 TINY = Config(ops=("add", "mul", "matmul"), max_ops=3, inputs=3)
@@ -38,6 +39,7 @@ def test_tiny_counts(tiny):
         "no_table_form": 0,
         "verified": 59,
         "kept": 59,
+        "exact": 59,  # add, mul and matmul: every rule is a polynomial identity
     }
 
 
@@ -82,6 +84,32 @@ def test_verification_rejects_a_coincidence():
     # rectangular shapes are what tell A@B from (A@B)ᵀ-like coincidences of square ones
     wrong = verify_candidate(m.op("matmul", a, b), m.op("matmul", b, a), np.random.default_rng(0))
     assert not wrong.ok
+
+
+def test_polynomial_rules_are_also_checked_in_exact_arithmetic():
+    """Rules over polynomial ops are compared on random integers exactly (a polynomial identity
+    test); a rule with exp rests on the float tests alone; sides that differ exactly are told
+    apart however close they are in floats."""
+    from tgc.passes.rulegen.verify import exactly_equal
+
+    m = Maker()
+    a, b, c = m.input(0), m.input(1), m.input(2)
+    rng = np.random.default_rng(0)
+    distribute = verify_candidate(
+        m.op("add", m.op("matmul", a, b), m.op("matmul", a, c)),
+        m.op("matmul", a, m.op("add", b, c)),
+        rng,
+    )
+    assert distribute.ok and distribute.exact
+    exp = verify_candidate(
+        m.op("mul", m.op("exp", a), m.op("exp", b)), m.op("exp", m.op("add", a, b)), rng
+    )
+    assert exp.ok and not exp.exact
+    types = {0: TensorType.get((3, 4), "f64"), 1: TensorType.get((3, 4), "f64")}
+    assert exactly_equal(m.op("add", a, b), m.op("add", b, a), types, rng)
+    # a - (a - b) = b exactly; a*b and a + b differ
+    assert exactly_equal(m.op("sub", a, m.op("sub", a, b)), b, types, rng)
+    assert not exactly_equal(m.op("mul", a, b), m.op("add", a, b), types, rng)
 
 
 def test_forced_collisions_are_rejected(tiny):

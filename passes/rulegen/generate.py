@@ -48,6 +48,7 @@ class Generation:
             "no_table_form": self.no_table_form,
             "verified": len(self.rules),
             "kept": len(self.rules),
+            "exact": sum(r.evidence.exact for r in self.rules),
         }
 
 

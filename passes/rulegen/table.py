@@ -33,6 +33,7 @@ def evidence_text(rule: GeneratedRule) -> str:
         f"{ev.draws} draws of N(0,1) float64 inputs, {per} on each of "
         f"{len(ev.instantiations)} shape instantiations (symbol sizes {shapes}), "
         f"max relative error {ev.max_rel_error:.2g}"
+        + ("; exact: equal on random integers in exact arithmetic" if ev.exact else "")
     )
 
 

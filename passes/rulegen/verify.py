@@ -12,6 +12,15 @@ its symbols: the table's own (distinct small primes, so that a reader can tell t
 apart) and `shapes - 1` random ones, each on `draws` fresh draws of standard normal inputs,
 evaluated by the float64 interpreter (tgc.evaluate). It passes when every result agrees within
 `tolerance`, relative to the largest magnitude of the source's result.
+
+Exactly, where that is cheap. A rule whose ops are all polynomial in their inputs' entries
+(add, sub, mul, neg, matmul, transpose, concat, sum: `EXACT_OPS`) is also evaluated, at each
+instantiation, on random integers in exact arithmetic (Python integers): two different
+polynomials of degree d agree at a point drawn from N integers with probability at most d / N
+(the Schwartz-Zippel lemma), so equal results on two draws from 2^41 integers say the sides are
+the same polynomial but with a probability below 1e-23 for the rules here (d <= 4). Such a rule
+is marked `exact`; one that agrees in floats but not exactly is rejected. Rules with exp (or
+any other op) rest on the float tests alone.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ class VerifyResult:
     draws: int = 0
     instantiations: tuple[tuple[int, ...], ...] = ()  # the symbol sizes tried
     max_rel_error: float = 0.0
+    exact: bool = False  # also equal in exact integer arithmetic (module doc)
 
 
 class Shapes:
@@ -198,6 +208,52 @@ def arg_types_for(shapes: Shapes, args: dict[int, tuple], sizes: dict[int, int],
     }
 
 
+# Ops whose results are polynomials in their operands' entries, as exact functions of object
+# arrays of Python integers (the module doc's exact check).
+EXACT_OPS = {
+    "atomic.add": lambda a, b, **_: a + b,
+    "atomic.sub": lambda a, b, **_: a - b,
+    "atomic.mul": lambda a, b, **_: a * b,
+    "atomic.neg": lambda a, **_: -a,
+    "atomic.matmul": lambda a, b, transpose_a=False, transpose_b=False: (
+        (a.T if transpose_a else a) @ (b.T if transpose_b else b)
+    ),
+    "atomic.transpose": lambda a, perm: a.transpose(perm),
+    "atomic.concat": lambda a, b, axis: np.concatenate([a, b], axis=axis),
+    "atomic.reduce_sum": lambda a, axes, keepdims: a.sum(axis=tuple(axes), keepdims=keepdims),
+}
+EXACT_RANGE = 2**40  # integers drawn from [-EXACT_RANGE, EXACT_RANGE]
+EXACT_DRAWS = 2
+
+
+def exact_value(term: Term, inputs: dict[int, np.ndarray], memo: dict) -> np.ndarray:
+    if term.spec is None:
+        return inputs[term.index]
+    if term.id not in memo:
+        kids = [exact_value(c, inputs, memo) for c in term.children]
+        memo[term.id] = EXACT_OPS[term.spec.op](*kids, **term.spec.attributes())
+    return memo[term.id]
+
+
+def is_polynomial(term: Term) -> bool:
+    return term.spec is None or (
+        term.spec.op in EXACT_OPS and all(is_polynomial(c) for c in term.children)
+    )
+
+
+def exactly_equal(src: Term, tgt: Term, types: dict[int, TensorType], rng) -> bool:
+    """Both sides equal on EXACT_DRAWS draws of random integers, in exact arithmetic."""
+    for _ in range(EXACT_DRAWS):
+        inputs = {
+            i: rng.integers(-EXACT_RANGE, EXACT_RANGE, size=t.shape, endpoint=True).astype(object)
+            for i, t in types.items()
+        }
+        a, b = exact_value(src, inputs, {}), exact_value(tgt, inputs, {})
+        if a.shape != b.shape or not bool(np.all(a == b)):
+            return False
+    return True
+
+
 def verify_candidate(
     src: Term,
     tgt: Term,
@@ -217,6 +273,7 @@ def verify_candidate(
     while len(instantiations) < shapes_tried:
         instantiations.append(tuple(int(s) for s in rng.choice(range(2, 12), len(symbols))))
     worst = 0.0
+    exact = is_polynomial(src) and is_polynomial(tgt)
     for inst in instantiations:
         sizes = dict(zip(symbols, inst))
         types = arg_types_for(shapes, args, sizes)
@@ -236,6 +293,8 @@ def verify_candidate(
             worst = max(worst, error)
             if not error <= tolerance:
                 return VerifyResult(False, f"differs by {error:.3g} at sizes {inst}")
+        if exact and not exactly_equal(src, tgt, types, rng):
+            return VerifyResult(False, f"differs in exact arithmetic at sizes {inst}")
     arg_shapes = tuple(tuple(shapes.resolve(d) for d in args[i]) for i in sorted(args))
     return VerifyResult(
         True,
@@ -244,6 +303,7 @@ def verify_candidate(
         draws=draws * len(instantiations),
         instantiations=tuple(instantiations),
         max_rel_error=worst,
+        exact=exact,
     )
 
 

@@ -78,7 +78,8 @@ def run(args) -> int:
         f"seed {args.seed}",
         "graphs {graphs}, classes {classes}, candidates {candidates} (renamings {renamings}, "
         "instances of kept rules {instances}, tested {tested}: rejected {rejected}, "
-        "no table form {no_table_form}), verified and kept {kept}".format(**counts),
+        "no table form {no_table_form}), verified and kept {kept} ({exact} of them also in "
+        "exact arithmetic)".format(**counts),
         f"time: enumeration {gen.enumeration.seconds:.1f} s, all {gen.seconds:.1f} s",
     ]
     for name, state in found.items():
