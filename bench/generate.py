@@ -1,0 +1,751 @@
+"""Hugging Face generate() with a static KV cache: eager, torch.compile and tgc (issue 26, item 3).
+
+On the GPU machine (PyTorch, transformers, and tgc installed: `source .whl/install.sh`), from the
+repository root:
+
+    python3 bench/generate.py [--batches 1 | --batches 1,16] [--prompt 512] [--new-tokens 128]
+        [--modes eager,tgc,default,reduce-overhead] [--layers 16] [--hidden 2048] [--heads 32]
+        [--kv-heads 8] [--intermediate 8192] [--vocab 32000] [--dtype bf16] [--reps 3]
+        [--bandwidth 3.35e12] [--measure-budget S] [--db PATH] [--commit HASH]
+        [--out bench/results]
+
+The model: transformers' `LlamaForCausalLM` from a `LlamaConfig` with random weights (seed 0,
+nothing downloaded), built on the GPU and cast to bf16: by default 16 layers, hidden 2048, 32
+query heads and 8 key-value heads (head dim 64), intermediate 8192, vocabulary 32000, RoPE,
+untied embeddings, about 1.1 B parameters. The flags above change the sizes.
+
+The workload: random prompts (seed 1) of `--prompt` tokens at each of `--batches`, greedy
+decoding (`do_sample=False`) of exactly `--new-tokens` tokens (`eos_token_id=None`: no sequence
+stops early, so every mode generates the same count), into a `StaticCache` of prompt + new tokens
+positions made fresh for each generate() (the same shape every call: the decode step is
+compiled once, and the max_new_tokens=1 calls below reuse the prefill compiled for the others).
+Every call passes `disable_compile=True`: on a GPU with a static cache transformers would
+otherwise compile the decode step itself, and `eager` would not be eager.
+
+The modes (`--modes`, run in the order given; put `eager` first, it is the token reference):
+`eager` (no compile), `tgc` (`torch.compile(model.forward, backend="tgc")`; its options
+measure_budget and db only where the flags give them), `default` (`torch.compile(model.forward)`,
+Inductor) and `reduce-overhead` (`mode="reduce-overhead"`, CUDA graphs), each compiled as the
+Hugging Face docs compile for a static cache: `model.forward` replaced, `generate()` unchanged.
+Dynamo is reset (`torch._dynamo.reset()`, its counters cleared, tgc's tally cleared) before each
+mode and batch, so each compiles from scratch. tgc runs right after eager by default, so a run
+cut off by its time limit loses torch.compile's rows rather than tgc's.
+
+Per mode and batch: one warm-up generate() of N tokens, its wall time reported as *first call*
+(compile included); then the time to first token (*TTFT*: generate() with max_new_tokens=1,
+the prefill and generate()'s own work, median of `--reps`) and the whole generate() of N tokens
+(median of `--reps`), host timers with `torch.cuda.synchronize()` before and after each call.
+From those: *ms per decode step* = (total - TTFT) / (N - 1) and *decode tokens/s* = batch x
+(N - 1) / (total - TTFT). Beside the step: its *bandwidth floor*, the bytes a decode step must
+read (every weight once, the input embedding table excepted: a step reads only batch rows of it
+unless it is tied to the LM head; and the KV cache up to the current length, averaged over the
+decode: prompt + N/2 positions) over the device's memory bandwidth (H100 SXM 3.35e12 B/s, H100
+PCIe 2.0e12, H200 4.8e12, by `torch.cuda.get_device_name()`; `--bandwidth` overrides; none
+known: no floor). transformers' attention over a static cache reads all its prompt + N
+positions, masked, so every mode here reads up to N/2 positions a sequence more than the floor
+counts.
+
+Checks: each mode's generated tokens against eager's, the fraction equal (in f32 they should be
+identical; in bf16 a near tie can flip, and every token after a flip differs), with the first
+step where some sequence differs; for compiled modes Dynamo's graphs and recompiles (its
+counters, as test/test_dynamo_generate.py counts them; two graphs, no recompile, expected;
+reduce-overhead's graphs Inductor did not capture as CUDA graphs are a note), and for tgc the
+backend's tally (how many compiled graphs, pieces of the split graphs, ran in tgc: one running
+eagerly is a fallback, and its time is not tgc's).
+
+A mode that fails (an exception, out of memory) gets its one-line error in its row's note and
+the run goes on with the next mode. Rows are saved after each mode to
+bench/results/generate-<device>-<date>.json (a list of runs: a new run is appended) and the
+report rewritten from it to the .md of the same name, with device, date, commit, versions, the
+config and the method; SIGTERM (a `timeout` around the call) saves the row it cut, and exits 124.
+
+Time. Not measured yet (no GPU run so far). At the default size each compiled mode compiles two
+graphs of 16 layers (prefill and decode step) per batch, about a minute or more for Inductor on
+a cold cache (bench/gpu_session.sh: a real_models.py row of GPT-2 or a 4-layer Llama took
+150-270 s with its compiles), and tgc measures on first use (up to `--measure-budget` seconds per
+compile of a piece; a later piece of the same shapes should find the earlier one's measurements
+in the database). All four modes at batch 1 are estimated at 4-7 minutes, so
+`--batches` defaults to 1; batch 16 is a second call (`--batches 16`, appended to the same
+day's file); where one call cannot hold all four modes, split them with `--modes` (each call
+with `eager` first for the token check).
+
+Without a GPU, `--dry-run`: the same code on the CPU, a tiny Llama (2 layers, hidden 64, 4 heads,
+2 key-value heads, intermediate 128, vocabulary 256, as test/test_dynamo_generate.py's) in
+float32 on one thread, prompt 8, 4 new tokens, batch 1, modes eager and tgc unless the flags say
+otherwise.
+It exits non-zero unless every mode ran, tgc's greedy tokens equal eager's exactly and every graph
+tgc compiled ran in tgc. It writes no file unless `--out` is given (then
+generate-dry-run-<date>.md and .json there). test/test_bench_generate.py runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import importlib.metadata
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+MODES = ("eager", "tgc", "default", "reduce-overhead")
+DRY_MODES = ("eager", "tgc")
+# memory bandwidth in bytes/s by a substring of torch.cuda.get_device_name(), the first match
+BANDWIDTH = (("H200", 4.8e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12))
+DTYPES = ("bf16", "f32")
+SEED = 0  # the weights'
+PROMPT_SEED = 1
+
+
+@dataclass(frozen=True)
+class Size:
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+
+
+GPU_SIZE = Size(layers=16, hidden=2048, heads=32, kv_heads=8, intermediate=8192, vocab=32000)
+DRY_SIZE = Size(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=256)
+# (batches, prompt, new tokens, dtype) unless the flags say
+GPU_WORKLOAD = ([1], 512, 128, "bf16")
+DRY_WORKLOAD = ([1], 8, 4, "f32")
+
+
+@dataclass
+class Row:
+    """One mode at one batch size; times in seconds (first call) and milliseconds."""
+
+    batch: int
+    mode: str
+    first_s: float | None = None  # the warm-up generate() of N tokens, compile included
+    ttft_ms: float | None = None  # median generate() of one new token
+    total_ms: float | None = None  # median generate() of N new tokens
+    step_ms: float | None = None  # (total - TTFT) / (N - 1)
+    tokens_per_s: float | None = None  # batch x (N - 1) / (total - TTFT)
+    floor_ms: float | None = None  # the decode step's bandwidth floor
+    agree: float | None = None  # fraction of generated tokens equal to eager's
+    agree_tokens: str = ""  # "equal / all"
+    first_difference: int | None = None  # the first new token (0-based) some sequence differs
+    dynamo_graphs: int | None = None
+    dynamo_recompiles: int | None = None
+    tgc_graphs: int | None = None  # compiled by tgc (pieces of split graphs, per shape)
+    tgc_graphs_in_tgc: int | None = None
+    note: str = ""
+    running: str = ""  # the step under way (a row cut off says where)
+
+    @property
+    def failed(self) -> bool:
+        return self.total_ms is None
+
+
+class CutOff(BaseException):
+    """SIGTERM (the caller's `timeout`) arrived: the run so far is saved, the script ends. Not
+    an Exception, so that a mode's `except Exception` does not take it for the mode's failure."""
+
+
+def one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(e).__name__}: {first}"[:300]
+
+
+# -- the model and its generate() -------------------------------------------------------------
+
+
+def llama_config(size: Size, max_positions: int):
+    import transformers
+
+    return transformers.LlamaConfig(
+        num_hidden_layers=size.layers,
+        hidden_size=size.hidden,
+        num_attention_heads=size.heads,
+        num_key_value_heads=size.kv_heads,
+        intermediate_size=size.intermediate,
+        vocab_size=size.vocab,
+        max_position_embeddings=max(2048, max_positions),
+    )
+
+
+def build_model(size: Size, max_positions: int, dtype, device: str):
+    """The Llama with random weights (seed SEED), made on `device` in float32, cast to `dtype`."""
+    import torch
+    import transformers
+
+    torch.manual_seed(SEED)
+    with torch.device(device):
+        model = transformers.LlamaForCausalLM(llama_config(size, max_positions))
+    model = model.to(dtype).eval()
+    model.generation_config.eos_token_id = None  # exactly N new tokens, in every mode
+    return model
+
+
+def prompt_ids(batch: int, length: int, vocab: int, device: str):
+    import torch
+
+    generator = torch.Generator().manual_seed(PROMPT_SEED)
+    return torch.randint(0, vocab, (batch, length), generator=generator).to(device)
+
+
+def static_cache(model, length: int) -> dict:
+    """A fresh StaticCache of `length` positions as generate()'s keyword: transformers 5 names
+    it `cache`, earlier versions `past_key_values` (test/test_dynamo_generate.py's fixed_cache)."""
+    import transformers
+
+    cache = transformers.StaticCache(config=model.config, max_cache_len=length)
+    major = int(transformers.__version__.split(".")[0])
+    return {"cache" if major >= 5 else "past_key_values": cache}
+
+
+def generate(model, ids, new_tokens: int, cache_len: int):
+    """Greedy generate() of exactly `new_tokens` tokens into a fresh static cache of `cache_len`
+    positions; the sequences (prompt and new tokens)."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            disable_compile=True,  # transformers' own compile of the decode step: off
+            **static_cache(model, cache_len),
+        )
+    if out.shape != (ids.shape[0], ids.shape[1] + new_tokens):
+        raise RuntimeError(f"generate() returned {tuple(out.shape)}, not {new_tokens} new tokens")
+    return out
+
+
+def compile_forward(model, mode: str, args) -> None:
+    """`model.forward` compiled for `mode`, as the Hugging Face docs compile it for a static
+    cache (eager: left as it is)."""
+    import torch
+
+    if mode == "eager":
+        return
+    forward = model.forward
+    if mode == "tgc":
+        options = {}  # tgc's defaults unless the flags say
+        if args.measure_budget is not None:
+            options["measure_budget"] = args.measure_budget
+        if args.db:
+            options["db"] = args.db
+        model.forward = torch.compile(forward, backend="tgc", options=options)
+    elif mode == "default":
+        model.forward = torch.compile(forward)
+    elif mode == "reduce-overhead":
+        model.forward = torch.compile(forward, mode="reduce-overhead")
+    else:
+        raise ValueError(f"unknown mode {mode!r}")
+
+
+def restore_forward(model) -> None:
+    model.__dict__.pop("forward", None)  # the class's forward again
+
+
+def reset_compilers() -> None:
+    """Dynamo's caches and counters and tgc's tally empty: the next mode compiles afresh."""
+    import torch
+
+    from tgc.dynamo import reset_coverage
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    reset_coverage()
+
+
+def dynamo_counts() -> tuple[int, int]:
+    """Graphs Dynamo compiled, and its recompiles: counters['recompiles'] where this PyTorch
+    keeps it, else frames compiled less unique graphs (test/test_dynamo_generate.py's count)."""
+    import torch
+
+    counters = torch._dynamo.utils.counters
+    graphs = counters["stats"]["unique_graphs"]
+    if counters["recompiles"]:
+        return graphs, sum(counters["recompiles"].values())
+    return graphs, counters["frames"]["ok"] - graphs
+
+
+# -- the bandwidth floor ----------------------------------------------------------------------
+
+
+def device_bandwidth(name: str) -> float | None:
+    """Memory bandwidth (bytes/s) of the device named `name`, or None where not known."""
+    for key, bandwidth in BANDWIDTH:
+        if key in name:
+            return bandwidth
+    return None
+
+
+def decode_step_bytes(model, batch: int, prompt: int, new_tokens: int) -> float:
+    """Bytes one decode step must read, averaged over the N - 1 decode steps: every weight
+    once (the input embedding table but `batch` rows of it, unless the LM head is that same
+    table) and the KV cache up to the current length (step i of N - 1 attends over
+    prompt + i positions: prompt + N/2 on average)."""
+    config = model.config
+    weights = 0
+    embedding = model.get_input_embeddings().weight
+    tied = embedding is model.get_output_embeddings().weight
+    for p in model.parameters():  # a tied (shared) parameter once
+        if p is embedding and not tied:
+            weights += batch * p.shape[1] * p.element_size()
+        else:
+            weights += p.numel() * p.element_size()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    element = next(model.parameters()).element_size()
+    per_position = config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim * element
+    return weights + batch * per_position * (prompt + new_tokens / 2)
+
+
+# -- one mode ---------------------------------------------------------------------------------
+
+
+def timed(call, sync) -> tuple[float, object]:
+    """Wall seconds of `call()`, the device synchronised before and after; and its result."""
+    sync()
+    start = time.perf_counter()
+    out = call()
+    sync()
+    return time.perf_counter() - start, out
+
+
+def run_mode(row: Row, model, ids, args, reference, sync) -> object:
+    """`row` measured (module doc); the tokens its mode generated (None if it failed).
+    `reference`: eager's generated tokens, or None."""
+    prompt, new, reps = args.prompt, args.new_tokens, args.reps
+    cache_len = prompt + new
+    reset_compilers()
+    try:
+        row.running = "compile"
+        compile_forward(model, row.mode, args)
+        row.running = "first call"
+        row.first_s, _ = timed(lambda: generate(model, ids, new, cache_len), sync)
+        row.running = "time to first token"
+        ttft = [timed(lambda: generate(model, ids, 1, cache_len), sync)[0] for _ in range(reps)]
+        row.running = f"generate() of {new} tokens"
+        totals, out = [], None
+        for _ in range(reps):
+            seconds, out = timed(lambda: generate(model, ids, new, cache_len), sync)
+            totals.append(seconds)
+        row.ttft_ms = statistics.median(ttft) * 1e3
+        row.total_ms = statistics.median(totals) * 1e3
+        decode_ms = row.total_ms - row.ttft_ms
+        if new > 1 and decode_ms > 0:
+            row.step_ms = decode_ms / (new - 1)
+            row.tokens_per_s = row.batch * (new - 1) / (decode_ms / 1e3)
+        tokens = out[:, prompt:].cpu()
+        if reference is not None:
+            agree(row, tokens, reference)
+        if row.mode != "eager":
+            row.dynamo_graphs, row.dynamo_recompiles = dynamo_counts()
+        if row.mode == "reduce-overhead":  # Inductor runs a graph it cannot capture plainly
+            import torch
+
+            skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+            if skips:
+                row.note = f"CUDA graphs skipped for {skips} graph(s) (TORCH_LOGS=perf_hints: why)"
+        if row.mode == "tgc":
+            from tgc.dynamo import coverage
+
+            tally = coverage()
+            row.tgc_graphs, row.tgc_graphs_in_tgc = tally.graphs, tally.graphs_in_tgc
+            if tally.graphs_in_tgc < tally.graphs:
+                row.note = (
+                    f"{tally.graphs - tally.graphs_in_tgc} of {tally.graphs} compiled graphs ran "
+                    "eagerly (the tgc logger says why)"
+                )
+        row.running = ""
+        return tokens
+    except Exception as e:  # noqa: BLE001  (whatever a mode raises, out of memory included)
+        row.note = f"{row.running} failed: {one_line(e)}" + (f"; {row.note}" if row.note else "")
+        row.running = ""
+        return None
+    finally:
+        restore_forward(model)
+        reset_compilers()
+        gc.collect()
+
+
+def agree(row: Row, tokens, reference) -> None:
+    same = tokens == reference
+    row.agree = same.float().mean().item()
+    row.agree_tokens = f"{int(same.sum())}/{same.numel()}"
+    differ = (~same).any(dim=0).nonzero()
+    row.first_difference = int(differ[0]) if len(differ) else None
+
+
+# -- the report -------------------------------------------------------------------------------
+
+
+def commit_of(given: str | None) -> str:
+    import subprocess
+
+    if given:
+        return given
+    try:
+        proc = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        )
+        if proc.returncode == 0:
+            return proc.stdout.strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def versions() -> str:
+    parts = [f"python {sys.version.split()[0]}"]
+    for module in ("torch", "transformers", "triton"):
+        try:
+            parts.append(f"{module} {importlib.metadata.version(module)}")
+        except importlib.metadata.PackageNotFoundError:
+            parts.append(f"{module} absent")
+    return ", ".join(parts)
+
+
+def _bytes(value: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.0f} B"
+
+
+def _params(count: int) -> str:
+    return f"{count / 1e9:.3f} B" if count >= 1e9 else f"{count / 1e6:.2f} M"
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value:.3f} ms"
+
+
+def _cells(r: dict) -> list[str]:
+    first = "-" if r["first_s"] is None else f"{r['first_s']:.2f} s"
+    floor = r["floor_ms"]
+    ratio = "-" if floor is None or r["step_ms"] is None else f"{r['step_ms'] / floor:.1f}x"
+    tps = "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:.0f}"
+    if r["mode"] == "eager":
+        agreement = "(the reference)"
+    elif r["agree"] is None:
+        agreement = "-"
+    else:
+        agreement = f"{r['agree']:.1%} ({r['agree_tokens']})"
+        if r["first_difference"] is not None:
+            agreement += f", first differs at token {r['first_difference']}"
+    graphs = "-"
+    if r["dynamo_graphs"] is not None:
+        graphs = f"{r['dynamo_graphs']} / {r['dynamo_recompiles']}"
+    in_tgc = "-"
+    if r["tgc_graphs"] is not None:
+        in_tgc = f"{r['tgc_graphs_in_tgc']} of {r['tgc_graphs']}"
+    note = r["note"].replace("|", "/")
+    if r["running"]:
+        note = f"cut off during {r['running']}; {note}"
+    return [
+        str(r["batch"]),
+        r["mode"],
+        first,
+        _ms(r["ttft_ms"]),
+        _ms(r["total_ms"]),
+        _ms(r["step_ms"]),
+        _ms(floor),
+        ratio,
+        tps,
+        agreement,
+        graphs,
+        in_tgc,
+        note,
+    ]
+
+
+def table(rows: list[dict], new_tokens: int) -> list[str]:
+    head = [
+        "batch",
+        "mode",
+        "first call (compile included)",
+        "TTFT",
+        f"generate {new_tokens} tokens",
+        "ms / decode step",
+        "floor / step",
+        "x floor",
+        "decode tokens/s",
+        "tokens = eager",
+        "Dynamo graphs / recompiles",
+        "tgc graphs in tgc",
+        "note",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
+    return lines
+
+
+def run_report(run: dict, index: int) -> list[str]:
+    c = run["config"]
+    floor = (
+        f"{run['bandwidth']:.3g} B/s ({run['bandwidth_source']})"
+        if run["bandwidth"]
+        else "not known for this device (--bandwidth): no floor"
+    )
+    bytes_text = ", ".join(f"batch {b}: {_bytes(v)}" for b, v in run["step_bytes"].items())
+    return [
+        f"## Run {index}: {run['time']}, commit {run['commit']}",
+        "",
+        f"- device: {run['device']}; date: {run['date']}; commit: {run['commit']}",
+        f"- versions: {run['versions']}",
+        f"- command: `bench/generate.py {' '.join(run['argv'])}`",
+        f"- model: transformers LlamaForCausalLM from LlamaConfig, random weights (seed {SEED}): "
+        f"{c['layers']} layers, hidden {c['hidden']}, {c['heads']} query / {c['kv_heads']} "
+        f"key-value heads, intermediate {c['intermediate']}, vocabulary {c['vocab']}, RoPE, "
+        f"untied embeddings; {_params(run['params'])} parameters, {run['dtype']} on "
+        f"{run['device_kind']}",
+        f"- workload: prompts of {run['prompt']} random tokens (seed {PROMPT_SEED}), greedy, "
+        f"exactly {run['new_tokens']} new tokens (eos_token_id=None), a fresh StaticCache of "
+        f"{run['prompt'] + run['new_tokens']} positions per generate(), disable_compile=True; "
+        "Dynamo reset before each mode",
+        f"- method: per mode, one warm-up generate() (*first call*, compile included), then "
+        f"medians of {run['reps']}: *TTFT* = generate() of 1 new token, the whole generate() of "
+        f"{run['new_tokens']}; host timers with the device synchronised around each call; "
+        f"ms / decode step = (total - TTFT) / {run['new_tokens'] - 1}; decode tokens/s = batch x "
+        f"{run['new_tokens'] - 1} / (total - TTFT)",
+        f"- floor: bytes a decode step reads (weights once, the input embedding table but its "
+        f"batch rows; the KV cache up to the current length, prompt + N/2 positions on average; "
+        f"{bytes_text}) over the memory bandwidth {floor}",
+        "- tokens = eager: fraction of the generated tokens equal to eager's, and the first new "
+        "token (0-based) where a sequence differs; Dynamo graphs / recompiles from its counters; "
+        "tgc graphs in tgc: the backend's tally (each split graph's pieces, per shape)",
+        "",
+        *table(run["rows"], run["new_tokens"]),
+        "",
+    ]
+
+
+def report(runs: list[dict], title: str) -> str:
+    lines = [f"# {title}", ""]
+    for index, run in enumerate(runs, start=1):
+        lines += run_report(run, index)
+    return "\n".join(lines)
+
+
+class Store:
+    """The runs of one results file: the .json (a list of runs) and the .md made from it. A new
+    run is appended to what the file holds; `save()` rewrites both (a missing base: no files)."""
+
+    def __init__(self, base: Path | None, title: str) -> None:
+        self.base, self.title = base, title
+        self.runs: list[dict] = []
+        json_path = base.with_suffix(".json") if base else None
+        if json_path and json_path.exists():
+            self.runs = json.loads(json_path.read_text())["runs"]
+
+    def save(self, run: dict) -> None:
+        if run not in self.runs:
+            self.runs.append(run)
+        if self.base is None:
+            return
+        self.base.parent.mkdir(parents=True, exist_ok=True)
+        self.base.with_suffix(".json").write_text(json.dumps({"runs": self.runs}, indent=1) + "\n")
+        self.base.with_suffix(".md").write_text(report(self.runs, self.title) + "\n")
+
+
+# -- main -------------------------------------------------------------------------------------
+
+
+def parse(argv: list[str] | None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dry-run", action="store_true", help="no GPU: a tiny Llama, f32, CPU")
+    ap.add_argument("--batches", default=None, help="comma-separated (default 1)")
+    ap.add_argument("--prompt", type=int, default=None, help="prompt tokens (512; dry run 8)")
+    ap.add_argument("--new-tokens", type=int, default=None, help="new tokens (128; dry run 4)")
+    ap.add_argument(
+        "--modes",
+        default=None,
+        help=f"comma-separated, run in this order (default {','.join(MODES)}; dry run "
+        f"{','.join(DRY_MODES)})",
+    )
+    for name, gpu in vars(GPU_SIZE).items():  # --layers, --hidden, ..., --kv-heads
+        dry = getattr(DRY_SIZE, name)
+        flag = "--" + name.replace("_", "-")
+        ap.add_argument(flag, type=int, default=None, help=f"{gpu} (dry run {dry})")
+    ap.add_argument("--dtype", default=None, choices=DTYPES, help="bf16 (dry run f32)")
+    ap.add_argument("--reps", type=int, default=3, help="timed calls per median (3)")
+    ap.add_argument(
+        "--bandwidth", type=float, default=None, help="memory bandwidth, B/s (default by device)"
+    )
+    ap.add_argument(
+        "--measure-budget", type=float, default=None, help="tgc's option, seconds (its default 30)"
+    )
+    ap.add_argument("--db", default=None, help="tgc's measurement database (its default)")
+    ap.add_argument("--commit", default=None, help="commit to report (default: git's HEAD)")
+    ap.add_argument(
+        "--out", default=None, help="report folder (default bench/results; dry run: none)"
+    )
+    args = ap.parse_args(argv)
+    batches, prompt, new, dtype = DRY_WORKLOAD if args.dry_run else GPU_WORKLOAD
+    try:
+        args.batches = [int(b) for b in args.batches.split(",") if b] if args.batches else batches
+    except ValueError:
+        ap.error(f"--batches takes comma-separated integers, not {args.batches!r}")
+    args.prompt = args.prompt or prompt
+    args.new_tokens = args.new_tokens or new
+    args.dtype = args.dtype or dtype
+    given = args.modes or ",".join(DRY_MODES if args.dry_run else MODES)
+    args.modes = [m for m in given.split(",") if m]
+    unknown = sorted(set(args.modes) - set(MODES))
+    if unknown:
+        ap.error(f"unknown mode(s) {unknown}; known: {list(MODES)}")
+    base = DRY_SIZE if args.dry_run else GPU_SIZE
+    args.size = Size(**{k: getattr(args, k) or v for k, v in vars(base).items()})
+    if min(args.batches + [args.prompt, args.new_tokens, args.reps]) < 1:
+        ap.error("--batches, --prompt, --new-tokens and --reps must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    import torch
+
+    if not args.dry_run:
+        return measure(args, argv)
+    # one thread: on a shared CPU PyTorch's pool waits for busy cores (at load 3 on 2 cores a
+    # 2 ms generate() took 240 ms with two threads, every call); the caller's count restored
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return measure(args, argv)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def measure(args, argv: list[str] | None) -> int:
+    import torch
+
+    if args.dry_run:
+        device, device_name, sync = "cpu", "cpu (dry run)", lambda: None
+    else:
+        if not torch.cuda.is_available():
+            print("no GPU: bench/generate.py --dry-run runs on the CPU", file=sys.stderr)
+            return 2
+        device, device_name, sync = "cuda", torch.cuda.get_device_name(), torch.cuda.synchronize
+    bandwidth, source = args.bandwidth, "--bandwidth"
+    if bandwidth is None and not args.dry_run:
+        bandwidth, source = device_bandwidth(device_name), "by device name"
+    today = datetime.date.today().isoformat()
+    if args.dry_run:
+        base = Path(args.out) / f"generate-dry-run-{today}" if args.out else None
+        title = f"generate() with a static KV cache, dry run (no GPU): {today}"
+    else:
+        slug = device_name.replace(" ", "-").replace("/", "-")
+        base = Path(args.out or ROOT / "bench" / "results") / f"generate-{slug}-{today}"
+        title = f"generate() with a static KV cache: {device_name}, {today}"
+    store = Store(base, title)
+
+    dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[args.dtype]
+    t0 = time.time()
+    model = build_model(args.size, args.prompt + args.new_tokens, dtype, device)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"built {params / 1e6:.1f} M parameters in {time.time() - t0:.1f} s", flush=True)
+    step_bytes = {
+        str(b): decode_step_bytes(model, b, args.prompt, args.new_tokens) for b in args.batches
+    }
+    run = {
+        "device": device_name,
+        "device_kind": device,
+        "date": today,
+        "time": datetime.datetime.now().strftime("%H:%M"),
+        "commit": commit_of(args.commit),
+        "versions": versions(),
+        "argv": list(sys.argv[1:] if argv is None else argv),
+        "config": asdict(args.size),
+        "params": params,
+        "dtype": args.dtype,
+        "prompt": args.prompt,
+        "new_tokens": args.new_tokens,
+        "reps": args.reps,
+        "bandwidth": bandwidth,
+        "bandwidth_source": source,
+        "step_bytes": step_bytes,
+        "rows": [],
+    }
+
+    import signal
+
+    def cut_off(signum, frame):
+        raise CutOff
+
+    if not args.dry_run:
+        signal.signal(signal.SIGTERM, cut_off)
+    rows: list[Row] = []
+    for batch in args.batches:
+        ids = prompt_ids(batch, args.prompt, args.size.vocab, device)
+        reference = None
+        floor_ms = step_bytes[str(batch)] / bandwidth * 1e3 if bandwidth else None
+        for mode in args.modes:
+            row = Row(batch, mode, floor_ms=floor_ms)
+            rows.append(row)
+            t0 = time.time()
+            try:
+                tokens = run_mode(row, model, ids, args, reference, sync)
+            except CutOff:
+                row.note = "cut off by SIGTERM (its timeout)" + (
+                    f"; {row.note}" if row.note else ""
+                )
+                run["rows"] = [asdict(r) for r in rows]
+                store.save(run)
+                print(f"cut off during batch {batch} {mode} ({row.running})", flush=True)
+                return 124
+            if mode == "eager" and tokens is not None:
+                reference = tokens
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            print(f"batch {batch} {mode}: {time.time() - t0:.1f} s; {summary(row)}", flush=True)
+            run["rows"] = [asdict(r) for r in rows]
+            store.save(run)
+    print()
+    print("\n".join(run_report(run, len(store.runs))))
+    if base is not None:
+        print(f"wrote {base.with_suffix('.md')}")
+    return check(rows, args.dry_run)
+
+
+def summary(row: Row) -> str:
+    if row.failed:
+        return row.note
+    step = "-" if row.step_ms is None else f"{row.step_ms:.3f} ms"
+    return (
+        f"first call {row.first_s:.1f} s, TTFT {row.ttft_ms:.2f} ms, total {row.total_ms:.2f} ms, "
+        f"decode step {step}, tokens = eager {row.agree_tokens or '-'} {row.note}"
+    ).strip()
+
+
+def check(rows: list[Row], dry: bool) -> int:
+    """0 when every mode ran; in a dry run also tgc's tokens exactly eager's and every graph tgc
+    compiled run in tgc (else a fallback to eager would pass the token check)."""
+    failed = [f"batch {r.batch} {r.mode}: {r.note}" for r in rows if r.failed]
+    if dry:
+        for r in rows:
+            if r.mode != "tgc" or r.failed:
+                continue
+            if r.agree is None:
+                failed.append(f"batch {r.batch} tgc: no eager tokens to check against")
+            elif r.agree != 1.0:
+                failed.append(f"batch {r.batch} tgc: tokens differ from eager's ({r.agree:.1%})")
+            if not r.tgc_graphs or r.tgc_graphs_in_tgc != r.tgc_graphs:
+                failed.append(
+                    f"batch {r.batch} tgc: {r.tgc_graphs_in_tgc} of {r.tgc_graphs} graphs in tgc"
+                )
+    for line in failed:
+        print(f"FAILED {line}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

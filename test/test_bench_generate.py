@@ -1,0 +1,131 @@
+"""bench/generate.py (issue 26, item 3) on the CPU: its dry run, a tiny Llama in float32.
+
+The benchmark times Hugging Face generate() with a static KV cache in eager, torch.compile and
+tgc modes on a GPU; its dry run is the same code on the CPU at a tiny size (eager and tgc,
+prompt 8, 4 new tokens) and fails unless tgc's greedy tokens are eager's exactly and every graph
+tgc compiled ran in tgc. Run in-process here (about 10 s on a 2-core machine, tgc's compiles of
+the prefill and the decode step most of it): the report it writes under --out has the tgc row
+with tokens 100% eager's, Dynamo's two graphs and no recompile; a mode that fails (out of
+memory, say) is a note in its row and the run goes on. Also the decode step's bytes for the
+bandwidth floor and the bandwidth by device name, as pure functions. Skipped without PyTorch or
+transformers (optional extras; CI has neither).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip(
+    "torch", reason="bench/generate.py times torch.compile modes and needs PyTorch"
+)
+transformers = pytest.importorskip(
+    "transformers", reason="bench/generate.py builds its Llama with transformers"
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_generate", ROOT / "bench" / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load()
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _run(tmp_path: Path) -> tuple[dict, str]:
+    """The one run the dry run wrote under `tmp_path`, and its markdown report."""
+    (json_path,) = tmp_path.glob("generate-dry-run-*.json")
+    (run,) = json.loads(json_path.read_text())["runs"]
+    return run, json_path.with_suffix(".md").read_text()
+
+
+def test_dry_run_tgc_tokens_are_eagers(tmp_path, capsys):
+    assert bench.main(["--dry-run", "--out", str(tmp_path), "--reps", "2"]) == 0
+    run, md = _run(tmp_path)
+    rows = {r["mode"]: r for r in run["rows"]}
+    assert list(rows) == ["eager", "tgc"]
+    tgc = rows["tgc"]
+    assert tgc["note"] == "" and tgc["running"] == ""
+    assert tgc["agree"] == 1.0 and tgc["agree_tokens"] == "4/4"
+    assert tgc["first_difference"] is None
+    # the prefill and the decode step: two Dynamo graphs, no recompile; tgc compiled each
+    # graph's pieces (2 layers: 3 pieces, cut at the cache writes), all of them in tgc
+    assert (tgc["dynamo_graphs"], tgc["dynamo_recompiles"]) == (2, 0)
+    assert tgc["tgc_graphs"] == tgc["tgc_graphs_in_tgc"] == 2 * 3
+    for r in rows.values():
+        assert r["first_s"] > 0 and r["ttft_ms"] > 0 and r["total_ms"] > 0
+        assert r["floor_ms"] is None  # no bandwidth on the CPU unless --bandwidth says
+    assert run["device"] == "cpu (dry run)" and run["new_tokens"] == 4 and run["prompt"] == 8
+    assert "| 1 | tgc |" in md and "100.0% (4/4)" in md and "| 2 / 0 | 6 of 6 |" in md
+    assert "| 1 | tgc |" in capsys.readouterr().out  # the table is printed too
+
+
+def test_a_failing_mode_is_a_note_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    compile_forward = bench.compile_forward
+
+    def out_of_memory(model, mode, args):
+        if mode == "tgc":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\n..")
+        compile_forward(model, mode, args)
+
+    monkeypatch.setattr(bench, "compile_forward", out_of_memory)
+    argv = ["--dry-run", "--out", str(tmp_path), "--batches", "1,2", "--reps", "1"]
+    assert bench.main(argv) == 1  # the dry run's check: tgc did not run
+    run, md = _run(tmp_path)
+    got = [(r["batch"], r["mode"], r["total_ms"] is not None) for r in run["rows"]]
+    assert got == [(1, "eager", True), (1, "tgc", False), (2, "eager", True), (2, "tgc", False)]
+    failed = run["rows"][1]
+    assert failed["note"] == (
+        "compile failed: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    )
+    assert "| 1 | tgc | - | - | - |" in md and "compile failed: OutOfMemoryError" in md
+    assert "FAILED batch 1 tgc: compile failed" in capsys.readouterr().err
+
+
+def test_decode_step_bytes_are_weights_and_the_cache_so_far():
+    size = bench.DRY_SIZE
+    model = bench.build_model(size, 16, torch.float32, "cpu")
+    batch, prompt, new = 2, 8, 4
+    params = sum(p.numel() for p in model.parameters())
+    # weights once, but the (untied) input embedding table's batch rows only
+    weights = (params - size.vocab * size.hidden + batch * size.hidden) * 4
+    head_dim = size.hidden // size.heads
+    position = size.layers * 2 * size.kv_heads * head_dim * 4  # k and v of every layer
+    want = weights + batch * position * (prompt + new / 2)
+    assert bench.decode_step_bytes(model, batch, prompt, new) == want
+
+
+def test_bandwidth_by_device_name_and_usage_errors(capsys):
+    assert bench.device_bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12
+    assert bench.device_bandwidth("NVIDIA H100 PCIe") == 2.0e12
+    assert bench.device_bandwidth("NVIDIA H200") == 4.8e12
+    assert bench.device_bandwidth("NVIDIA A10G") is None
+    args = bench.parse(["--dry-run"])
+    assert (args.batches, args.prompt, args.new_tokens, args.dtype) == ([1], 8, 4, "f32")
+    assert args.modes == ["eager", "tgc"] and args.size == bench.DRY_SIZE
+    args = bench.parse(["--layers", "4", "--batches", "1,16"])
+    assert args.size.layers == 4 and args.size.hidden == 2048 and args.batches == [1, 16]
+    assert args.modes == ["eager", "tgc", "default", "reduce-overhead"]
+    for argv, message in (
+        (["--modes", "eager,max-autotune"], "unknown mode(s) ['max-autotune']"),
+        (["--batches", "1,x"], "--batches takes comma-separated integers"),
+    ):
+        with pytest.raises(SystemExit):
+            bench.parse(argv)
+        assert message in capsys.readouterr().err
