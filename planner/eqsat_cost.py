@@ -9,14 +9,15 @@ priced, so a graph's cost is the sum of its ops' single-op kernels: what select-
 before it fuses. An op no kernel here runs keeps `algebraic`'s roofline cost. Leaves, pieces of
 a split and ops on fixed values are free, as in the roofline model.
 
-Registered in passes/eqsat `COST_MODELS` when tgc loads (tgc.load_all).
+Registered in passes/eqsat `COST_MODELS` when tgc loads (tgc.load_all), which imports this
+module only when a pipeline asks for it.
 """
 
 from __future__ import annotations
 
 import math
 
-from tgc.passes.eqsat import COST_MODELS, roofline_cost
+from tgc.passes.eqsat import roofline_cost
 from tgc.passes.eqsat.egraph import LEAF
 from tgc.passes.eqsat.rules import PIECE
 
@@ -57,6 +58,3 @@ def planner_cost(eg, options):
         return found if found < math.inf else fallback(node, cls)
 
     return cost
-
-
-COST_MODELS["planner"] = planner_cost

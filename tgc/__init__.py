@@ -50,6 +50,14 @@ __all__ = [
 _loaded = False
 
 
+def _eqsat_planner_cost(eg, options):
+    """eqsat{cost=planner}: planner/eqsat_cost.py, imported when a pipeline asks for it (the
+    tools start without the planner's modules)."""
+    from tgc.planner.eqsat_cost import planner_cost
+
+    return planner_cost(eg, options)
+
+
 def load_all() -> None:
     """Register tgc's dialects (hl, atomic, kernel), its passes, the planner's select-kernels
     pass and eqsat's planner cost model. Idempotent: after the first call it returns at once."""
@@ -59,8 +67,10 @@ def load_all() -> None:
     # Importing a module registers what it defines.
     import tgc.dialects
     import tgc.passes
-    import tgc.planner.eqsat_cost  # noqa: F401  (eqsat's cost=planner)
     import tgc.planner.select  # noqa: F401  (the select-kernels pass)
+    from tgc.passes.eqsat import COST_MODELS
+
+    COST_MODELS["planner"] = _eqsat_planner_cost
 
     _loaded = True
 
