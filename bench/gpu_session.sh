@@ -8,6 +8,8 @@
 #                                               # beside eager, compile and reduce-overhead
 #   STAGE=autotune   bash bench/gpu_session.sh  # the same two beside max-autotune-no-cudagraphs
 #                                               # alone (its compile of GPT-2 took 117 s)
+#   STAGE=generate   bash bench/gpu_session.sh  # bench/generate.py: a 1.1 B Llama's generate(),
+#                                               # batch 1, eager, tgc, compile, reduce-overhead
 #   STAGE=more       bash bench/gpu_session.sh  # ResNet-50, ViT-base, the UNet and the VAE
 #                                               # decoder, bf16 at batch 8 (issue 25 item 5)
 #   STAGE=vision-f32 bash bench/gpu_session.sh  # the same four in f32
@@ -103,6 +105,11 @@ models)
   model --only gpt2 --dtypes bf16 --profile --modes eager,default,reduce-overhead
   model --only llama --dtypes bf16 --modes eager,default,reduce-overhead
   ;;
+generate)
+  timeout -k 15 560 python3 bench/generate.py --commit "$commit" --out "$out" \
+    >"$out/generate.txt" 2>&1
+  echo "generate -> exit $?"
+  ;;
 autotune)
   model --only gpt2 --dtypes bf16 --modes max-autotune-no-cudagraphs
   model --only llama --dtypes bf16 --modes max-autotune-no-cudagraphs
@@ -122,7 +129,8 @@ bert)
     test/test_bench_real_models.py
   ;;
 *)
-  echo "STAGE must be tests, cuda, models, autotune, more, vision-f32, vision-b1 or bert" >&2
+  echo "STAGE must be tests, cuda, models, autotune, generate, more, vision-f32, vision-b1" \
+    "or bert" >&2
   exit 2
   ;;
 esac
