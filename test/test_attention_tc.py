@@ -1005,11 +1005,16 @@ def test_output_the_kernel_cannot_write_is_a_located_error():
     assert info.value.loc is not None and info.value.loc.line == 6
 
 
+# Each element type at both head dims, and each head dim causal and full: every pair of
+# (dtype, d), (dtype, causal) and (d, causal) once, in half the compile time of all twelve (the
+# suite runs under five minutes on two cores).
 FOLDED_COMPILED = [
-    (dtype, d, causal)
-    for dtype in ("f32", "bf16", "f16")
-    for d in (64, 128)
-    for causal in (False, True)
+    ("f32", 64, False),
+    ("f32", 128, True),
+    ("bf16", 64, True),
+    ("bf16", 128, False),
+    ("f16", 64, False),
+    ("f16", 128, True),
 ]
 
 
