@@ -26,7 +26,8 @@ the benchmarks). There is one: the planner's.
 5. **the whole plan is checked**: a plan's time on a GPU is not the sum of its kernels' (launch
    overlap, host work, caches), so the plan is timed whole beside the plan of library kernels
    alone (what PyTorch eager would run; where some op has no library kernel, generated kernels
-   there alone) and the plan of the default costs, on random inputs, and the fastest runs. So tgc is never slower than the library kernels it can call. Every
+   there alone) and the plan of the default costs, on random inputs, and the fastest runs. So
+   tgc is never slower than the library kernels it can call. Every
    candidate's time, and which one ran, is recorded in the database under the function's
    canonical hash and the device (planner/plan_memory.py): a later compile of the same function
    whose candidate plans are the same takes that choice without timing them again
