@@ -1,4 +1,4 @@
-"""torch.compile(model, backend="tgc") on the CPU (tgc/dynamo, docs/torch-compile.md).
+"""torch.compile(model, backend="tgc", options=IN_TGC) on the CPU (tgc/dynamo, docs/torch-compile.md).
 
 Skipped where PyTorch is not installed (CI); the options' checks that need no PyTorch are in
 test_dynamo_options.py. Each model is compiled, run on fresh random inputs (not the ones it was
@@ -27,6 +27,9 @@ from tgc.dynamo import coverage, reset_coverage, tgc_backend  # noqa: E402
 # check's own f32 tolerance (tgc-run --check's) for the deeper GPT-2
 F32_TOL = 1e-5
 GPT2_TOL = 2e-4
+# What these tests check is tgc's own run of each graph: not handed back to eager where eager is
+# faster (compare_eager; test_dynamo_options.py tests that choice).
+IN_TGC = {"compare_eager": False}
 
 
 @pytest.fixture(autouse=True)
@@ -69,7 +72,7 @@ def spy_backend(found: list):
     """A backend that is tgc's and keeps what it returned (to look at the compiled graphs)."""
 
     def backend(gm, example_inputs, **kw):
-        compiled = tgc_backend(gm, example_inputs, **kw)
+        compiled = tgc_backend(gm, example_inputs, **{"options": IN_TGC, **kw})
         found.append(compiled)
         return compiled
 
@@ -101,7 +104,7 @@ def test_mlp_matches_eager_on_fresh_inputs():
     torch.manual_seed(0)
     model = MLP().eval()
     want_model = reference(model)
-    compiled = torch.compile(model, backend="tgc")
+    compiled = torch.compile(model, backend="tgc", options=IN_TGC)
     for seed in (1, 2, 3):
         x = randn(4, 16, seed=seed)
         with torch.no_grad():
@@ -119,7 +122,7 @@ def test_gpt2_matches_eager():
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config).eval()
     want_model = reference(model)
-    compiled = torch.compile(model, backend="tgc")
+    compiled = torch.compile(model, backend="tgc", options=IN_TGC)
     generator = torch.Generator().manual_seed(1)
     for _ in range(2):
         ids = torch.randint(0, config.vocab_size, (2, 8), generator=generator)
@@ -161,7 +164,7 @@ def test_hf_llama_and_bert_match_eager(name):
     if name == "bert":
         kw["attention_mask"] = torch.ones_like(ids)
     with torch.no_grad():
-        got = torch.compile(model, backend="tgc")(input_ids=ids, **kw)
+        got = torch.compile(model, backend="tgc", options=IN_TGC)(input_ids=ids, **kw)
         want = want_model(input_ids=ids, **kw)
     key = "logits" if name == "llama" else "last_hidden_state"
     assert_close(got[key], want[key], GPT2_TOL)
@@ -173,7 +176,7 @@ def test_bfloat16_goes_in_and_out_through_its_bits():
     torch.manual_seed(0)
     model = MLP().eval().to(torch.bfloat16)
     want_model = reference(model)
-    compiled = torch.compile(model, backend="tgc")
+    compiled = torch.compile(model, backend="tgc", options=IN_TGC)
     x = randn(4, 16, seed=1).to(torch.bfloat16)
     with torch.no_grad():
         got = compiled(x)
@@ -204,7 +207,7 @@ def test_input_and_buffer_updates_are_written_back():
     torch.manual_seed(0)
     model = Accumulate().eval()
     want_model = reference(model)
-    compiled = torch.compile(model, backend="tgc")
+    compiled = torch.compile(model, backend="tgc", options=IN_TGC)
     for seed in (1, 2, 3):
         x = randn(3, 8, seed=seed)
         x_want = x.double()
@@ -245,7 +248,7 @@ def test_weights_made_under_inference_mode_are_read_on_every_call(caplog):
     with torch.inference_mode():
         torch.manual_seed(0)
         model = MLP().eval()
-        compiled = torch.compile(model, backend="tgc")
+        compiled = torch.compile(model, backend="tgc", options=IN_TGC)
         x = randn(4, 16, seed=1)
         compiled(x)
         model.fc1.weight.mul_(2)
@@ -270,7 +273,7 @@ def test_a_result_the_plan_keeps_is_handed_out_as_a_copy():
     the tensor returned must not change what the next call returns."""
     torch.manual_seed(0)
     model = ReturnsWeights()
-    compiled = torch.compile(model, backend="tgc")
+    compiled = torch.compile(model, backend="tgc", options=IN_TGC)
     x = randn(2, 4, seed=1)
     with torch.no_grad():
         _, doubled = compiled(x)
@@ -299,7 +302,7 @@ def test_a_graph_break_gives_two_graphs_both_in_tgc(capsys):
     torch.manual_seed(0)
     model = Printing().eval()
     want_model = reference(model)
-    compiled = torch.compile(model, backend="tgc")
+    compiled = torch.compile(model, backend="tgc", options=IN_TGC)
     x = randn(5, 8, seed=1)
     with torch.no_grad():
         assert_close(compiled(x), want_model(x.double()))
@@ -325,7 +328,7 @@ def test_a_data_dependent_branch_takes_both_ways():
     torch.manual_seed(0)
     model = Branching().eval()
     want_model = reference(model)
-    compiled = torch.compile(model, backend="tgc")
+    compiled = torch.compile(model, backend="tgc", options=IN_TGC)
     x = randn(3, 8, seed=1).abs()
     with torch.no_grad():
         assert_close(compiled(x), want_model(x.double()))
@@ -343,7 +346,7 @@ def test_a_new_shape_is_compiled_once(dynamic):
     torch.manual_seed(0)
     model = MLP().eval()
     want_model = reference(model)
-    compiled = torch.compile(model, backend="tgc", dynamic=dynamic)
+    compiled = torch.compile(model, backend="tgc", dynamic=dynamic, options=IN_TGC)
     seeds = iter(range(1, 100))
     compiles = []
     with torch.no_grad():
@@ -386,7 +389,7 @@ def test_a_graph_with_an_op_tgc_cannot_import_runs_eagerly(caplog):
     torch.manual_seed(0)
     model = WithCustomOp().eval()
     want_model = reference(model)
-    compiled = torch.compile(model, backend="tgc")
+    compiled = torch.compile(model, backend="tgc", options=IN_TGC)
     x = randn(5, 8, seed=1)
     with torch.no_grad():
         assert_close(compiled(x), want_model(x.double()))
@@ -422,7 +425,7 @@ def test_the_models_own_error_in_an_eager_graph_is_raised_as_eager_raises_it(cap
     def model(x):
         return positive(x) + 1
 
-    compiled = torch.compile(model, backend="tgc")
+    compiled = torch.compile(model, backend="tgc", options=IN_TGC)
     x = randn(4, seed=1).abs()
     assert_close(compiled(x), x.double() + 1)
     with pytest.raises(ValueError, match="negative input"):
@@ -439,7 +442,7 @@ def test_compiled_shapes_are_bounded(monkeypatch):
     torch.manual_seed(0)
     model = MLP().eval()
     want_model = reference(model)
-    compiled = torch.compile(model, backend="tgc", dynamic=True)
+    compiled = torch.compile(model, backend="tgc", dynamic=True, options=IN_TGC)
     counts = []
     with torch.no_grad():
         for seed, rows in enumerate((2, 3, 2, 4, 3)):  # 3 was dropped when 4 came
@@ -459,7 +462,7 @@ def test_a_failure_when_running_falls_back_to_eager(caplog, monkeypatch):
     caplog.set_level(logging.WARNING, logger="tgc")
     torch.manual_seed(0)
     model = MLP().eval()
-    compiled = torch.compile(model, backend="tgc")
+    compiled = torch.compile(model, backend="tgc", options=IN_TGC)
     x = randn(4, 16, seed=1)
     with torch.no_grad():
         assert_close(compiled(x), reference(model)(x.double()))
@@ -479,7 +482,7 @@ def test_a_call_autograd_records_runs_eagerly_and_can_be_differentiated(caplog):
     torch.manual_seed(0)
     model = MLP().eval()
     want_model = reference(model)
-    compiled = torch.compile(model, backend="tgc")
+    compiled = torch.compile(model, backend="tgc", options=IN_TGC)
     for seed in (1, 2):
         x = randn(4, 16, seed=seed)
         got = compiled(x)
@@ -495,6 +498,63 @@ def test_a_call_autograd_records_runs_eagerly_and_can_be_differentiated(caplog):
     assert coverage().graphs_in_tgc == 1
 
 
+# -- compare_eager: the faster of tgc and eager runs --------------------------------------------
+
+
+def _timed_as(monkeypatch, tgc_s: float, eager_s: float) -> list:
+    """graph._seconds_per_call made to say `tgc_s` for tgc's runner and `eager_s` for eager;
+    the calls it got, in order ("tgc" or "eager")."""
+    from tgc.dynamo import graph
+
+    calls: list = []
+
+    def seconds(run, args):
+        eager = getattr(run, "__name__", "") == "_run_eagerly"
+        calls.append("eager" if eager else "tgc")
+        run(args)
+        return eager_s if eager else tgc_s
+
+    monkeypatch.setattr(graph, "_seconds_per_call", seconds)
+    return calls
+
+
+@pytest.mark.parametrize("tgc_s, eager_s, in_tgc", [(2e-3, 1e-3, 0), (1e-3, 2e-3, 1)])
+def test_the_faster_of_tgc_and_eager_runs_at_each_shape(
+    monkeypatch, caplog, tgc_s, eager_s, in_tgc
+):
+    """compare_eager (the default): a graph compiled for new shapes is timed beside eager on its
+    first call, and the faster runs from then on, said in the log and the tally."""
+    torch.manual_seed(0)
+    model = MLP().eval()
+    calls = _timed_as(monkeypatch, tgc_s, eager_s)
+    compiled = torch.compile(model, backend="tgc")
+    with caplog.at_level(logging.INFO, logger="tgc"), torch.no_grad():
+        for seed in (1, 2, 3):
+            x = randn(4, 16, seed=seed)
+            assert_close(compiled(x), reference(model)(x.double()))
+    assert calls == ["tgc", "eager"]  # timed once, at the first call
+    assert coverage().graphs == 1 and coverage().graphs_in_tgc == in_tgc
+    said = "runs eagerly at these shapes: 1 ms a call, against tgc's 2 ms"
+    assert (said in caplog.text) is (in_tgc == 0), caplog.text
+
+
+def test_a_graph_that_updates_its_inputs_is_not_run_twice_to_compare(monkeypatch):
+    """Timing a graph that writes its inputs would apply its updates again: tgc runs it."""
+    calls = _timed_as(monkeypatch, 2.0, 1.0)
+    model = Accumulate().eval()
+    want_model = reference(model)
+    compiled = torch.compile(model, backend="tgc")
+    x = randn(3, 8, seed=1)
+    x_want = x.double()
+    with torch.no_grad():
+        got = compiled(x)
+        want = want_model(x_want)
+    assert calls == [] and coverage().graphs_in_tgc == 1
+    assert_close(got, want)
+    assert_close(x, x_want)  # doubled once
+    assert_close(model.total, want_model.total)  # added once
+
+
 # -- options -------------------------------------------------------------------------------------
 
 
@@ -503,7 +563,7 @@ def test_options_reach_the_plan(tmp_path):
     measurements: the roofline) still plan the whole model."""
     torch.manual_seed(0)
     model = MLP().eval()
-    options = {"tolerance": 0.0, "db": tmp_path / "none.db", "measure_budget": 1}
+    options = {"tolerance": 0.0, "db": tmp_path / "none.db", "measure_budget": 1, **IN_TGC}
     compiled = torch.compile(model, backend="tgc", options=options)
     x = randn(4, 16, seed=1)
     with torch.no_grad():
@@ -517,7 +577,7 @@ def test_options_reach_the_plan(tmp_path):
         (
             {"options": {"tolerence": 1e-3}},
             "unknown torch.compile option 'tolerence' for backend 'tgc' "
-            "(its options: tolerance, db, measure_budget)",
+            "(its options: tolerance, db, measure_budget, compare_eager)",
         ),
         (
             {"options": {"tolerance": -1}},

@@ -78,7 +78,7 @@ def generate(model, ids: torch.Tensor, new_tokens: int = NEW_TOKENS, **kw):
 
 def compiled(model):
     """`model` with its forward compiled by tgc, as the Hugging Face docs compile it."""
-    model.forward = torch.compile(model.forward, backend="tgc")
+    model.forward = torch.compile(model.forward, backend="tgc", options={"compare_eager": False})
     return model
 
 
@@ -123,7 +123,7 @@ class CacheWrite(torch.nn.Module):
 
 def test_index_copy_and_index_put_write_rows_as_eager():
     model, twin = CacheWrite(), CacheWrite()
-    run = torch.compile(model, backend="tgc")
+    run = torch.compile(model, backend="tgc", options={"compare_eager": False})
     for step, (pos, where) in enumerate([([5, 1], [-1]), ([0, 6], [2]), ([3, 3], [-8])]):
         k = torch.randn(2, 3, 2, 4, generator=torch.Generator().manual_seed(step))
         v = torch.randn(2, 3, 1, 4, generator=torch.Generator().manual_seed(10 + step))

@@ -20,9 +20,12 @@ def test_no_options_are_the_defaults():
 
 
 def test_each_option_is_read():
-    got = parse_options({"tolerance": 1e-3, "db": Path("/tmp/m.db"), "measure_budget": 5})
-    assert got == BackendOptions(tolerance=1e-3, db="/tmp/m.db", measure_budget=5.0)
-    assert OPTION_NAMES == ("tolerance", "db", "measure_budget")
+    options = {"tolerance": 1e-3, "db": Path("/tmp/m.db"), "measure_budget": 5}
+    got = parse_options({**options, "compare_eager": False})
+    want = BackendOptions(tolerance=1e-3, db="/tmp/m.db", measure_budget=5.0, compare_eager=False)
+    assert got == want
+    assert OPTION_NAMES == ("tolerance", "db", "measure_budget", "compare_eager")
+    assert BackendOptions().compare_eager is True
 
 
 @pytest.mark.parametrize(
@@ -31,7 +34,7 @@ def test_each_option_is_read():
         (
             {"tolerance": 1e-3, "budget": 3},
             "unknown torch.compile option 'budget' for backend 'tgc' "
-            "(its options: tolerance, db, measure_budget)",
+            "(its options: tolerance, db, measure_budget, compare_eager)",
         ),
         ([("tolerance", 1)], "torch.compile options for backend 'tgc' must be a dict, got list"),
         (
@@ -44,6 +47,7 @@ def test_each_option_is_read():
         ({"tolerance": "1e-3"}, "must be a non-negative number, got '1e-3'"),
         ({"measure_budget": math.inf}, "option 'measure_budget' of backend 'tgc' must be a"),
         ({"db": 3}, "torch.compile option 'db' of backend 'tgc' must be a path, got int"),
+        ({"compare_eager": 1}, "option 'compare_eager' of backend 'tgc' must be True or False"),
     ],
 )
 def test_a_bad_option_is_one_error_naming_it(options, message):
@@ -57,7 +61,7 @@ def test_a_mode_is_refused_before_anything_else():
         tgc_backend(None, [], mode="max-autotune")
     assert info.value.message == (
         "backend 'tgc' has no modes (got mode='max-autotune'); it takes options "
-        "(tolerance, db, measure_budget)"
+        "(tolerance, db, measure_budget, compare_eager)"
     )
 
 

@@ -10,6 +10,12 @@ GraphModule's own forward, and the reason is logged once (tally.py); so is a com
 that fails when it runs, which is then run eagerly from then on. Never a crash: the eager graph
 is what torch.compile would run without this backend.
 
+With the option `compare_eager` (the default), a graph compiled for a new set of shapes is
+timed on its first call beside the graph run eagerly (RACE_CALLS calls each, after one to warm
+up), and the faster runs at those shapes from then on: tgc never makes a graph slower than
+torch.compile without it would run it. A graph that writes its inputs in place is not run
+twice for this, and runs in tgc.
+
 tgc compiles for inference: its results have no autograd history. A call that autograd would
 record (grad mode on, an input requiring grad: a model's parameters, outside torch.no_grad())
 runs eagerly, said once per graph, so that a backward through it still works.
@@ -34,6 +40,7 @@ OP_NODES = ("call_function", "call_method", "call_module")
 # Compiled forms kept per graph, the least recently used dropped first: a loop over many
 # shapes (a prompt growing token by token) must not keep a plan for every one of them.
 MAX_SHAPES = 32
+RACE_CALLS = 3  # timed calls of each of tgc and eager, after a warm-up, to choose between them
 
 
 class CompiledGraph:
@@ -48,6 +55,7 @@ class CompiledGraph:
         self.runners: OrderedDict[tuple, Callable[[list], object]] = OrderedDict()
         self.eager = self._run_eagerly  # one object, so that `runner is self.eager` holds
         self.said_autograd = False
+        self.unraced: set[tuple] = set()  # shapes compiled and not yet timed beside eager
 
     def __call__(self, *args):
         args = list(args)
@@ -57,10 +65,14 @@ class CompiledGraph:
                 tally.needs_autograd(self.name)
                 self.said_autograd = True
             return self.eager(args)
+        key = shape_key(args)
         runner = self._runner(args)
         if runner is self.eager:
             return self.eager(args)  # the model's own errors are raised as eager raises them
         try:
+            if key in self.unraced:
+                self.unraced.discard(key)
+                runner = self.runners[key] = self._faster(runner, args)
             return runner(args)
         except Exception as e:  # tgc's failure: the updates are written last, so none was made
             tally.failed_when_run(self.name, self.ops, reason(e))
@@ -72,6 +84,8 @@ class CompiledGraph:
         runner = self.runners.get(key)
         if runner is None:
             runner = self.runners[key] = self._compile(args)
+            if runner is not self.eager and self.options.compare_eager and _pure(runner):
+                self.unraced.add(key)
             if len(self.runners) > MAX_SHAPES:
                 self.runners.popitem(last=False)
         else:
@@ -80,6 +94,19 @@ class CompiledGraph:
 
     def _run_eagerly(self, args: list):
         return self.gm(*args)
+
+    def _faster(self, runner: Callable[[list], object], args: list):
+        """`runner` or `self.eager`, whichever runs `args` faster (module doc). tgc's failure
+        here is raised (the caller runs eagerly from then on); eager's keeps tgc."""
+        tgc_s = _seconds_per_call(runner, args)
+        try:
+            eager_s = _seconds_per_call(self.eager, args)
+        except Exception:  # noqa: BLE001  (the model's own error: tgc ran it, keep tgc)
+            return runner
+        if eager_s < tgc_s:
+            tally.slower_than_eager(self.name, self.ops, tgc_s, eager_s)
+            return self.eager
+        return runner
 
     def _compile(self, args: list) -> Callable[[list], object]:
         try:
@@ -105,6 +132,30 @@ class CompiledGraph:
         from tgc.dynamo.host import HostGraph
 
         return HostGraph(lowered, self.options)
+
+
+def _pure(runner) -> bool:
+    """Whether the compiled graph writes none of its arguments (so it may run twice)."""
+    lowered = getattr(runner, "lowered", None)
+    return lowered is not None and all(w is None for w in lowered.writes)
+
+
+def _seconds_per_call(run: Callable[[list], object], args: list) -> float:
+    """The median of RACE_CALLS timed calls of `run(args)` after one to warm up, the device
+    synchronised after each where an argument is on a GPU."""
+    import time
+
+    on_gpu = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    run(args)
+    sync()
+    times = []
+    for _ in range(RACE_CALLS):
+        start = time.perf_counter()
+        run(args)
+        sync()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
 
 
 def records_autograd(args: list) -> bool:

@@ -27,11 +27,14 @@ class BackendOptions:
     measurement database (None: on the CPU the roofline model, as `tgc-run --backend auto`
     without `--db`; on the GPU the default database in the user's cache); `measure_budget`:
     seconds the GPU route may spend measuring unknown kernel instances on first use (the CPU
-    route measures nothing)."""
+    route measures nothing); `compare_eager`: time each graph compiled, at each new set of
+    shapes, beside the graph run eagerly on the same arguments, and run the faster (a graph
+    that updates its inputs is not timed twice: tgc runs it)."""
 
     tolerance: float | None = None
     db: str | None = None
     measure_budget: float = DEFAULT_MEASURE_BUDGET
+    compare_eager: bool = True
 
 
 OPTION_NAMES = tuple(f.name for f in fields(BackendOptions))
@@ -56,6 +59,11 @@ def parse_options(options: Mapping | None) -> BackendOptions:
         values["tolerance"] = _non_negative("tolerance", values["tolerance"])
     if "measure_budget" in values:
         values["measure_budget"] = _non_negative("measure_budget", values["measure_budget"])
+    if "compare_eager" in values and not isinstance(values["compare_eager"], bool):
+        raise TgcError(
+            f"torch.compile option 'compare_eager' of backend 'tgc' must be True or False, "
+            f"got {values['compare_eager']!r}"
+        )
     if values.get("db") is not None:
         db = values["db"]
         if not isinstance(db, (str, os.PathLike)):

@@ -81,6 +81,20 @@ def failed_when_run(name: str, ops: int, reason: str) -> None:
     )
 
 
+def slower_than_eager(name: str, ops: int, tgc_s: float, eager_s: float) -> None:
+    """`name` (with `ops` ops), compiled, took `tgc_s` a call where eager took `eager_s`: it
+    runs eagerly at these shapes, and is counted as such."""
+    _TALLY.graphs_in_tgc -= 1
+    _TALLY.ops_in_tgc -= ops
+    logger.info(
+        "tgc: %s runs eagerly at these shapes: %.3g ms a call, against tgc's %.3g ms; so far %s",
+        name,
+        eager_s * 1e3,
+        tgc_s * 1e3,
+        _TALLY.summary(),
+    )
+
+
 def needs_autograd(name: str) -> None:
     """`name` was called where autograd records: it runs eagerly while that is so."""
     logger.warning(
