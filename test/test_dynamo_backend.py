@@ -498,6 +498,51 @@ def test_a_call_autograd_records_runs_eagerly_and_can_be_differentiated(caplog):
     assert coverage().graphs_in_tgc == 1
 
 
+# -- on the GPU (marker cuda): tgc/dynamo/cuda.py --------------------------------------------------
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-4), (torch.bfloat16, 3e-2)])
+def test_cuda_tensors_go_through_the_gpu_route_and_come_back(tmp_path, dtype, tol):
+    """A model on the GPU: planned on the route (measured on first use into `db`), its
+    results CUDA tensors of the model's dtype, equal to float64 eager within the dtype's
+    tolerance, fresh tensors on every call (a replayed graph's buffers are not handed out)."""
+    torch.manual_seed(0)
+    model = MLP().eval()
+    want_model = reference(model)
+    cuda_model = copy.deepcopy(model).to("cuda", dtype)
+    options = {**IN_TGC, "db": str(tmp_path / "m.sqlite"), "measure_budget": 5}
+    compiled = torch.compile(cuda_model, backend="tgc", options=options)
+    outs = []
+    with torch.no_grad():
+        for seed in (1, 2, 3):
+            x = randn(4, 16, seed=seed)
+            got = compiled(x.to("cuda", dtype))
+            assert got.is_cuda and got.dtype == dtype
+            assert_close(got.cpu(), want_model(x.double()), tol)
+            outs.append(got)
+    assert outs[0].data_ptr() != outs[1].data_ptr()
+    assert coverage().graphs == coverage().graphs_in_tgc == 1
+
+
+@pytest.mark.cuda
+def test_cuda_input_updates_are_written_back(tmp_path):
+    torch.manual_seed(0)
+    model = Accumulate().eval()
+    want_model = reference(model)
+    cuda_model = copy.deepcopy(model).to("cuda")
+    options = {**IN_TGC, "db": str(tmp_path / "m.sqlite"), "measure_budget": 5}
+    compiled = torch.compile(cuda_model, backend="tgc", options=options)
+    for seed in (1, 2):
+        x = randn(3, 8, seed=seed)
+        x_want, x_gpu = x.double(), x.to("cuda")
+        with torch.no_grad():
+            assert_close(compiled(x_gpu).cpu(), want_model(x_want), 2e-4)
+        assert_close(x_gpu.cpu(), x_want, 2e-4)  # x.mul_(2), on the device
+        assert_close(cuda_model.total.cpu(), want_model.total, 2e-4)
+    assert coverage().graphs_in_tgc == 1
+
+
 # -- compare_eager: the faster of tgc and eager runs --------------------------------------------
 
 

@@ -1,7 +1,7 @@
 """A graph's module on the GPU route (planner/route.py), torch CUDA tensors in and out.
 
-NOT RUN YET: written where no GPU was available (2026-11-28); the CPU route (host.py) is the
-tested one. It is kept thin so that what it adds to the route is little: the route lowers,
+Not yet run on a GPU (test_dynamo_backend.py's tests marked `cuda` are its tests, waiting
+for one); the CPU route (host.py) is the tested one. It is kept thin so that what it adds to the route is little: the route lowers,
 measures on first use (`measure_budget`, `db`), plans, checks the whole plan and replays calls
 as CUDA graphs; this module hands it the tensors' memory (`__cuda_array_interface__`, read
 without a copy by the cuda backend, a tensor made contiguous first) and takes the results back
