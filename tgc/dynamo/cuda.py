@@ -17,9 +17,7 @@ import logging
 
 import numpy as np
 import torch
-from torch.utils import _pytree as pytree
 
-from tgc.dynamo import tally
 from tgc.dynamo.lowering import Lowered
 from tgc.dynamo.options import BackendOptions
 from tgc.dynamo.tensors import ParamViews, as_tensor
@@ -57,22 +55,16 @@ class CudaGraph:
 
     def __call__(self, args: list):
         lowered = self.lowered
-        values = list(self.own)
-        for slot, index in enumerate(lowered.inputs, start=len(values)):
-            tensor = args[index]
-            kept = slot in self.param_slots
-            values.append(self.params.view(slot, tensor) if kept else _device_view(tensor))
+        values = lowered.arguments(self.own, args, self.params, self.param_slots, _device_view)
         results = self.compiled(values)
-        outputs = []
-        for value, write in zip(results, lowered.writes):
+
+        def tensor_of(i: int, value) -> torch.Tensor:
+            # an output is cloned (the next replay overwrites a replay's buffers); an update
+            # is copied into its tensor from the buffer itself
             tensor = _as_cuda_tensor(value)
-            if write is None:
-                outputs.append(tensor.clone())
-                continue
-            with torch.no_grad():
-                args[write].copy_(tensor)
-            tally.wrote(args[write].numel() * args[write].element_size())
-        return pytree.tree_unflatten(outputs, lowered.out_spec)
+            return tensor.clone() if lowered.writes[i] is None else tensor
+
+        return lowered.hand_back(results, args, tensor_of)
 
 
 class _Interface:

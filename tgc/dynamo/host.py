@@ -10,11 +10,8 @@ whose once steps (packing weights) run again only when a parameter tensor change
 
 from __future__ import annotations
 
-import torch
-from torch.utils import _pytree as pytree
 
 from tgc.builtin import FuncOp
-from tgc.dynamo import tally
 from tgc.dynamo.lowering import Lowered
 from tgc.dynamo.options import BackendOptions
 from tgc.dynamo.tensors import ParamViews, as_array, as_tensor
@@ -72,21 +69,11 @@ class HostGraph:
 
     def __call__(self, args: list):
         lowered = self.lowered
-        values = list(lowered.own)
-        for slot, index in enumerate(lowered.inputs, start=len(values)):
-            tensor = args[index]
-            kept = slot in self.param_slots
-            values.append(self.params.view(slot, tensor) if kept else as_array(tensor))
+        values = lowered.arguments(lowered.own, args, self.params, self.param_slots, as_array)
         results = self.planned(values)
-        outputs = []
-        for i, (array, write) in enumerate(zip(results, lowered.writes)):
-            if write is None:
-                outputs.append(as_tensor(array, copy=i in self.copied))
-                continue
-            with torch.no_grad():  # the graph's own update, made by tgc: not for autograd
-                args[write].copy_(as_tensor(array))
-            tally.wrote(args[write].numel() * args[write].element_size())
-        return pytree.tree_unflatten(outputs, lowered.out_spec)
+        return lowered.hand_back(
+            results, args, lambda i, array: as_tensor(array, copy=i in self.copied)
+        )
 
 
 def _kept_results(func: FuncOp) -> set[int]:

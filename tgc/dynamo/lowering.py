@@ -23,6 +23,7 @@ from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 from torch.utils import _pytree as pytree
 
 from tgc.builtin import PARAM_ATTR, ModuleOp
+from tgc.dynamo import tally
 from tgc.diagnostics import TgcError
 from tgc.importers.torch import core_aten_program, import_exported_program, parameter_values
 
@@ -44,6 +45,30 @@ class Lowered:
     @property
     def func(self):
         return self.module.funcs[0]
+
+    def arguments(self, own: list, args: list, params, param_slots: set[int], view) -> list:
+        """The function's arguments for graph arguments `args`: `own` first (in the runner's
+        representation), then each graph input, a parameter through `params` (a ParamViews,
+        kept between calls), any other through `view`."""
+        values = list(own)
+        for slot, index in enumerate(self.inputs, start=len(values)):
+            tensor = args[index]
+            values.append(params.view(slot, tensor) if slot in param_slots else view(tensor))
+        return values
+
+    def hand_back(self, results: list, args: list, tensor_of):
+        """The graph's outputs from the function's `results`: each update copied into its
+        graph argument, the others made tensors by `tensor_of(i, value)` and put in the
+        graph's output structure."""
+        outputs = []
+        for i, (value, write) in enumerate(zip(results, self.writes)):
+            if write is None:
+                outputs.append(tensor_of(i, value))
+                continue
+            with torch.no_grad():  # the graph's own update, made by tgc: not for autograd
+                args[write].copy_(tensor_of(i, value))
+            tally.wrote(args[write].numel() * args[write].element_size())
+        return pytree.tree_unflatten(outputs, self.out_spec)
 
 
 def static_inputs(gm: torch.fx.GraphModule, args: list) -> set[int]:
