@@ -93,6 +93,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from real_models import commit_of  # noqa: E402  (bench/ is on the path only now)
 
 MODES = ("eager", "tgc", "default", "reduce-overhead")
 DRY_MODES = ("eager", "tgc")
@@ -387,22 +390,6 @@ def agree(row: Row, tokens, reference) -> None:
 
 
 # -- the report -------------------------------------------------------------------------------
-
-
-def commit_of(given: str | None) -> str:
-    import subprocess
-
-    if given:
-        return given
-    try:
-        proc = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        )
-        if proc.returncode == 0:
-            return proc.stdout.strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def versions() -> str:
