@@ -2,7 +2,7 @@
 # One session's GPU validation, in stages that each fit one device call (10 minutes at most),
 # so that a session's device time is not spent on a stage cut off before it wrote anything.
 #
-#   STAGE=tests      bash bench/gpu_session.sh  # the GPU tests but test_cuda.py (about 3 min)
+#   STAGE=tests      bash bench/gpu_session.sh  # the GPU tests but test_cuda.py (about 4 min)
 #   STAGE=cuda       bash bench/gpu_session.sh  # test_cuda.py (over 150 s on an H200)
 #   STAGE=models     bash bench/gpu_session.sh  # GPT-2 small and the Llama-style model, bf16,
 #                                               # beside eager, compile and reduce-overhead
@@ -97,6 +97,7 @@ tests)
     test/test_plan_memory.py test/test_noisy.py test/test_profile_torch_check.py \
     test/test_cuda_source.py
   pytest_gpu planner 200 test/test_planner_cuda.py test/test_standalone.py
+  pytest_gpu dynamo-cuda 150 test/test_dynamo_backend.py -k cuda
   ;;
 cuda)
   pytest_gpu cuda 520 test/test_cuda.py
