@@ -104,7 +104,7 @@ cuda)
   ;;
 models)
   model --only gpt2 --dtypes bf16 --profile --modes eager,default,reduce-overhead
-  model --only llama --dtypes bf16 --modes eager,default,reduce-overhead
+  model --only llama --dtypes bf16 --profile --modes eager,default,reduce-overhead
   ;;
 generate)
   timeout -k 15 560 python3 bench/generate.py --commit "$commit" --out "$out" \
