@@ -82,9 +82,9 @@ vision() {  # dtype, batch, models...: one vision row each, beside eager and com
   done
 }
 
-bundle() {  # the rows' plan files and kept databases as one file of $out (see the top)
+bundle() {  # the rows' plan files, profiles and kept databases as one file of $out (see the top)
   local files
-  files=$(cd "$out" && ls plan-*.txt measurements-*.sqlite 2>/dev/null)
+  files=$(cd "$out" && ls plan-*.txt profile-*.txt measurements-*.sqlite 2>/dev/null)
   [ -n "$files" ] || return 0
   # shellcheck disable=SC2086  # the names are words: model, dtype, batch
   tar -czf "$out/plans-$stage.tar.gz" -C "$out" $files && (cd "$out" && rm -f $files) &&
