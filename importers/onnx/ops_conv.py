@@ -83,32 +83,34 @@ def _options(**attributes) -> dict:
     return out
 
 
+class _ConvNode:
+    """What Conv and ConvTranspose read alike: the input and its spatial rank, the weight and
+    its kernel (checked against kernel_shape), the optional bias, strides and dilations."""
+
+    def __init__(self, ctx: NodeContext) -> None:
+        self.x, self.spatial = _spatial_input(ctx)
+        self.w = ctx.input(1)
+        bias = ctx.optional_input(2)
+        self.operands = [self.x, self.w] + ([bias] if bias is not None else [])
+        self.kernel = self.w.type.shape[2:]
+        _kernel(ctx, self.kernel)
+        self.strides = _ints(ctx, "strides", self.spatial, 1)
+        self.dilations = _ints(ctx, "dilations", self.spatial, 1)
+        self.groups = int(ctx.attr("group", 1))
+
+
 @converter("Conv")
 def conv(ctx: NodeContext):
-    x, spatial = _spatial_input(ctx)
-    w = ctx.input(1)
-    bias = ctx.optional_input(2)
-    kernel = w.type.shape[2:]
-    _kernel(ctx, kernel)
-    strides = _ints(ctx, "strides", spatial, 1)
-    dilations = _ints(ctx, "dilations", spatial, 1)
-    pads = _pads(ctx, x.type.shape[2:], kernel, strides, dilations)
-    options = _options(
-        strides=strides, dilations=dilations, pads=pads, groups=int(ctx.attr("group", 1))
-    )
-    operands = [x, w] + ([bias] if bias is not None else [])
-    return getattr(ctx.b.hl, f"conv{spatial}d")(*operands, **options)
+    n = _ConvNode(ctx)
+    pads = _pads(ctx, n.x.type.shape[2:], n.kernel, n.strides, n.dilations)
+    options = _options(strides=n.strides, dilations=n.dilations, pads=pads, groups=n.groups)
+    return getattr(ctx.b.hl, f"conv{n.spatial}d")(*n.operands, **options)
 
 
 @converter("ConvTranspose")
 def conv_transpose(ctx: NodeContext):
-    x, spatial = _spatial_input(ctx)
-    w = ctx.input(1)
-    bias = ctx.optional_input(2)
-    kernel = w.type.shape[2:]
-    _kernel(ctx, kernel)
-    strides = _ints(ctx, "strides", spatial, 1)
-    dilations = _ints(ctx, "dilations", spatial, 1)
+    n = _ConvNode(ctx)
+    x, spatial, kernel, strides, dilations = n.x, n.spatial, n.kernel, n.strides, n.dilations
     extra = _ints(ctx, "output_padding", spatial, 0)
     lengths = x.type.shape[2:]
     auto = ctx.attr("auto_pad", "NOTSET")
@@ -134,14 +136,9 @@ def conv_transpose(ctx: NodeContext):
             ends.append(end)
         pads = begins + ends
     options = _options(
-        strides=strides,
-        dilations=dilations,
-        pads=pads,
-        groups=int(ctx.attr("group", 1)),
-        output_padding=extra,
+        strides=strides, dilations=dilations, pads=pads, groups=n.groups, output_padding=extra
     )
-    operands = [x, w] + ([bias] if bias is not None else [])
-    return getattr(ctx.b.hl, f"conv_transpose{spatial}d")(*operands, **options)
+    return getattr(ctx.b.hl, f"conv_transpose{spatial}d")(*n.operands, **options)
 
 
 def _pool(ctx: NodeContext, kind: str):
