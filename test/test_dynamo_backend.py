@@ -68,11 +68,11 @@ class MLP(torch.nn.Module):
         return self.fc2(torch.nn.functional.gelu(self.fc1(x))).softmax(-1)
 
 
-def spy_backend(found: list):
+def spy_backend(found: list, options: dict = IN_TGC):
     """A backend that is tgc's and keeps what it returned (to look at the compiled graphs)."""
 
     def backend(gm, example_inputs, **kw):
-        compiled = tgc_backend(gm, example_inputs, **{"options": IN_TGC, **kw})
+        compiled = tgc_backend(gm, example_inputs, **{"options": options, **kw})
         found.append(compiled)
         return compiled
 
@@ -512,10 +512,11 @@ def test_cuda_tensors_go_through_the_gpu_route_and_come_back(tmp_path, dtype, to
     want_model = reference(model)
     cuda_model = copy.deepcopy(model).to("cuda", dtype)
     options = {**IN_TGC, "db": str(tmp_path / "m.sqlite"), "measure_budget": 5}
-    compiled = torch.compile(cuda_model, backend="tgc", options=options)
+    found: list = []
+    compiled = torch.compile(cuda_model, backend=spy_backend(found, options))
     outs = []
     with torch.no_grad():
-        for seed in (1, 2, 3):
+        for seed in (1, 2, 3, 4, 5):
             x = randn(4, 16, seed=seed)
             got = compiled(x.to("cuda", dtype))
             assert got.is_cuda and got.dtype == dtype
@@ -523,6 +524,9 @@ def test_cuda_tensors_go_through_the_gpu_route_and_come_back(tmp_path, dtype, to
             outs.append(got)
     assert outs[0].data_ptr() != outs[1].data_ptr()
     assert coverage().graphs == coverage().graphs_in_tgc == 1
+    # a new input tensor every call, and still replays: the inputs keep their addresses
+    ((runner,),) = [list(graph.runners.values()) for graph in found]
+    assert runner.compiled.runner.replays >= 2
 
 
 @pytest.mark.cuda
@@ -541,6 +545,29 @@ def test_cuda_input_updates_are_written_back(tmp_path):
         assert_close(x_gpu.cpu(), x_want, 2e-4)  # x.mul_(2), on the device
         assert_close(cuda_model.total.cpu(), want_model.total, 2e-4)
     assert coverage().graphs_in_tgc == 1
+
+
+def test_inputs_keep_their_addresses_so_that_calls_can_be_replayed():
+    """A CUDA graph replays at the addresses it was captured with (planner/graphs.py): inputs
+    that are new tensors on every call are copied into one buffer of the graph's own from the
+    second call on; one passed as the same tensor every call (a KV cache) is never copied. The
+    logic is the device's and the CPU's alike (tgc/dynamo/cuda.py StableInputs)."""
+    from tgc.dynamo.cuda import StableInputs
+
+    inputs = StableInputs()
+    cache = randn(4, 8, seed=0)
+    fresh = [randn(2, 3, seed=s) for s in (1, 2, 3, 4)]
+    seen = []
+    for x in fresh:
+        assert inputs.view(7, cache).data_ptr() == cache.data_ptr()  # never copied
+        got = inputs.view(3, x)
+        assert torch.equal(got, x)
+        seen.append(got.data_ptr())
+    assert seen[0] == fresh[0].data_ptr()  # the first call reads the tensor where it is
+    assert len(set(seen[1:])) == 1 and seen[1] != fresh[1].data_ptr()  # then one buffer
+    strided = randn(3, 2, seed=5).t()  # not contiguous: read through a contiguous copy
+    got = StableInputs().view(0, strided)
+    assert got.is_contiguous() and torch.equal(got, strided)
 
 
 # -- compare_eager: the faster of tgc and eager runs --------------------------------------------

@@ -1,14 +1,21 @@
 """A graph's module on the GPU route (planner/route.py), torch CUDA tensors in and out.
 
 Not yet run on a GPU (test_dynamo_backend.py's tests marked `cuda` are its tests, waiting
-for one); the CPU route (host.py) is the tested one. It is kept thin so that what it adds to the route is little: the route lowers,
-measures on first use (`measure_budget`, `db`), plans, checks the whole plan and replays calls
-as CUDA graphs; this module hands it the tensors' memory (`__cuda_array_interface__`, read
-without a copy by the cuda backend, a tensor made contiguous first) and takes the results back
-as tensors through the same interface. A replayed call's results are buffers the next replay
-overwrites (planner/graphs.py), so each output is cloned on the device before it is handed to
-the user; updates are copied into their tensors. Kernel-by-kernel calls are queued on the
-legacy default stream (the route's), replays on PyTorch's current stream.
+for one); the CPU route (host.py) is the tested one. It is kept thin so that what it adds to
+the route is little: the route lowers, measures on first use (`measure_budget`, `db`), plans,
+checks the whole plan and replays calls as CUDA graphs; this module hands it the tensors'
+memory (`__cuda_array_interface__`, read without a copy by the cuda backend) and takes the
+results back as tensors through the same interface.
+
+A replay needs the arguments at the addresses its capture baked in (planner/graphs.py keys a
+graph by them), and a model passes new tensors on every call (token ids, the previous graph's
+outputs): an input that is not a parameter is copied into a buffer of this graph's own from
+the second call whose tensor is another than the first's (`StableInputs`), so from the third
+call on the calls are replays. An input passed as the same tensor every call (a KV cache) is
+read where it is, never copied. A replayed call's results are buffers the next replay
+overwrites, so each output is cloned on the device before it is handed to the user; updates
+are copied into their tensors. Kernel-by-kernel calls are queued on the legacy default stream
+(the route's), replays on PyTorch's current stream.
 """
 
 from __future__ import annotations
@@ -30,6 +37,32 @@ def _device_view(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().contiguous()
 
 
+class StableInputs:
+    """Graph inputs at the same addresses on every call (module doc): `view(slot, tensor)` is
+    the tensor itself while each call passes the same memory, else a buffer of this graph's own
+    (made at the first call that brings other memory) holding a copy of it."""
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[torch.Tensor, bool]] = {}  # slot -> (tensor, ours)
+
+    def view(self, slot: int, tensor: torch.Tensor) -> torch.Tensor:
+        given = tensor.detach()
+        kept = self._kept.get(slot)
+        if kept is None:  # the first call: read where it is
+            if not given.is_contiguous():
+                given = given.contiguous()
+            self._kept[slot] = (given, False)
+            return given
+        buffer, ours = kept
+        if not ours:
+            if given.data_ptr() == buffer.data_ptr() and given.is_contiguous():
+                return given  # the same memory again (a cache, an input reused)
+            buffer = torch.empty_like(buffer, memory_format=torch.contiguous_format)
+            self._kept[slot] = (buffer, True)
+        buffer.copy_(given)
+        return buffer
+
+
 class CudaGraph:
     """One graph at one set of shapes on the GPU route, called as host.HostGraph is."""
 
@@ -49,13 +82,14 @@ class CudaGraph:
         # made once: the same objects on every call, so the plan's once steps run once
         self.own = [as_tensor(a).to(device) for a in lowered.own]
         self.params = ParamViews(_device_view)
+        self.inputs = StableInputs()
         func = self.compiled.func
         first = len(lowered.own)
         self.param_slots = {i for i in range(first, len(func.body.args)) if func.is_param(i)}
 
     def __call__(self, args: list):
         lowered = self.lowered
-        values = lowered.arguments(self.own, args, self.params, self.param_slots, _device_view)
+        values = lowered.arguments(self.own, args, self.params, self.param_slots, self.inputs)
         results = self.compiled(values)
 
         def tensor_of(i: int, value) -> torch.Tensor:

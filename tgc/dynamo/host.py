@@ -69,11 +69,19 @@ class HostGraph:
 
     def __call__(self, args: list):
         lowered = self.lowered
-        values = lowered.arguments(lowered.own, args, self.params, self.param_slots, as_array)
+        values = lowered.arguments(lowered.own, args, self.params, self.param_slots, _Arrays)
         results = self.planned(values)
         return lowered.hand_back(
             results, args, lambda i, array: as_tensor(array, copy=i in self.copied)
         )
+
+
+class _Arrays:
+    """A graph input that is not a parameter: its memory as a numpy array, every call."""
+
+    @staticmethod
+    def view(slot: int, tensor):
+        return as_array(tensor)
 
 
 def _kept_results(func: FuncOp) -> set[int]:

@@ -46,14 +46,14 @@ class Lowered:
     def func(self):
         return self.module.funcs[0]
 
-    def arguments(self, own: list, args: list, params, param_slots: set[int], view) -> list:
+    def arguments(self, own: list, args: list, params, param_slots: set[int], others) -> list:
         """The function's arguments for graph arguments `args`: `own` first (in the runner's
         representation), then each graph input, a parameter through `params` (a ParamViews,
-        kept between calls), any other through `view`."""
+        kept between calls), any other through `others` (`view(slot, tensor)` too)."""
         values = list(own)
         for slot, index in enumerate(self.inputs, start=len(values)):
-            tensor = args[index]
-            values.append(params.view(slot, tensor) if slot in param_slots else view(tensor))
+            views = params if slot in param_slots else others
+            values.append(views.view(slot, args[index]))
         return values
 
     def hand_back(self, results: list, args: list, tensor_of):
