@@ -11,8 +11,8 @@ that fails when it runs, which is then run eagerly from then on. Never a crash: 
 is what torch.compile would run without this backend.
 
 With the option `compare_eager` (the default), a graph compiled for a new set of shapes is
-timed on its first call beside the graph run eagerly (RACE_CALLS calls each, after one to warm
-up), and the faster runs at those shapes from then on: tgc never makes a graph slower than
+timed on its first call beside the graph run eagerly (RACE_CALLS calls each, after
+RACE_WARMUP to warm up), and the faster runs at those shapes from then on: tgc never makes a graph slower than
 torch.compile without it would run it. A graph that writes its inputs in place is not run
 twice for this, and runs in tgc.
 
@@ -40,7 +40,11 @@ OP_NODES = ("call_function", "call_method", "call_module")
 # Compiled forms kept per graph, the least recently used dropped first: a loop over many
 # shapes (a prompt growing token by token) must not keep a plan for every one of them.
 MAX_SHAPES = 32
-RACE_CALLS = 3  # timed calls of each of tgc and eager, after a warm-up, to choose between them
+RACE_CALLS = 3  # timed calls of each of tgc and eager, to choose between them
+# calls of each before those: on the GPU the route's first call with given buffers runs kernel
+# by kernel and the second captures a CUDA graph (planner/graphs.py), so only from the third on
+# is tgc timed as it will run
+RACE_WARMUP = 3
 
 
 class CompiledGraph:
@@ -141,13 +145,14 @@ def _pure(runner) -> bool:
 
 
 def _seconds_per_call(run: Callable[[list], object], args: list) -> float:
-    """The median of RACE_CALLS timed calls of `run(args)` after one to warm up, the device
-    synchronised after each where an argument is on a GPU."""
+    """The median of RACE_CALLS timed calls of `run(args)` after RACE_WARMUP to warm up, the
+    device synchronised after each where an argument is on a GPU."""
     import time
 
     on_gpu = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
-    run(args)
+    for _ in range(RACE_WARMUP):
+        run(args)
     sync()
     times = []
     for _ in range(RACE_CALLS):
