@@ -116,6 +116,8 @@ def _improve(eg: EGraph, roots, choice: dict, price: float, own: dict):
     while improved and time.monotonic() < deadline:
         improved = False
         for cls in _reachable(choice, roots):
+            if time.monotonic() >= deadline:
+                break  # a round over a large e-graph may itself outlast the budget
             current = choice[cls]
             for node in _ordered(eg.nodes[cls]):
                 if node == current:
