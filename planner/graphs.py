@@ -23,6 +23,8 @@ graph records the launches of one call and replays them all with one host call, 
   there (the legacy default stream unless the caller chose another), and returns the captured
   run's result objects, which the next replay with the same key overwrites (as
   reduce-overhead's outputs are): copy a result to keep it past the next call;
+- a call made while PyTorch's stream is capturing (a whole call of a Dynamo graph captured at
+  once, tgc/dynamo/whole.py) runs kernel by kernel, its launches recorded in that capture;
 - a plan some of whose per-call steps run on the host, or whose capture fails (a kernel that
   synchronises, a library that allocates in a way a capture refuses), runs as before;
   `reason` says why it is not replayed. Without PyTorch there is no graph API here (PyCUDA's
@@ -54,7 +56,9 @@ class GraphReplay:
         self.replays = 0
 
     def __call__(self, values: list) -> list:
-        if self.reason is not None:
+        if self.reason is not None or _capturing():
+            # inside a capture of the whole call (tgc/dynamo/whole.py) the plan's launches
+            # are recorded there, kernel by kernel: a graph is not captured inside another
             return self.planned(values)
         key = _key(values)
         if key is None:  # a value that is not a device buffer
@@ -106,6 +110,15 @@ def _why_not(planned: PlannedFunction) -> str | None:
     if host is not None:
         return f"a step of each call runs on the host: {host}"
     return _graph_api_problem()
+
+
+def _capturing() -> bool:
+    """Whether PyTorch's current stream is capturing a CUDA graph (False without PyTorch)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _graph_api_problem() -> str | None:

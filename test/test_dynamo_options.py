@@ -24,7 +24,7 @@ def test_each_option_is_read():
     got = parse_options({**options, "compare_eager": False})
     want = BackendOptions(tolerance=1e-3, db="/tmp/m.db", measure_budget=5.0, compare_eager=False)
     assert got == want
-    assert OPTION_NAMES == ("tolerance", "db", "measure_budget", "compare_eager")
+    assert OPTION_NAMES == ("tolerance", "db", "measure_budget", "compare_eager", "whole_graphs")
     assert BackendOptions().compare_eager is True
 
 
@@ -34,7 +34,7 @@ def test_each_option_is_read():
         (
             {"tolerance": 1e-3, "budget": 3},
             "unknown torch.compile option 'budget' for backend 'tgc' "
-            "(its options: tolerance, db, measure_budget, compare_eager)",
+            "(its options: tolerance, db, measure_budget, compare_eager, whole_graphs)",
         ),
         ([("tolerance", 1)], "torch.compile options for backend 'tgc' must be a dict, got list"),
         (
@@ -48,6 +48,7 @@ def test_each_option_is_read():
         ({"measure_budget": math.inf}, "option 'measure_budget' of backend 'tgc' must be a"),
         ({"db": 3}, "torch.compile option 'db' of backend 'tgc' must be a path, got int"),
         ({"compare_eager": 1}, "option 'compare_eager' of backend 'tgc' must be True or False"),
+        ({"whole_graphs": "yes"}, "option 'whole_graphs' of backend 'tgc' must be True or False"),
     ],
 )
 def test_a_bad_option_is_one_error_naming_it(options, message):
@@ -61,7 +62,7 @@ def test_a_mode_is_refused_before_anything_else():
         tgc_backend(None, [], mode="max-autotune")
     assert info.value.message == (
         "backend 'tgc' has no modes (got mode='max-autotune'); it takes options "
-        "(tolerance, db, measure_budget, compare_eager)"
+        "(tolerance, db, measure_budget, compare_eager, whole_graphs)"
     )
 
 

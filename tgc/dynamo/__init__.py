@@ -59,12 +59,18 @@ def tgc_backend(gm, example_inputs, *, options=None, mode=None):
     tgc.load_all()
     compile_id = gm.meta.get("dynamo_compile_id")
     name = f"graph {compile_id}" if compile_id is not None else "a graph"
+    compiled = None
     if has_row_writes(gm):  # a KV cache's index_copy_: written in place, rows only
         try:
-            return SplitGraph(gm, parsed, name)
+            compiled = SplitGraph(gm, parsed, name)
         except Exception as e:  # torch.fx could not split it: the graph whole, rows copied
             from tgc.dynamo.graph import reason
             from tgc.dynamo.tally import logger
 
             logger.warning("tgc: %s is not split at its row writes: %s", name, reason(e))
-    return CompiledGraph(gm, parsed, name)
+    compiled = compiled or CompiledGraph(gm, parsed, name)
+    if parsed.whole_graphs:
+        from tgc.dynamo.whole import WholeGraphCalls
+
+        return WholeGraphCalls(compiled, name)
+    return compiled

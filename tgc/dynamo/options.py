@@ -29,12 +29,15 @@ class BackendOptions:
     seconds the GPU route may spend measuring unknown kernel instances on first use (the CPU
     route measures nothing); `compare_eager`: time each graph compiled, at each new set of
     shapes, beside the graph run eagerly on the same arguments, and run the faster (a graph
-    that updates its inputs is not timed twice: tgc runs it)."""
+    that updates its inputs is not timed twice: tgc runs it); `whole_graphs`: on the GPU,
+    replay each call of a Dynamo graph as one CUDA graph (whole.py: a decode step split at its
+    cache writes becomes one replay; not yet run on a GPU, so off by default)."""
 
     tolerance: float | None = None
     db: str | None = None
     measure_budget: float = DEFAULT_MEASURE_BUDGET
     compare_eager: bool = True
+    whole_graphs: bool = False
 
 
 OPTION_NAMES = tuple(f.name for f in fields(BackendOptions))
@@ -59,11 +62,12 @@ def parse_options(options: Mapping | None) -> BackendOptions:
         values["tolerance"] = _non_negative("tolerance", values["tolerance"])
     if "measure_budget" in values:
         values["measure_budget"] = _non_negative("measure_budget", values["measure_budget"])
-    if "compare_eager" in values and not isinstance(values["compare_eager"], bool):
-        raise TgcError(
-            f"torch.compile option 'compare_eager' of backend 'tgc' must be True or False, "
-            f"got {values['compare_eager']!r}"
-        )
+    for flag in ("compare_eager", "whole_graphs"):
+        if flag in values and not isinstance(values[flag], bool):
+            raise TgcError(
+                f"torch.compile option '{flag}' of backend 'tgc' must be True or False, "
+                f"got {values[flag]!r}"
+            )
     if values.get("db") is not None:
         db = values["db"]
         if not isinstance(db, (str, os.PathLike)):

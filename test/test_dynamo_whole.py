@@ -1,0 +1,118 @@
+"""Each call of a Dynamo graph replayed as one CUDA graph (tgc/dynamo/whole.py, the option
+`whole_graphs`), its bookkeeping driven on the CPU: a stand-in capture that records what a
+graph would (each replay runs the call on the captured arguments, its outputs written into the
+buffers the capture made) and a stand-in "device" that is the CPU. What a real capture does on
+the GPU is test_dynamo_backend.py's GPU test."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the torch.compile backend needs PyTorch")
+
+from torch.utils import _pytree as pytree  # noqa: E402
+
+from tgc.dynamo import whole  # noqa: E402
+
+
+class Recorded:
+    """A stand-in capture: replays run the call on the arguments the capture was given and
+    write its outputs into the buffers made at the capture (a graph's outputs are fixed
+    buffers); capturing runs nothing, as capturing a CUDA graph runs nothing."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.replays = 0
+
+    def __call__(self, run, static_args):
+        if self.fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        shapes = run(*[a.clone() if isinstance(a, torch.Tensor) else a for a in static_args])
+        outputs = pytree.tree_map(torch.zeros_like, shapes)
+
+        def replay():
+            self.replays += 1
+            new = run(*static_args)
+            for o, n in zip(pytree.tree_leaves(outputs), pytree.tree_leaves(new)):
+                o.copy_(n)
+
+        return replay, outputs
+
+
+class Step:
+    """A decode step's shape of work: reads a weight, writes a row of a cache in place, doubles
+    its input in place, returns a value; counts its plain calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, w, cache, x, row):
+        self.calls += 1
+        cache[row] = x.sum(0)
+        x.mul_(2)
+        return (x @ w, cache.sum())
+
+
+def wrapped(step, capture):
+    return whole.WholeGraphCalls(step, "graph 0/0", capture=capture, on_device=lambda t: True)
+
+
+def test_calls_replay_after_the_warmup_and_match_plain_calls():
+    step, capture = Step(), Recorded()
+    calls = wrapped(step, capture)
+    w = torch.randn(4, 3)
+    cache, want_cache = torch.zeros(8, 4), torch.zeros(8, 4)
+    outputs = []
+    for i in range(6):
+        x = torch.randn(2, 4, generator=torch.Generator().manual_seed(i))
+        want_x = x.clone()
+        row = torch.tensor(i)
+        want = Step()(w, want_cache, want_x, row)
+        got = calls(w, cache, x, row)
+        for g, e in zip(got, want):
+            assert torch.allclose(g, e)
+        assert torch.equal(x, want_x)  # the moving argument's update reached the caller
+        assert torch.equal(cache, want_cache)  # the fixed one was written where it is
+        outputs.append(got[0])
+    assert step.calls - capture.replays == whole.WARMUP + 1  # the capture's shape probe too
+    assert capture.replays == 6 - whole.WARMUP
+    assert outputs[-1].data_ptr() != outputs[-2].data_ptr()  # cloned, not the graph's buffer
+
+
+def test_a_fixed_argument_at_another_address_runs_the_call_as_it_is():
+    step, capture = Step(), Recorded()
+    calls = wrapped(step, capture)
+    w, cache = torch.randn(4, 3), torch.zeros(8, 4)
+    for i in range(whole.WARMUP + 2):
+        calls(w, cache, torch.randn(2, 4), torch.tensor(i))
+    replays = capture.replays
+    other_cache = torch.zeros(8, 4)
+    calls(w, other_cache, torch.randn(2, 4), torch.tensor(0))
+    assert capture.replays == replays  # not replayed: the graph reads the first cache
+    assert other_cache[0].abs().sum() > 0  # the plain call wrote the cache it was given
+
+
+def test_a_failed_capture_is_said_once_and_the_calls_run_as_they_are(caplog):
+    step = Step()
+    calls = wrapped(step, Recorded(fail=True))
+    w, cache = torch.randn(4, 3), torch.zeros(8, 4)
+    with caplog.at_level(logging.WARNING, logger="tgc"):
+        for i in range(whole.WARMUP + 3):
+            x = torch.randn(2, 4)
+            want = x @ w * 2
+            got = calls(w, cache, x, torch.tensor(i))
+            assert torch.allclose(got[0], want)
+    said = [r for r in caplog.records if "not replayed as one CUDA graph" in r.getMessage()]
+    assert len(said) == 1 and "operation not permitted" in said[0].getMessage()
+    assert step.calls == whole.WARMUP + 3
+
+
+def test_calls_off_the_device_or_recording_autograd_pass_through():
+    step, capture = Step(), Recorded()
+    calls = whole.WholeGraphCalls(step, "g", capture=capture)  # the real test: t.is_cuda
+    w, cache = torch.randn(4, 3), torch.zeros(8, 4)
+    for i in range(whole.WARMUP + 2):
+        calls(w, cache, torch.randn(2, 4), torch.tensor(i))
+    assert capture.replays == 0 and step.calls == whole.WARMUP + 2

@@ -1,0 +1,139 @@
+"""Each call of a Dynamo graph on the GPU replayed as one CUDA graph (the option `whole_graphs`),
+as `torch.compile(mode="reduce-overhead")` replays its calls.
+
+The route replays each planned function as its own CUDA graph (planner/graphs.py); a decode
+step split at its cache writes (split.py) is L + 1 such functions with PyTorch's row writes
+between, and each costs the host its Python work on every token. `WholeGraphCalls` wraps the
+backend's callable for one Dynamo graph: per set of argument shapes, the first `WARMUP` calls
+run as they are (tgc compiles, measures, runs its once steps, captures nothing of its own that
+a replay would miss), the next is captured whole into one CUDA graph on the route's capture
+stream (tgc's kernels and cuBLAS sent there with `launching_on`, PyTorch's work following its
+current stream, the planner's own replays run kernel by kernel inside: graphs.py), and every
+later call replays it.
+
+A capture bakes in addresses. An argument passed as the same memory on every warm-up call (a
+parameter, a KV cache) is read and written where it is; the others ("moving": token ids,
+positions) are copied into buffers of the graph's own before each replay and copied back after
+it, so an in-place update of one reaches the caller's tensor. A call whose fixed arguments come
+at other addresses runs as it is, uncaptured. The outputs are the graph's buffers, cloned before
+they are handed out. A capture that fails is said once (the logger "tgc") and that set of
+shapes runs as it is from then on.
+
+NOT YET RUN ON A GPU: the CPU tests drive it with a stand-in capture (the bookkeeping: which
+arguments move, the copies in and out, the clones, the fallback); the GPU test in
+test_dynamo_backend.py waits for one. Off by default until it has run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch.utils import _pytree as pytree
+
+from tgc.dynamo.graph import records_autograd, reason, shape_key
+from tgc.dynamo.tally import logger
+
+WARMUP = 3  # plain calls per set of shapes before the capture (graphs.py captures at the 2nd)
+
+
+class _Shapes:
+    """One set of argument shapes: warm-up state, then the graph and its buffers."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.addresses: list[tuple[int, ...]] = []  # each warm-up call's argument addresses
+        self.replay: Callable[[], None] | None = None
+        self.failed = False
+        self.moving: list[int] = []  # argument positions copied in and out
+        self.fixed: dict[int, int] = {}  # argument position -> the address the graph reads
+        self.static: dict[int, torch.Tensor] = {}  # the moving arguments' buffers
+        self.outputs = None
+
+
+class WholeGraphCalls:
+    """The backend's callable for one Dynamo graph, its calls replayed whole (module doc).
+    `capture(run, static_args) -> (replay, outputs)` records `run(static_args)` into a graph
+    and `on_device(tensor)` says whether a tensor is where graphs are captured (the real ones
+    by default; the CPU tests hand stand-ins)."""
+
+    def __init__(self, inner, name: str, capture=None, on_device=None) -> None:
+        self.inner = inner
+        self.name = name
+        self.capture = capture or capture_cuda_graph
+        self.on_device = on_device or (lambda t: t.is_cuda)
+        self.shapes: dict[tuple, _Shapes] = {}
+
+    def __call__(self, *args):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        on_device = tensors and all(self.on_device(t) for t in tensors)
+        if not on_device or records_autograd(list(args)):
+            return self.inner(*args)
+        state = self.shapes.setdefault(shape_key(list(args)), _Shapes())
+        if state.failed:
+            return self.inner(*args)
+        if state.replay is None:
+            if state.calls < WARMUP:
+                state.calls += 1
+                state.addresses.append(_addresses(args))
+                return self.inner(*args)
+            self._capture(state, args)
+            if state.failed:
+                return self.inner(*args)
+        if any(args[i].data_ptr() != ptr for i, ptr in state.fixed.items()):
+            return self.inner(*args)  # a fixed argument elsewhere: the graph would read stale
+        for i in state.moving:
+            state.static[i].copy_(args[i])
+        state.replay()
+        for i in state.moving:
+            args[i].copy_(state.static[i])  # an update the graph made reaches the caller
+        return pytree.tree_map(_clone, state.outputs)
+
+    def _capture(self, state: _Shapes, args) -> None:
+        now = _addresses(args)
+        seen = [*state.addresses, now]
+        tensor_at = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        state.moving = [i for i in tensor_at if len({s[i] for s in seen}) > 1]
+        state.fixed = {i: args[i].data_ptr() for i in tensor_at if i not in state.moving}
+        state.static = {i: args[i].detach().clone() for i in state.moving}
+        static_args = [state.static.get(i, a) for i, a in enumerate(args)]
+        try:
+            state.replay, state.outputs = self.capture(self.inner, static_args)
+        except Exception as e:  # noqa: BLE001  (any capture failure: run the calls as they are)
+            state.failed = True
+            logger.warning(
+                "tgc: %s is not replayed as one CUDA graph: %s; its calls run as they are",
+                self.name,
+                reason(e),
+            )
+            return
+
+
+def _addresses(args) -> tuple[int, ...]:
+    return tuple(a.data_ptr() if isinstance(a, torch.Tensor) else -1 for a in args)
+
+
+def _clone(value):
+    return value.clone() if isinstance(value, torch.Tensor) else value
+
+
+def capture_cuda_graph(run, static_args: list):
+    """`run(*static_args)` captured into one CUDA graph on the route's capture stream (module
+    doc): (replay, outputs). Capturing runs nothing on the device: the first replay does."""
+    from tgc.planner.backends.cuda import capture_stream, launching_on
+
+    torch.cuda.synchronize()
+    stream = capture_stream()
+    graph = torch.cuda.CUDAGraph()
+    kept: list = []  # the cuda backend's allocations while capturing: the graph writes them
+    with launching_on(stream, kept):
+        with torch.cuda.graph(
+            graph, stream=torch.cuda.ExternalStream(stream.handle), capture_error_mode="relaxed"
+        ):
+            outputs = run(*static_args)
+
+    def replay() -> None:
+        graph.replay()
+
+    replay.kept = kept  # alive as long as the replay function
+    return replay, outputs
