@@ -316,8 +316,9 @@ class Eqsat(Pass):
     operand (pieces of a split), all in both directions, plus the rules of `rules-file` (a
     tgc-rulegen table) in both directions. Saturation stops at a fixpoint, after `iterations`
     rounds, past `node-limit` e-nodes or after `time-limit` seconds. Extraction: the cost model of
-    `algebraic` (the same options) per e-node, a greedy choice by tree and by amortised costs,
-    priced as the DAG each gives (passes/eqsat/extract.py).
+    `algebraic` (the same options) per e-node, or with `cost=planner` the planner's kernels; a
+    greedy choice by tree and by amortised costs, priced as the DAG each gives, then improved
+    one class at a time while the DAG gets cheaper (passes/eqsat/extract.py).
 
     Contract: a function is rebuilt only where the extracted graph is strictly cheaper than its
     own (so the modelled cost never grows); results keep their types and their values in exact
