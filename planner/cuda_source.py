@@ -77,9 +77,9 @@ class CudaSource:
     template: str
     entry: str
     launch: Callable
-    # (inputs, outputs, attributes) -> (KernelSource, CUDA function): rendered and compiled
-    # once per instance, not per call
-    _sources: dict = field(default_factory=dict, compare=False, repr=False)
+    # (inputs, outputs, attributes) -> its launcher (planner/backends/cuda.py): rendered and
+    # compiled once per instance, not per call
+    _runs: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.entry, str) or not _IDENTIFIER.match(self.entry):
@@ -137,12 +137,12 @@ class CudaSource:
         inputs = tuple(Entry(a.shape, ELEMENT_TYPE_OF_DTYPE[a.dtype]) for a in arrays)
         outputs = tuple(entries(result_types))
         key = (inputs, outputs, repr(sorted(numeric_attrs(attrs).items())))
-        found = self._sources.get(key)
-        if found is None:
+        run = self._runs.get(key)
+        if run is None:
             source = self.kernel_source(inputs, outputs, attrs)
             (function,) = cuda.load_kernels([source])
-            found = self._sources[key] = (source, function)
-        return cuda.launch_source(*found, arrays, result_types)
+            run = self._runs[key] = cuda.launcher(source, function, result_types)
+        return run(arrays)
 
 
 def _dim3(name: str, what: str, value) -> tuple[int, int, int]:

@@ -266,11 +266,9 @@ def compile_regions(ops, backends: Mapping[str, Backend]) -> None:
             template = TEMPLATES.get(op.attr("callee"))
             backend = backends.get(template.backend) if template is not None else None
         elif isinstance(op, FusedOp):
-            spaces = {v.type.encoding for v in op.operands} | {r.type.encoding for r in op.results}
-            if spaces == {None}:
-                continue  # a host kernel.fused is evaluated, not compiled
-            found = [b for b in backends.values() if b.run_region is not None]
-            backend = next((b for b in found if {BACKEND_SPACE.get(b.name)} == spaces), None)
+            spaces = _spaces(op)
+            if spaces != {None}:  # on the host a kernel.fused is evaluated, not compiled
+                backend = _fused_backend(spaces, backends)
         if backend is not None and backend.compile_regions is not None:
             batches.setdefault(backend.name, []).append(op)
     for name, batch in batches.items():
@@ -288,7 +286,7 @@ def _prepare_op(op: Operation, backends: dict[str, Backend]) -> Callable[[list],
         target_type = op.results[0].type
         target = _space(target_type.encoding, op)
         return lambda values: [target.from_host(source.to_host(values[0]), target_type)]
-    spaces = {v.type.encoding for v in op.operands} | {r.type.encoding for r in op.results}
+    spaces = _spaces(op)
     if isinstance(op, FusedOp) and spaces - {None}:
         return _prepare_fused_on_device(op, backends, spaces)
     if spaces - {None}:
@@ -307,7 +305,7 @@ def _prepare_call(op: CallOp, backends: dict[str, Backend]) -> Callable[[list], 
     kernel = _kernel(op)
     backend = _backend(kernel, backends, op)
     space = BACKEND_SPACE[kernel.backend]
-    spaces = {v.type.encoding for v in op.operands} | {r.type.encoding for r in op.results}
+    spaces = _spaces(op)
     if spaces - {space}:
         where = ", ".join(sorted(str(s or "host") for s in spaces))
         raise TgcError(
@@ -361,21 +359,33 @@ def _prepare_fused_on_device(
     op: FusedOp, backends: dict[str, Backend], spaces: set
 ) -> Callable[[list], list]:
     """A `kernel.fused` in device memory: compiled and run by that space's generated kernels."""
-    found = [
-        b
-        for b in backends.values()
-        if b.run_region is not None and {BACKEND_SPACE.get(b.name)} == spaces
-    ]
-    if not found:
+    backend = _fused_backend(spaces, backends)
+    if backend is None:
         where = ", ".join(sorted(str(s or "host") for s in spaces))
         raise TgcError(f"no backend here runs a 'kernel.fused' on values in {where} memory", op.loc)
-    backend = found[0]
 
     def run(values: list) -> list:
         outs = backend.run_region(op, [backend.adopt(v) for v in values])
         return [backend.release(v) for v in outs]
 
     return run
+
+
+def _spaces(op: Operation) -> set:
+    """The memory spaces of `op`'s operands and results (None: the host)."""
+    return {v.type.encoding for v in op.operands} | {r.type.encoding for r in op.results}
+
+
+def _fused_backend(spaces: set, backends: Mapping[str, Backend]) -> Backend | None:
+    """The backend whose generated kernels run a `kernel.fused` on values in `spaces`."""
+    return next(
+        (
+            b
+            for b in backends.values()
+            if b.run_region is not None and {BACKEND_SPACE.get(b.name)} == spaces
+        ),
+        None,
+    )
 
 
 def _kernel(op: CallOp) -> Kernel | Template:

@@ -232,22 +232,6 @@ def _source(op: CallOp | FusedOp):
     return source
 
 
-def launch_source(
-    source, function, inputs: list, result_types: list[TensorType]
-) -> list[DeviceArray]:
-    """Launch a user's CUDA kernel (planner/cuda_source.py), `function` its compiled `source`
-    (`load_kernels`), on device `inputs`, into fresh results of `result_types`."""
-    outs = [DeviceArray.empty(t.shape, t.dtype) for t in result_types]
-    pointers = [np.uintp(_pointer(v)) for v in inputs] + [np.uintp(o.ptr) for o in outs]
-    try:
-        function.prepared_async_call(
-            source.grid, source.block, _launch.stream, *pointers, shared_size=source.shared_bytes
-        )
-    except cuda.Error as e:
-        raise TgcError(f"{_label(source)} failed to run: {e}") from None
-    return outs
-
-
 def _label(source) -> str:
     """How a diagnostic names a generated kernel: its IR name and its symbol."""
     return f"kernel '{display_name(source.ir_name or source.name)}' ({source.name})"
@@ -270,7 +254,14 @@ def _region_runner(op: CallOp | FusedOp):
     """`run(device inputs) -> outputs` for `op`'s region: its code generated and compiled
     (cached), its launch shape and result shapes known."""
     source, function = _compiled(op)
-    results = [(r.type.shape, r.type.dtype) for r in op.results]
+    return launcher(source, function, [r.type for r in op.results], op.loc)
+
+
+def launcher(source, function, result_types: list[TensorType], loc=None):
+    """`run(device inputs) -> outputs`: `function` (compiled from `source`, `load_kernels`)
+    launched on the current stream into fresh results of `result_types`. A generated kernel's
+    and a user's CUDA-source kernel's (planner/cuda_source.py) runs alike."""
+    results = [(t.shape, t.dtype) for t in result_types]
     launch, grid, block = function.prepared_async_call, source.grid, source.block
     shared = source.shared_bytes
 
@@ -280,7 +271,7 @@ def _region_runner(op: CallOp | FusedOp):
         try:
             launch(grid, block, _launch.stream, *pointers, shared_size=shared)
         except cuda.Error as e:
-            raise TgcError(f"{_label(source)} failed to run: {e}", op.loc) from None
+            raise TgcError(f"{_label(source)} failed to run: {e}", loc) from None
         return outs
 
     return run
