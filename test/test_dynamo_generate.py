@@ -61,19 +61,30 @@ def prompt(length: int, seed: int, batch: int = 1) -> torch.Tensor:
     return torch.randint(0, 256, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-def generate(model, ids: torch.Tensor, new_tokens: int = NEW_TOKENS, **kw):
+def greedy(model, ids: torch.Tensor, new_tokens: int, **kw):
+    """Greedy generate() of `new_tokens` after prompt `ids`, `kw` the cache and output keywords."""
     with torch.no_grad():
         return model.generate(
             ids,
             attention_mask=torch.ones_like(ids),
             max_new_tokens=new_tokens,
             do_sample=False,
-            cache_implementation="static",
-            return_dict_in_generate=True,
-            output_logits=True,
             pad_token_id=0,
             **kw,
         )
+
+
+def generate(model, ids: torch.Tensor, new_tokens: int = NEW_TOKENS, **kw):
+    """With a static cache generate() makes, and the logits of every step."""
+    return greedy(
+        model,
+        ids,
+        new_tokens,
+        cache_implementation="static",
+        return_dict_in_generate=True,
+        output_logits=True,
+        **kw,
+    )
 
 
 def compiled(model):
@@ -175,15 +186,7 @@ def fixed_cache(model, length: int = 32) -> dict:
 
 
 def generate_into(model, ids, new_tokens: int, cache: dict):
-    with torch.no_grad():
-        return model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=new_tokens,
-            do_sample=False,
-            pad_token_id=0,
-            **cache,
-        )
+    return greedy(model, ids, new_tokens, **cache)
 
 
 def bytes_per_decode_token(model, ids, cache_length: int) -> float:

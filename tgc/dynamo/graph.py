@@ -23,6 +23,7 @@ runs eagerly, said once per graph, so that a backward through it still works.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -147,8 +148,6 @@ def _pure(runner) -> bool:
 def _seconds_per_call(run: Callable[[list], object], args: list) -> float:
     """The median of RACE_CALLS timed calls of `run(args)` after RACE_WARMUP to warm up, the
     device synchronised after each where an argument is on a GPU."""
-    import time
-
     on_gpu = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     for _ in range(RACE_WARMUP):
