@@ -50,13 +50,14 @@ class GraphReplay:
         self.planned = planned
         self.func = planned.func
         self.reason = _why_not(planned)  # None: graphs are used
+        self._capturing = _capture_probe() if self.reason is None else None
         self._seen: set[tuple] = set()
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
         self.captures = 0
         self.replays = 0
 
     def __call__(self, values: list) -> list:
-        if self.reason is not None or _capturing():
+        if self.reason is not None or self._capturing():
             # inside a capture of the whole call (tgc/dynamo/whole.py) the plan's launches
             # are recorded there, kernel by kernel: a graph is not captured inside another
             return self.planned(values)
@@ -112,13 +113,16 @@ def _why_not(planned: PlannedFunction) -> str | None:
     return _graph_api_problem()
 
 
-def _capturing() -> bool:
-    """Whether PyTorch's current stream is capturing a CUDA graph (False without PyTorch)."""
+def _capture_probe():
+    """`() -> whether PyTorch's current stream is capturing a CUDA graph` (never, without
+    PyTorch or a GPU), looked up once so that a replay pays only the call."""
     try:
         import torch
     except ImportError:
-        return False
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        return lambda: False
+    if not torch.cuda.is_available():
+        return lambda: False
+    return torch.cuda.is_current_stream_capturing
 
 
 def _graph_api_problem() -> str | None:
