@@ -158,6 +158,23 @@ def _is_causal(where: _Where, seq_q: int, seq_k: int) -> bool:
     return bool(np.array_equal(np.broadcast_to(kept, allowed.shape), allowed))
 
 
+def _is_causal_mask(attention: Operation) -> bool:
+    """Does hl.attention's additive mask hold, in every batch entry, exactly the causal
+    pattern: 0 where key j <= query i + seq_k - seq_q, -inf elsewhere (how PyTorch's exporters
+    write `is_causal` as a float mask)?"""
+    if len(attention.operands) != 4 or attention.attr("causal"):
+        return False
+    seq_q, seq_k = attention.scores_shape()[-2:]
+    if seq_q > seq_k:
+        return False
+    mask = _fold(attention.operands[3], [MAX_FOLD_OPS])
+    if mask is None:
+        return False
+    mask = np.broadcast_to(mask, mask.shape[:-2] + (seq_q, seq_k)).astype(np.float64)
+    allowed = np.arange(seq_k)[None, :] <= np.arange(seq_q)[:, None] + (seq_k - seq_q)
+    return bool(np.all(mask[..., allowed] == 0) and np.all(mask[..., ~allowed] == -math.inf))
+
+
 def _finite_below_inf(v: Value) -> bool:
     """A constant that holds neither NaN nor +inf: -inf + it is -inf everywhere."""
     array = constant_array(v)
@@ -432,6 +449,16 @@ def _rewrite(root: Operation, plan: _Plan, rewriter: Rewriter) -> None:
     _erase_dead(dead, rewriter)
 
 
+def _make_causal(attention: Operation, rewriter: Rewriter) -> None:
+    """hl.attention with a causal additive mask -> the same attention with `causal`, no mask."""
+    b = rewriter.builder_before(attention)
+    *qkv, mask = attention.operands
+    attrs = {**attention.attributes, "causal": True}
+    causal = b.create("hl.attention", qkv, attrs, [attention.results[0].type])
+    rewriter.replace_op(attention, causal.results)
+    _erase_dead([mask], rewriter)
+
+
 def _erase_dead(values: list[Value], rewriter: Rewriter) -> None:
     """Erase the pure ops the rewrite left without uses (the scale and -inf constants, a folded
     transpose of k), and what only they used."""
@@ -460,7 +487,10 @@ class RaiseAttention(Pass):
     rows included, for every input, unless `assume-finite`. `assume-finite` (default false)
     also raises -inf where-masks that are not the causal pattern, as additive -inf masks: the
     same results whenever the scores q . k^T (and an additive mask applied after a causal
-    where) hold no NaN or +inf at masked positions. A where-mask with a finite fill is never
+    where) hold no NaN or +inf at masked positions; and it gives every hl.attention whose
+    additive mask is a constant holding the causal pattern (0 where allowed, -inf elsewhere)
+    `causal = true` and no mask (the same results under the same assumption: s + -inf is -inf
+    for every other s). A where-mask with a finite fill is never
     raised. New ops take the location of the last matmul, whose result name the hl.attention
     keeps; the ops replaced, and constants and transposes left unused, are erased.
     """
@@ -469,7 +499,9 @@ class RaiseAttention(Pass):
     summary = "Replace spelled-out attention (matmul, scale, mask, softmax, matmul) by hl.attention"
 
     assume_finite: bool = option(
-        False, "also raise -inf where-masks, assuming the scores hold no NaN or +inf"
+        False,
+        "also raise -inf where-masks and make causal -inf masks `causal`, assuming the scores "
+        "hold no NaN or +inf",
     )
 
     def run_on_func(self, func: FuncOp, stats: PassStatistics) -> None:
@@ -486,3 +518,9 @@ class RaiseAttention(Pass):
                 stats.bump("raised attention (causal)")
             if plan.additive is not None or plan.wheres:
                 stats.bump("raised attention (masked)")
+        if not self.assume_finite:
+            return
+        for op in [op for op in func.walk() if op.name == "hl.attention"]:
+            if _is_causal_mask(op):
+                _make_causal(op, rewriter)
+                stats.bump("causal masks made causal")

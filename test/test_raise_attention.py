@@ -410,3 +410,67 @@ def test_hand_written_torch_attention(causal_mask):
         (got,) = run_function(module.funcs[0], inputs, "f64")
         np.testing.assert_allclose(got, before, rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+# -- constant causal masks -------------------------------------------------------------------------
+
+
+def _masked_attention(seq_q: int, seq_k: int, mask: np.ndarray) -> str:
+    """hl.attention of fresh q, k, v (2 heads, head dim 8, f64) with `mask` as a constant."""
+    types = [TensorType.get((2, n, 8), "f64") for n in (seq_q, seq_k, seq_k)]
+    fb = FunctionBuilder("f", types, ["q", "k", "v"])
+    q, k, v = fb.args
+    t = TensorType.get(mask.shape, "f64")
+    m = fb.atomic.constant(value=DenseAttr(mask, t), result_type=t)
+    return print_module(fb.ret(fb.hl.attention(q, k, v, m)))
+
+
+@pytest.mark.parametrize(
+    "seq_q, seq_k, batch", [(5, 5, ()), (5, 5, (1,)), (3, 7, (2,)), (1, 9, ())]
+)
+def test_a_constant_causal_mask_becomes_causal(seq_q, seq_k, batch):
+    """A 0/-inf constant mask in the causal pattern (square, and with a KV cache: the diagonal
+    aligned to the end) becomes `causal = true` with no mask under assume-finite, and only then;
+    the float64 interpreter gives the same results on fresh inputs (rtol 1e-12)."""
+    allowed = _causal(seq_q, seq_k)
+    mask = np.broadcast_to(np.where(allowed, 0.0, -np.inf), batch + allowed.shape).copy()
+    text = _masked_attention(seq_q, seq_k, mask)
+    func = parse_module(text, "case.tg").funcs[0]
+    inputs = case_inputs(func, seed=seq_q * 10 + seq_k, specials=False)
+    (want,) = run_function(func, inputs, "f64")
+    exact = run_pipeline(text, "raise-attention")
+    (op,) = [op for op in exact.funcs[0].walk() if op.name == "hl.attention"]
+    assert len(op.operands) == 4 and not op.attr("causal")
+    module = run_pipeline(text, "raise-attention{assume-finite=true}")
+    (op,) = [op for op in module.funcs[0].walk() if op.name == "hl.attention"]
+    assert len(op.operands) == 3 and op.attr("causal")
+    assert count(module, "atomic.constant") == 0
+    (got,) = run_function(module.funcs[0], inputs, "f64")
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+def test_lower_for_planning_makes_hugging_face_masks_causal():
+    """Hugging Face's GPT-2 and Llama, exported by torch.export, hand their causal mask to
+    scaled_dot_product_attention as a float 0/-inf tensor; after lower-for-planning every layer's
+    hl.attention is causal with no mask (so the causal kernels run), and the planned module
+    gives the imported module's results (float64 interpreter, within 1e-12 of the largest
+    logit) and PyTorch's float64 ones (1e-6: the import keeps the scale as a float32)."""
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+    import real_models
+
+    for name in ("gpt2", "llama"):
+        case = real_models.dry_case(name, "f64", 2, tiny=True, seq=8)
+        module = case.imported
+        (before,) = run_function(module.funcs[0], case.arguments, "f64")
+        tgc.run_pipeline(module, "lower-for-planning")
+        ops = [op for op in module.funcs[0].walk() if op.name == "hl.attention"]
+        assert ops and all(op.attr("causal") and len(op.operands) == 3 for op in ops), name
+        (got,) = run_function(module.funcs[0], case.arguments, "f64")
+        largest = np.abs(before).max()
+        np.testing.assert_allclose(got, before, rtol=0, atol=1e-12 * largest)
+        np.testing.assert_allclose(got, case.want, rtol=0, atol=1e-6 * largest)
