@@ -16,7 +16,7 @@ Writing (`device_program`) walks the planned function's ops in order:
 
 - the `kernel.call` of a generated kernel (callee `cuda.<template>`): the kernel of its region,
   generated with the template parameters the call names, launched;
-- `cuda.cublas.gemm`: a cuBLAS GEMM; `cuda.cublas.gemm_padded`: the GEMM into rows padded to 16
+- `cuda.cublas.gemm`: a cuBLAS GEMM; `cuda.cublas.gemm_padded`: the GEMM (aligned columns, then the rest) into rows padded to 16
   bytes, then a pitched copy into the compact result; `cuda.cublaslt.*`: a cuBLASLt GEMM with
   the bias (and the GELU or the residual) in its epilogue;
 - `cuda.split_view`, `cuda.reshape_view`: views of the operand's memory, nothing run;
@@ -246,7 +246,10 @@ class _ProgramWriter:
         padded = self.program.buffer("scratch", TensorType.get((rows, ld), t.element_type))
         a, b = self.operands(call)
         out = self.scratch(call.results[0])
-        self.program.steps.append(CublasGemm(g, a, b, padded, ld))
+        for part, into_b, into_c in ck.padded_gemm_parts(g, item):
+            b_part = b.view(b.type, into_b * item) if into_b else b
+            c_part = padded.view(padded.type, into_c * item) if into_c else padded
+            self.program.steps.append(CublasGemm(part, a, b_part, c_part, ld))
         self.program.steps.append(PitchedCopy(padded, out, rows, g.n * item, ld * item))
 
     def lt_gemm(self, call: CallOp) -> None:

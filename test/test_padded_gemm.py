@@ -73,3 +73,23 @@ def test_the_padded_cublas_call_computes_the_matmul(seed, _stand_in):  # noqa: F
     (out,) = _stand_in_call(kernel, [Box(a), Box(b)], {"transpose_b": True}, [result])
     assert out.array.shape == want.shape
     np.testing.assert_allclose(out.array, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "n, itemsize, columns",  # columns: (first, how many) of each call
+    [(50257, 2, [(0, 50256), (50256, 1)]), (13, 4, [(0, 12), (12, 1)]), (7, 2, [(0, 7)])],
+)
+def test_the_padded_gemm_runs_the_aligned_columns_apart(n, itemsize, columns):
+    """cuBLAS's fast kernels need N aligned, not only the result's rows: the aligned columns
+    are one call, the few left another, each reading its rows of B and writing its columns."""
+    dtype = {2: "bf16", 4: "f32"}[itemsize]
+    k = 64
+    g = ck.gemm_of(
+        [TensorType.get((32, k), dtype), TensorType.get((n, k), dtype)],
+        TensorType.get((32, n), dtype),
+        {"transpose_b": True},
+    )
+    parts = ck.padded_gemm_parts(g, itemsize)
+    assert [(into_c, part.n) for part, _, into_c in parts] == columns
+    for part, into_b, into_c in parts:
+        assert into_b == into_c * k and part.stride_b == g.stride_b and part.m == g.m

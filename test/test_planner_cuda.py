@@ -369,7 +369,13 @@ class _Buffers:
         return array.ctypes.data
 
     def flat(self, pointer) -> np.ndarray:
-        return self.arrays[pointer.value].reshape(-1)
+        """The elements from `pointer` to the end of the array it points into."""
+        for start, array in self.arrays.items():
+            if start <= pointer.value < start + array.nbytes:
+                offset, rest = divmod(pointer.value - start, array.itemsize)
+                assert rest == 0, "a pointer between elements"
+                return array.reshape(-1)[offset:]
+        raise AssertionError(f"no array at address {pointer.value:#x}")
 
 
 def _fake_gemm(buffers: _Buffers):
@@ -513,10 +519,12 @@ def _stand_in_call(kernel, inputs, attrs, result_types):
         pc = buffers.add(np.zeros(t.shape, t.dtype))
         _cublas_with(buffers).gemm(g, pa, pb, pc)
         return [Boxed(buffers.arrays[pc])]
-    # padded rows, then the compact copy cuda.py makes
-    ld = ck.padded_ld(g.n, t.dtype.itemsize)
+    # the parts into padded rows, then the compact copy cuda.py makes
+    item = t.dtype.itemsize
+    ld = ck.padded_ld(g.n, item)
     pc = buffers.add(np.full((g.batch * g.m, ld), np.nan, t.dtype))
-    _cublas_with(buffers).gemm(g, pa, pb, pc, ldc=ld)
+    for part, into_b, into_c in ck.padded_gemm_parts(g, item):
+        _cublas_with(buffers).gemm(part, pa, pb + into_b * item, pc + into_c * item, ldc=ld)
     return [Boxed(buffers.arrays[pc][:, : g.n].reshape(t.shape).copy())]
 
 

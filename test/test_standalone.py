@@ -219,7 +219,9 @@ PADDED = """func.func @f(%a: tensor<2x4x64xbf16>, %b: tensor<37x64xbf16>) -> ten
 
 def test_a_padded_gemm_writes_padded_rows_then_copies_them_compact():
     """cuda.cublas.gemm_padded (the plan's choice where measurements say so): rows of 37 bf16
-    (74 bytes) written 40 elements apart, then a pitched copy into the output."""
+    (74 bytes) written 40 elements apart, by one GEMM of the first 32 columns and one of the
+    last 5 (B's rows from 32 on, the padded rows from column 32 on), then a pitched copy into
+    the output."""
     module = tgc.parse(PADDED)
     func = module.funcs[0]
     with ck.planning_kernels(None):
@@ -227,9 +229,12 @@ def test_a_padded_gemm_writes_padded_rows_then_copies_them_compact():
         (call,) = [op for op in func.body.ops if op.attributes.get("callee") == ck.CUBLAS_GEMM]
         call.attributes["callee"] = ck.CUBLAS_GEMM_PADDED
         program = device_program(func, module_names(), None)
-    gemm, copy = program.steps
-    assert isinstance(gemm, CublasGemm) and isinstance(copy, PitchedCopy)
-    assert (gemm.ldc, copy.rows, copy.width, copy.src_pitch) == (40, 8, 74, 80)
+    gemm, tail, copy = program.steps
+    assert isinstance(gemm, CublasGemm) and isinstance(tail, CublasGemm)
+    assert isinstance(copy, PitchedCopy)
+    assert (gemm.gemm.n, tail.gemm.n, gemm.ldc, tail.ldc) == (32, 5, 40, 40)
+    assert (tail.b.view_offset, tail.c.view_offset) == (32 * 64 * 2, 32 * 2)
+    assert (copy.rows, copy.width, copy.src_pitch) == (8, 74, 80)
     assert_matches_float64(PADDED, func, program)
 
 

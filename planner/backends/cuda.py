@@ -300,27 +300,30 @@ def _gemm_runner(g, t: TensorType, loc=None):
 
 
 def _padded_gemm_runner(g, t: TensorType, loc=None):
-    """`run([a, b]) -> [c]` for cuda.cublas.gemm_padded: the cuBLAS call `g` into rows padded
-    to 16 bytes (a scratch buffer per call), then one 2-D copy into a fresh compact result."""
+    """`run([a, b]) -> [c]` for cuda.cublas.gemm_padded: the cuBLAS calls of
+    `padded_gemm_parts(g)` into rows padded to 16 bytes (a scratch buffer per call), then one
+    2-D copy into a fresh compact result."""
     from tgc.runtime.cublas import cublas
 
     blas = cublas()
     shape, dtype = t.shape, t.dtype
     item = dtype.itemsize
     ld = planner_side.padded_ld(g.n, item)
+    parts = planner_side.padded_gemm_parts(g, item)
     rows = g.batch * g.m
     copy = cuda.Memcpy2D()
     copy.src_pitch, copy.dst_pitch = ld * item, g.n * item
     copy.width_in_bytes, copy.height = g.n * item, rows
 
     def run(values: list) -> list:
-        a, b = values
+        a, b = (_pointer(v) for v in values)
         padded = DeviceArray.empty((rows, ld), dtype)
         out = DeviceArray.empty(shape, dtype)
         blas.set_stream(_launch.handle)
-        status = blas.gemm(g, _pointer(a), _pointer(b), padded.ptr, ldc=ld)
-        if status != 0:
-            raise TgcError(f"cuBLAS gemm ({g.m}x{g.n}x{g.k}) failed with status {status}", loc)
+        for part, into_b, into_c in parts:
+            status = blas.gemm(part, a, b + into_b * item, padded.ptr + into_c * item, ldc=ld)
+            if status != 0:
+                raise TgcError(f"cuBLAS gemm ({g.m}x{g.n}x{g.k}) failed with status {status}", loc)
         copy.set_src_device(padded.ptr)
         copy.set_dst_device(out.ptr)
         if _launch.stream is None:

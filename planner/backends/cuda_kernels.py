@@ -14,9 +14,10 @@ Kernels:
   the executor turns into a `kernel.fused` (`fused_from_call`), generates and compiles.
 - "cuda.cublas.gemm": an op kernel for the `atomic.matmul`s cuBLAS can run (each operand
   batched like the result or not at all; f32, f64, f16, bf16), matched like any op kernel;
-  "cuda.cublas.gemm_padded" the same GEMM written into rows padded to 16 bytes and copied
-  compact, for a result whose rows are not 16-byte multiples (cuBLAS's fast kernels need
-  them): a language model's head over a vocabulary such as GPT-2's 50257.
+  "cuda.cublas.gemm_padded" the same product for a result whose rows are not 16-byte
+  multiples (a language model's head over a vocabulary such as GPT-2's 50257): cuBLAS's fast
+  kernels need N itself aligned, so it runs as a GEMM over the aligned columns and one over the
+  few left, both into rows padded to 16 bytes, then copied compact (`padded_gemm_parts`).
 - "cuda.cublaslt.linear", "cuda.cublaslt.linear_gelu", "cuda.cublaslt.linear_residual": graph
   kernels for a linear layer (`hl.linear` as written or lowered: matmul, then the bias added)
   that cuBLASLt runs as one GEMM with the bias, the tanh GELU (f16/bf16 only) or a residual
@@ -57,7 +58,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -562,9 +563,8 @@ def _row_aligned(elements: int, itemsize: int) -> bool:
 
 def padded_gemm_types(types) -> str | None:
     """The constraint of cuda.cublas.gemm_padded: a GEMM cuBLAS runs whose result rows (n
-    elements) are not 16-byte multiples, while A's rows and a transposed B's rows are. Such an
-    N (GPT-2's vocabulary, 50257) keeps cuBLAS off its fast kernels: measured 105 TFLOP/s
-    against 675 with N padded, on an H100 in bf16 (issue 22)."""
+    elements) are not 16-byte multiples, while A's rows and a transposed B's rows are (so B is
+    [..., n, k]: its first columns of the result are a prefix of its rows)."""
     problem = cublas_types(types)
     if problem is not None:
         return problem
@@ -583,6 +583,22 @@ def padded_ld(n: int, itemsize: int) -> int:
     return -(-n // step) * step
 
 
+def padded_gemm_parts(g: Gemm, itemsize: int) -> list[tuple[Gemm, int, int]]:
+    """The cuBLAS calls of cuda.cublas.gemm_padded's `g` (B transposed, [n, k]), each as (gemm,
+    elements into B, elements into a result row), writing rows of `padded_ld` elements: the
+    result's columns up to the last 16-byte boundary (n aligned: cuBLAS's fast kernels), then
+    the few left. Only an aligned n keeps cuBLAS fast: padding the result's rows alone was
+    measured as slow as the plain call (GPT-2's head, H200, 2026-11-28: 1.70 ms against 1.52,
+    where PyTorch's GEMM with its weight padded to 50264 rows takes 0.23)."""
+    assert g.transpose_b, "cuda.cublas.gemm_padded reads B transposed (its constraint)"
+    step = GEMM_ROW_ALIGNMENT // math.gcd(GEMM_ROW_ALIGNMENT, itemsize)
+    aligned = g.n - g.n % step
+    parts = [(replace(g, n=aligned), 0, 0)] if aligned else []
+    if aligned < g.n:
+        parts.append((replace(g, n=g.n - aligned), aligned * g.k, aligned))
+    return parts
+
+
 def padded_cublas_kernel(run=None) -> Kernel:
     return Kernel(
         CUBLAS_GEMM_PADDED,
@@ -591,7 +607,8 @@ def padded_cublas_kernel(run=None) -> Kernel:
         run=run,
         constraints=padded_gemm_types,
         max_rel_error=SUMS_ERROR,
-        doc="atomic.matmul by cuBLAS into rows padded to 16 bytes, then copied compact",
+        doc="atomic.matmul by cuBLAS over the aligned columns and the rest, into rows padded "
+        "to 16 bytes, then copied compact",
     )
 
 
