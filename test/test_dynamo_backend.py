@@ -532,23 +532,24 @@ def test_cuda_tensors_go_through_the_gpu_route_and_come_back(tmp_path, dtype, to
 @pytest.mark.cuda
 def test_whole_calls_replay_as_one_cuda_graph(tmp_path):
     """whole_graphs: after its warm-up calls, each call of the graph is one replay
-    (tgc/dynamo/whole.py); the results still match float64 eager, and each is a new tensor."""
+    (tgc/dynamo/whole.py); the results still match float64 eager, and each is a new tensor:
+    checked after the last call, so a result that a later replay overwrote would fail."""
     torch.manual_seed(0)
     model = MLP().eval()
     want_model = reference(model)
     options = {**IN_TGC, "whole_graphs": True, "db": str(tmp_path / "m.sqlite")}
     found: list = []
     compiled = torch.compile(copy.deepcopy(model).cuda(), backend=spy_backend(found, options))
-    outs = []
+    calls = []
     with torch.no_grad():
         for seed in range(7):
             x = randn(4, 16, seed=seed)
-            got = compiled(x.cuda())
-            assert_close(got.cpu(), want_model(x.double()), 2e-4)
-            outs.append(got.data_ptr())
+            calls.append((x, compiled(x.cuda())))
+    for x, got in calls:
+        assert_close(got.cpu(), want_model(x.double()), 2e-4)
     ((shapes,),) = [list(w.shapes.values()) for w in found]
     assert shapes.replay is not None and not shapes.failed
-    assert len(set(outs[-3:])) == 3
+    assert len({got.data_ptr() for _, got in calls}) == len(calls)
 
 
 @pytest.mark.cuda
