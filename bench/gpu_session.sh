@@ -38,7 +38,8 @@ stage=${STAGE:-tests}
 out=${OUT:-gpu-session-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo "${COMMIT:-unknown}")
+# COMMIT first: the device machine's copy of the tree may carry an older .git than the tree
+commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 model_timeout=${MODEL_TIMEOUT:-280}
 vision_timeout=${VISION_TIMEOUT:-130}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"

@@ -412,10 +412,12 @@ def _plan(
     costs: CostSource | CachedCosts,
     graphs: bool,
     generated: bool = True,
+    annotated: CachedCosts | None = None,
 ) -> PlannedFunction | GraphReplay | None:
     """A copy of `func` planned with `costs` (generated False: no generated kernel), made
     ready to run (through CUDA graphs with `graphs`); None when no plan exists within the
-    tolerance."""
+    tolerance. Its calls' `plan.seconds` are those of `annotated` where given (the costs
+    without a planning bias), else of `costs`."""
     from tgc.planner.fixed import mark_once
     from tgc.planner.materialise import materialise
     from tgc.planner.select import plan_function
@@ -428,7 +430,7 @@ def _plan(
         if generated:
             raise
         return None  # some op has no library kernel: there is no all-library plan
-    materialise(copy, selection, cached)
+    materialise(copy, selection, annotated or cached)
     mark_once(copy)
     planned = PlannedFunction(copy)
     return GraphReplay(planned) if graphs else planned
@@ -470,7 +472,8 @@ def _library_plan(func: FuncOp, tolerance: float, costs: CachedCosts, graphs: bo
     else, where some op has none, library kernels wherever one runs (`_LibraryFirst`)."""
     found = _plan(func, tolerance, costs, graphs, generated=False)
     if found is None:
-        found = _plan(func, tolerance, CachedCosts(_LibraryFirst(costs.source)), graphs)
+        biased = CachedCosts(_LibraryFirst(costs.source))
+        found = _plan(func, tolerance, biased, graphs, annotated=costs)
     return found
 
 
