@@ -5,6 +5,9 @@ the planner's business on a GPU (bench/real_models.py: GPT-2's head)."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 from test_planner_cuda import _stand_in_call
@@ -93,3 +96,28 @@ def test_the_padded_gemm_runs_the_aligned_columns_apart(n, itemsize, columns):
     assert [(into_c, part.n) for part, _, into_c in parts] == columns
     for part, into_b, into_c in parts:
         assert into_b == into_c * k and part.stride_b == g.stride_b and part.m == g.m
+
+
+NVCC = shutil.which("nvcc") or shutil.which("nvcc", path="/usr/local/cuda/bin")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("rows, n, ld, dtype", [(2048, 50257, 50264, "bf16"), (3, 5, 8, "f32")])
+def test_the_compact_copy_compiles(rows, n, ld, dtype, tmp_path):
+    """The padded GEMM's copy to compact rows (codegen/compact.py) compiles with the prelude;
+    what it computes is checked on a GPU (test_route_cuda.py)."""
+    from tgc.codegen.compact import compact_rows_kernel
+    from tgc.codegen.render import prelude
+
+    kernel = compact_rows_kernel(rows, n, ld, dtype)
+    assert kernel.num_inputs == kernel.num_outputs == 1
+    assert f"row * {ld} + col" in kernel.source and f"== {n})" in kernel.source
+    path = tmp_path / "k.cu"
+    path.write_text(prelude() + "\n" + kernel.source)
+    proc = subprocess.run(
+        [NVCC, "-arch=sm_90", "-cubin", str(path), "-o", str(tmp_path / "k.cubin")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]

@@ -69,8 +69,11 @@ def test_graph_replays_give_what_plain_launches_give(example, tmp_path):
     np.testing.assert_array_equal(got[0], _host(compiled.planned(values))[0])
 
 
-@pytest.mark.parametrize("dtype, rows, n", [("bf16", 64, 1001), ("f32", 33, 257)])
+@pytest.mark.parametrize(
+    "dtype, rows, n", [("bf16", 64, 1001), ("f32", 33, 257), ("bf16", 7, 1003), ("bf16", 5, 5)]
+)
 def test_the_padded_gemm_computes_the_matmul(dtype, rows, n):
+    """Its parts (aligned columns, the rest: either may be all) and the compact copy."""
     from tgc.planner import load_backends
     from tgc.planner.backends import cuda_kernels as ck
     from tgc.planner.kernel import KERNELS

@@ -34,6 +34,7 @@ from __future__ import annotations
 import atexit
 import math
 from contextlib import contextmanager
+from functools import cache
 from types import SimpleNamespace
 
 import ml_dtypes
@@ -50,6 +51,7 @@ except ImportError as e:
 except cuda.Error as e:  # a driver that does not initialise: no GPU to use
     raise ImportError(f"the CUDA driver is not usable ({e})") from None
 
+from tgc.codegen.compact import compact_rows_kernel
 from tgc.codegen.kernels import generate_kernel
 from tgc.codegen.names import display_name
 from tgc.diagnostics import TgcError
@@ -301,40 +303,38 @@ def _gemm_runner(g, t: TensorType, loc=None):
 
 def _padded_gemm_runner(g, t: TensorType, loc=None):
     """`run([a, b]) -> [c]` for cuda.cublas.gemm_padded: the cuBLAS calls of
-    `padded_gemm_parts(g)` into rows padded to 16 bytes (a scratch buffer per call), then one
-    2-D copy into a fresh compact result."""
+    `padded_gemm_parts(g)` into rows padded to 16 bytes (a scratch buffer per call), then the
+    rows copied compact into a fresh result (codegen/compact.py)."""
     from tgc.runtime.cublas import cublas
 
     blas = cublas()
-    shape, dtype = t.shape, t.dtype
-    item = dtype.itemsize
+    item = t.dtype.itemsize
     ld = planner_side.padded_ld(g.n, item)
     parts = planner_side.padded_gemm_parts(g, item)
     rows = g.batch * g.m
-    copy = cuda.Memcpy2D()
-    copy.src_pitch, copy.dst_pitch = ld * item, g.n * item
-    copy.width_in_bytes, copy.height = g.n * item, rows
+    compact = launcher(*_compact_rows(rows, g.n, ld, t.element_type), [t], loc)
 
     def run(values: list) -> list:
         a, b = (_pointer(v) for v in values)
-        padded = DeviceArray.empty((rows, ld), dtype)
-        out = DeviceArray.empty(shape, dtype)
+        padded = DeviceArray.empty((rows, ld), t.dtype)
         blas.set_stream(_launch.handle)
         for part, into_b, into_c in parts:
             status = blas.gemm(part, a, b + into_b * item, padded.ptr + into_c * item, ldc=ld)
             if status != 0:
                 raise TgcError(f"cuBLAS gemm ({g.m}x{g.n}x{g.k}) failed with status {status}", loc)
-        copy.set_src_device(padded.ptr)
-        copy.set_dst_device(out.ptr)
-        if _launch.stream is None:
-            copy(aligned=False)  # device to device: the host does not wait
-        else:
-            copy(_launch.stream)
-        # `padded` goes back to the pool now: a later allocation's kernels are queued after
-        # the copy on the same stream (the module doc's rule)
-        return [out]
+        # `padded` goes back to the pool when this returns: a later allocation's kernels are
+        # queued after the copy on the same stream (the module doc's rule)
+        return compact([padded])
 
     return run
+
+
+@cache
+def _compact_rows(rows: int, n: int, ld: int, element_type: str):
+    """(source, function) of codegen/compact.py's kernel for this shape, compiled once."""
+    source = compact_rows_kernel(rows, n, ld, element_type)
+    (function,) = load_kernels([source])
+    return source, function
 
 
 def _gemm(inputs: list, attrs: dict, result_types: list[TensorType], padded: bool = False):
