@@ -202,13 +202,12 @@ def prompt_ids(batch: int, length: int, vocab: int, device: str):
 
 
 def static_cache(model, length: int) -> dict:
-    """A fresh StaticCache of `length` positions as generate()'s keyword: transformers 5 names
-    it `cache`, earlier versions `past_key_values` (test/test_dynamo_generate.py's fixed_cache)."""
+    """A fresh StaticCache of `length` positions as generate()'s keyword `past_key_values`,
+    which every transformers version takes (5.24 also names it `cache`; 5.17 refuses that)."""
     import transformers
 
     cache = transformers.StaticCache(config=model.config, max_cache_len=length)
-    major = int(transformers.__version__.split(".")[0])
-    return {"cache" if major >= 5 else "past_key_values": cache}
+    return {"past_key_values": cache}
 
 
 def generate(model, ids, new_tokens: int, cache_len: int):

@@ -178,11 +178,11 @@ def test_generate_with_a_static_cache_matches_eager():
 
 def fixed_cache(model, length: int = 32) -> dict:
     """A static cache of `length` positions, as generate()'s keyword: its shape, and so the
-    decode step's, does not depend on the prompt or the number of new tokens. transformers 5
-    names the keyword `cache` (`past_key_values`, which it still takes, before)."""
+    decode step's, does not depend on the prompt or the number of new tokens. The keyword is
+    `past_key_values`, which every transformers version takes (5.24 also names it `cache`;
+    5.17, the GPU machine's, refuses that)."""
     cache = transformers.StaticCache(config=model.config, max_cache_len=length)
-    major = int(transformers.__version__.split(".")[0])
-    return {"cache" if major >= 5 else "past_key_values": cache}
+    return {"past_key_values": cache}
 
 
 def generate_into(model, ids, new_tokens: int, cache: dict):
