@@ -264,3 +264,18 @@ def test_decode_compiled_once_for_every_token_and_prefill_once_per_prompt_length
     # 9 and at 5; the decode step, its shapes the cache's, was compiled by neither again
     assert tally.graphs == after_two.graphs + 2 * PIECES, tally
     assert counters["stats"]["unique_graphs"] == 3, dict(counters["stats"])
+
+
+@pytest.mark.cuda
+def test_decode_pieces_reading_a_cpu_scalar_run_in_tgc_on_the_gpu():
+    """A StaticCache layer keeps `cumulative_length` as a 0-d CPU tensor that each layer's piece
+    of the decode step reads beside its GPU tensors (every layer of a 1.1 B Llama ran eagerly
+    for it on an H200, 2026-11-28): it is moved to the device as a scalar, every graph runs in
+    tgc, and the greedy tokens equal eager's (float32)."""
+    model = tiny_llama().to("cuda")
+    ids = prompt(8, 1).to("cuda")
+    want = greedy(copy.deepcopy(model), ids, 4, **fixed_cache(model))
+    got = greedy(compiled(model), ids, 4, **fixed_cache(model))
+    assert torch.equal(got, want)
+    tally = coverage()
+    assert tally.graphs and tally.graphs_in_tgc == tally.graphs, tally.summary()

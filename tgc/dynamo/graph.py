@@ -123,20 +123,64 @@ class CompiledGraph:
         return runner
 
     def _lowered_runner(self, args: list) -> Callable[[list], object]:
-        devices = {a.device.type for a in args if isinstance(a, torch.Tensor)}
+        scalars = _host_scalars(args)
+        devices = {
+            a.device.type
+            for i, a in enumerate(args)
+            if isinstance(a, torch.Tensor) and i not in scalars
+        }
         if len(devices) > 1:
             raise TgcError(f"its inputs are on several devices ({', '.join(sorted(devices))})")
         device = devices.pop() if devices else "cpu"
         if device not in ("cpu", "cuda"):
             raise TgcError(f"its inputs are on a '{device}' device; tgc runs on cpu and cuda")
-        lowered = lower_graph(self.gm, args, static_inputs(self.gm, args))
         if device == "cuda":
             from tgc.dynamo.cuda import CudaGraph
 
-            return CudaGraph(lowered, self.options)
+            moved = _scalars_on_device(args, scalars)
+            lowered = lower_graph(self.gm, moved, static_inputs(self.gm, moved))
+            runner = CudaGraph(lowered, self.options)
+            return _ScalarsMoved(runner, scalars) if scalars else runner
+        lowered = lower_graph(self.gm, args, static_inputs(self.gm, args))
         from tgc.dynamo.host import HostGraph
 
         return HostGraph(lowered, self.options)
+
+
+def _host_scalars(args: list) -> list[int]:
+    """The positions of 0-d CPU tensors among `args`: PyTorch lets them join a GPU computation
+    as scalars (a Hugging Face StaticCache layer's `cumulative_length` is one, read by every
+    layer's piece of the decode step)."""
+    return [
+        i
+        for i, a in enumerate(args)
+        if isinstance(a, torch.Tensor) and a.device.type == "cpu" and a.dim() == 0
+    ]
+
+
+def _scalars_on_device(args: list, positions: list[int]) -> list:
+    moved = list(args)
+    for i in positions:
+        moved[i] = args[i].to("cuda")
+    return moved
+
+
+class _ScalarsMoved:
+    """A GPU graph that also reads 0-d CPU tensors: each call copies them to the device (one
+    scalar copy each) and copies back those the graph updates in place."""
+
+    def __init__(self, runner, positions: list[int]) -> None:
+        self.runner = runner
+        self.lowered = runner.lowered
+        self.positions = positions
+        self.written = [i for i in positions if i in set(runner.lowered.writes)]
+
+    def __call__(self, args: list):
+        moved = _scalars_on_device(args, self.positions)
+        out = self.runner(moved)
+        for i in self.written:
+            args[i].copy_(moved[i])
+        return out
 
 
 def _pure(runner) -> bool:
