@@ -455,7 +455,7 @@ def test_lower_for_planning_makes_hugging_face_masks_causal():
     hl.attention is causal with no mask (so the causal kernels run), and the planned module
     gives the imported module's results (float64 interpreter, within 1e-12 of the largest
     logit) and PyTorch's float64 ones (1e-6: the import keeps the scale as a float32)."""
-    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    pytest.importorskip("torch", reason="PyTorch is not installed")
     pytest.importorskip("transformers", reason="transformers is not installed")
     import sys
     from pathlib import Path
