@@ -16,8 +16,9 @@ Writing (`device_program`) walks the planned function's ops in order:
 
 - the `kernel.call` of a generated kernel (callee `cuda.<template>`): the kernel of its region,
   generated with the template parameters the call names, launched;
-- `cuda.cublas.gemm`: a cuBLAS GEMM; `cuda.cublas.gemm_padded`: the GEMM (aligned columns, then the rest) into rows padded to 16
-  bytes, then a pitched copy into the compact result; `cuda.cublaslt.*`: a cuBLASLt GEMM with
+- `cuda.cublas.gemm`: a cuBLAS GEMM; `cuda.cublas.gemm_padded` and `cuda.cublas.gemm_split`:
+  two (the aligned columns, the rest), into rows padded to 16 bytes and then a pitched copy
+  into the compact result, or into that result itself; `cuda.cublaslt.*`: a cuBLASLt GEMM with
   the bias (and the GELU or the residual) in its epilogue;
 - `cuda.split_view`, `cuda.reshape_view`: views of the operand's memory, nothing run;
 - `numpy.atomic.constant` and the `kernel.copy` that takes its value to the device: a constant,
@@ -183,7 +184,8 @@ class _ProgramWriter:
         self.workspace: Buffer | None = None  # cuBLASLt's, one for the function
         self.library = {
             ck.CUBLAS_GEMM: self.gemm,
-            ck.CUBLAS_GEMM_PADDED: self.padded_gemm,
+            ck.CUBLAS_GEMM_PADDED: self.split_gemm,
+            ck.CUBLAS_GEMM_SPLIT: self.split_gemm,
             ck.SPLIT_VIEW: self.split_view,
             ck.RESHAPE_VIEW: self.reshape_view,
             **{name: self.lt_gemm for name in ck.LT_KERNELS},
@@ -237,20 +239,28 @@ class _ProgramWriter:
         a, b = self.operands(call)
         self.program.steps.append(CublasGemm(g, a, b, self.scratch(call.results[0]), g.n))
 
-    def padded_gemm(self, call: CallOp) -> None:
+    def split_gemm(self, call: CallOp) -> None:
+        """cuda.cublas.gemm_padded and cuda.cublas.gemm_split: their parts (aligned columns,
+        the rest), into padded rows then copied compact, or into the output itself."""
         t = call.results[0].type
         g = ck.gemm_of([v.type for v in call.operands], t, call.op_attributes())
         item = t.dtype.itemsize
-        ld = ck.padded_ld(g.n, item)
+        ld = ck.split_ld(call.attr("callee"), g, item)
         rows = g.batch * g.m
-        padded = self.program.buffer("scratch", TensorType.get((rows, ld), t.element_type))
-        a, b = self.operands(call)
         out = self.scratch(call.results[0])
+        padded = ld != g.n
+        c = (
+            self.program.buffer("scratch", TensorType.get((rows, ld), t.element_type))
+            if padded
+            else out
+        )
+        a, b = self.operands(call)
         for part, into_b, into_c in ck.padded_gemm_parts(g, item):
             b_part = b.view(b.type, into_b * item) if into_b else b
-            c_part = padded.view(padded.type, into_c * item) if into_c else padded
+            c_part = c.view(c.type, into_c * item) if into_c else c
             self.program.steps.append(CublasGemm(part, a, b_part, c_part, ld))
-        self.program.steps.append(PitchedCopy(padded, out, rows, g.n * item, ld * item))
+        if padded:
+            self.program.steps.append(PitchedCopy(c, out, rows, g.n * item, ld * item))
 
     def lt_gemm(self, call: CallOp) -> None:
         name = call.attr("callee")

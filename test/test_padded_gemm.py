@@ -53,8 +53,9 @@ def test_the_padded_leading_dimension_is_the_next_16_byte_row(n, itemsize, ld):
     assert ck.padded_ld(n, itemsize) == ld
 
 
+@pytest.mark.parametrize("name", ck.SPLIT_GEMMS)
 @pytest.mark.parametrize("seed", range(6))
-def test_the_padded_cublas_call_computes_the_matmul(seed, _stand_in):  # noqa: F811
+def test_the_padded_cublas_call_computes_the_matmul(seed, name, _stand_in):  # noqa: F811
     """B transposed, as a language model's head reads its embedding (the kernel's constraint
     needs B's rows aligned, so an untransposed B with such an N is not its case)."""
     rng = np.random.default_rng(seed)
@@ -72,7 +73,7 @@ def test_the_padded_cublas_call_computes_the_matmul(seed, _stand_in):  # noqa: F
         def __init__(self, array):
             self.array = array
 
-    kernel = KERNELS[ck.CUBLAS_GEMM_PADDED]
+    kernel = KERNELS[name]
     (out,) = _stand_in_call(kernel, [Box(a), Box(b)], {"transpose_b": True}, [result])
     assert out.array.shape == want.shape
     np.testing.assert_allclose(out.array, want, rtol=1e-5, atol=1e-5)

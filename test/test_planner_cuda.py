@@ -506,7 +506,7 @@ def _stand_in_call(kernel, inputs, attrs, result_types):
         return [Boxed(a) for a in kernel.run([x.array for x in inputs], attrs, result_types)]
     if kernel.name in ck.LT_KERNELS:
         return [Boxed(_lt_model(kernel.name, [x.array for x in inputs], result_types[0]))]
-    assert kernel.name in (ck.CUBLAS_GEMM, ck.CUBLAS_GEMM_PADDED)
+    assert kernel.name == ck.CUBLAS_GEMM or kernel.name in ck.SPLIT_GEMMS
     from tgc.types import TensorType
 
     buffers = _Buffers()
@@ -519,9 +519,9 @@ def _stand_in_call(kernel, inputs, attrs, result_types):
         pc = buffers.add(np.zeros(t.shape, t.dtype))
         _cublas_with(buffers).gemm(g, pa, pb, pc)
         return [Boxed(buffers.arrays[pc])]
-    # the parts into padded rows, then the compact copy cuda.py makes
+    # the parts into rows `ld` apart, then (padded rows) the compact copy cuda.py makes
     item = t.dtype.itemsize
-    ld = ck.padded_ld(g.n, item)
+    ld = ck.split_ld(kernel.name, g, item)
     pc = buffers.add(np.full((g.batch * g.m, ld), np.nan, t.dtype))
     for part, into_b, into_c in ck.padded_gemm_parts(g, item):
         _cublas_with(buffers).gemm(part, pa, pb + into_b * item, pc + into_c * item, ldc=ld)

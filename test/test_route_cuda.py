@@ -69,11 +69,13 @@ def test_graph_replays_give_what_plain_launches_give(example, tmp_path):
     np.testing.assert_array_equal(got[0], _host(compiled.planned(values))[0])
 
 
+@pytest.mark.parametrize("name", ["cuda.cublas.gemm_padded", "cuda.cublas.gemm_split"])
 @pytest.mark.parametrize(
     "dtype, rows, n", [("bf16", 64, 1001), ("f32", 33, 257), ("bf16", 7, 1003), ("bf16", 5, 5)]
 )
-def test_the_padded_gemm_computes_the_matmul(dtype, rows, n):
-    """Its parts (aligned columns, the rest: either may be all) and the compact copy."""
+def test_the_padded_gemm_computes_the_matmul(dtype, rows, n, name):
+    """Their parts (aligned columns, the rest: either may be all), into padded rows and then
+    the compact copy, or into the compact result."""
     from tgc.planner import load_backends
     from tgc.planner.backends import cuda_kernels as ck
     from tgc.planner.kernel import KERNELS
@@ -85,7 +87,8 @@ def test_the_padded_gemm_computes_the_matmul(dtype, rows, n):
     a = rng.standard_normal((2, rows, k)).astype(np.float32)
     b = rng.standard_normal((n, k)).astype(np.float32)
     result = TensorType.get((2, rows, n), dtype)
-    kernel = KERNELS[ck.CUBLAS_GEMM_PADDED]
+    kernel = KERNELS[name]
+    assert name in ck.SPLIT_GEMMS
     a, b = a.astype(result.dtype), b.astype(result.dtype)
     (got,) = kernel.run([a, b], {"transpose_b": True}, [result])
     want = np.matmul(a.astype(np.float64), b.T.astype(np.float64))  # of the rounded inputs

@@ -238,6 +238,21 @@ def test_a_padded_gemm_writes_padded_rows_then_copies_them_compact():
     assert_matches_float64(PADDED, func, program)
 
 
+def test_a_split_gemm_writes_its_parts_into_the_output():
+    """cuda.cublas.gemm_split: the same two GEMMs, rows 37 apart, into the output; no copy."""
+    module = tgc.parse(PADDED)
+    func = module.funcs[0]
+    with ck.planning_kernels(None):
+        plan_standalone(func)
+        (call,) = [op for op in func.body.ops if op.attributes.get("callee") == ck.CUBLAS_GEMM]
+        call.attributes["callee"] = ck.CUBLAS_GEMM_SPLIT
+        program = device_program(func, module_names(), None)
+    gemm, tail = program.steps
+    assert (gemm.gemm.n, tail.gemm.n, gemm.ldc, tail.ldc) == (32, 5, 37, 37)
+    assert gemm.c.kind == "output" and tail.c.base is gemm.c and tail.c.view_offset == 32 * 2
+    assert_matches_float64(PADDED, func, program)
+
+
 def test_a_kernel_the_file_has_no_code_for_is_one_located_error():
     module = tgc.parse(
         "func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {\n"

@@ -301,30 +301,32 @@ def _gemm_runner(g, t: TensorType, loc=None):
     return run
 
 
-def _padded_gemm_runner(g, t: TensorType, loc=None):
-    """`run([a, b]) -> [c]` for cuda.cublas.gemm_padded: the cuBLAS calls of
-    `padded_gemm_parts(g)` into rows padded to 16 bytes (a scratch buffer per call), then the
-    rows copied compact into a fresh result (codegen/compact.py)."""
+def _split_gemm_runner(name: str, g, t: TensorType, loc=None):
+    """`run([a, b]) -> [c]` for a SPLIT_GEMMS kernel: the cuBLAS calls of `padded_gemm_parts(g)`,
+    into rows padded to 16 bytes (cuda.cublas.gemm_padded: a scratch buffer per call, then the
+    rows copied compact into a fresh result, codegen/compact.py) or straight into a fresh
+    compact result (cuda.cublas.gemm_split)."""
     from tgc.runtime.cublas import cublas
 
     blas = cublas()
     item = t.dtype.itemsize
-    ld = planner_side.padded_ld(g.n, item)
+    ld = planner_side.split_ld(name, g, item)
     parts = planner_side.padded_gemm_parts(g, item)
     rows = g.batch * g.m
-    compact = launcher(*_compact_rows(rows, g.n, ld, t.element_type), [t], loc)
+    padded = name == planner_side.CUBLAS_GEMM_PADDED
+    compact = launcher(*_compact_rows(rows, g.n, ld, t.element_type), [t], loc) if padded else None
 
     def run(values: list) -> list:
         a, b = (_pointer(v) for v in values)
-        padded = DeviceArray.empty((rows, ld), t.dtype)
+        c = DeviceArray.empty((rows, ld) if padded else t.shape, t.dtype)
         blas.set_stream(_launch.handle)
         for part, into_b, into_c in parts:
-            status = blas.gemm(part, a, b + into_b * item, padded.ptr + into_c * item, ldc=ld)
+            status = blas.gemm(part, a, b + into_b * item, c.ptr + into_c * item, ldc=ld)
             if status != 0:
                 raise TgcError(f"cuBLAS gemm ({g.m}x{g.n}x{g.k}) failed with status {status}", loc)
-        # `padded` goes back to the pool when this returns: a later allocation's kernels are
-        # queued after the copy on the same stream (the module doc's rule)
-        return compact([padded])
+        # a padded `c` goes back to the pool when this returns: a later allocation's kernels
+        # are queued after the copy on the same stream (the module doc's rule)
+        return compact([c]) if padded else [c]
 
     return run
 
@@ -337,16 +339,14 @@ def _compact_rows(rows: int, n: int, ld: int, element_type: str):
     return source, function
 
 
-def _gemm(inputs: list, attrs: dict, result_types: list[TensorType], padded: bool = False):
+def _gemm(inputs: list, attrs: dict, result_types: list[TensorType], split: str = ""):
+    """A cuBLAS GEMM's call on device values; `split`: the SPLIT_GEMMS kernel's name."""
     a, b = (DeviceArray.of(v) for v in inputs)
     t = result_types[0]
     types = [TensorType.get(a.shape, t.element_type), TensorType.get(b.shape, t.element_type)]
-    runner = _padded_gemm_runner if padded else _gemm_runner
-    return runner(planner_side.gemm_of(types, t, attrs), t)([a, b])
-
-
-def _padded_gemm(inputs: list, attrs: dict, result_types: list[TensorType]) -> list:
-    return _gemm(inputs, attrs, result_types, padded=True)
+    g = planner_side.gemm_of(types, t, attrs)
+    run = _split_gemm_runner(split, g, t) if split else _gemm_runner(g, t)
+    return run([a, b])
 
 
 # -- cuBLASLt: linear layers with their epilogues ---------------------------------------------
@@ -439,12 +439,13 @@ def prepare(kernel, op: CallOp):
     now: a region's code generated and compiled, its launch shape and result buffers' shapes
     known; a GEMM's cuBLAS arguments worked out. None for a kernel it has nothing to prepare
     for."""
-    if kernel.name in (planner_side.CUBLAS_GEMM, planner_side.CUBLAS_GEMM_PADDED):
+    if kernel.name == planner_side.CUBLAS_GEMM or kernel.name in planner_side.SPLIT_GEMMS:
         t = op.results[0].type
         types = [v.type.with_encoding(None) for v in op.operands]
         g = planner_side.gemm_of(types, t, op.op_attributes())
-        padded = kernel.name == planner_side.CUBLAS_GEMM_PADDED
-        return (_padded_gemm_runner if padded else _gemm_runner)(g, t, op.loc)
+        if kernel.name in planner_side.SPLIT_GEMMS:
+            return _split_gemm_runner(kernel.name, g, t, op.loc)
+        return _gemm_runner(g, t, op.loc)
     if kernel.name in planner_side.LT_KERNELS:
         types = [v.type.with_encoding(None) for v in op.operands]
         return _lt_runner(kernel.name, types, op.results[0].type, op.loc)
@@ -461,8 +462,8 @@ def prepare(kernel, op: CallOp):
 def _call(kernel, inputs: list, attrs: dict, result_types: list[TensorType]) -> list:
     if kernel.name == planner_side.CUBLAS_GEMM:
         return _gemm(inputs, attrs, result_types)
-    if kernel.name == planner_side.CUBLAS_GEMM_PADDED:
-        return _padded_gemm(inputs, attrs, result_types)
+    if kernel.name in planner_side.SPLIT_GEMMS:
+        return _gemm(inputs, attrs, result_types, kernel.name)
     if kernel.name in planner_side.LT_KERNELS:
         return _lt(kernel.name, inputs, result_types)
     if kernel.name == planner_side.SPLIT_VIEW:
@@ -489,7 +490,11 @@ def _on_host(device_run):
 
 
 _cublas_host_run = _on_host(_gemm)  # cuda.cublas.gemm on host arrays
-_padded_host_run = _on_host(_padded_gemm)
+
+
+def _split_host_run(name: str):
+    """A SPLIT_GEMMS kernel's run on host arrays."""
+    return _on_host(lambda inputs, attrs, types: _gemm(inputs, attrs, types, name))
 
 
 BACKEND = Backend(
@@ -507,7 +512,7 @@ def register() -> None:
     """Register the CUDA backend (idempotent), its region kernels made for this GPU."""
     context()
     planner_side.register(
-        BACKEND, SPACE, _cublas_host_run, _lt_host_run, device_arch(), _padded_host_run
+        BACKEND, SPACE, _cublas_host_run, _lt_host_run, device_arch(), _split_host_run
     )
 
 

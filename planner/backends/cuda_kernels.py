@@ -17,7 +17,9 @@ Kernels:
   "cuda.cublas.gemm_padded" the same product for a result whose rows are not 16-byte
   multiples (a language model's head over a vocabulary such as GPT-2's 50257): cuBLAS's fast
   kernels need N itself aligned, so it runs as a GEMM over the aligned columns and one over the
-  few left, both into rows padded to 16 bytes, then copied compact (`padded_gemm_parts`).
+  few left, both into rows padded to 16 bytes, then copied compact (`padded_gemm_parts`);
+  "cuda.cublas.gemm_split" the same two GEMMs written straight into the compact result (no
+  copy, but rows that are not 16-byte aligned for cuBLAS to write): measurements decide.
 - "cuda.cublaslt.linear", "cuda.cublaslt.linear_gelu", "cuda.cublaslt.linear_residual": graph
   kernels for a linear layer (`hl.linear` as written or lowered: matmul, then the bias added)
   that cuBLASLt runs as one GEMM with the bias, the tanh GELU (f16/bf16 only) or a residual
@@ -108,6 +110,10 @@ TEMPLATE_OF_KIND: dict[str, Template] = {
 }
 CUBLAS_GEMM = "cuda.cublas.gemm"
 CUBLAS_GEMM_PADDED = "cuda.cublas.gemm_padded"
+CUBLAS_GEMM_SPLIT = "cuda.cublas.gemm_split"
+# The GEMMs run as `padded_gemm_parts`: into padded rows then copied compact, or straight into
+# the compact result
+SPLIT_GEMMS = (CUBLAS_GEMM_PADDED, CUBLAS_GEMM_SPLIT)
 GEMM_ROW_ALIGNMENT = 16  # bytes: where cuBLAS's tensor-core kernels want each row to start
 SPLIT_VIEW = "cuda.split_view"
 RESHAPE_VIEW = "cuda.reshape_view"
@@ -599,16 +605,22 @@ def padded_gemm_parts(g: Gemm, itemsize: int) -> list[tuple[Gemm, int, int]]:
     return parts
 
 
-def padded_cublas_kernel(run=None) -> Kernel:
+def split_ld(name: str, g: Gemm, itemsize: int) -> int:
+    """The leading dimension the parts of SPLIT_GEMMS kernel `name` write with."""
+    return padded_ld(g.n, itemsize) if name == CUBLAS_GEMM_PADDED else g.n
+
+
+def split_gemm_kernel(name: str, run=None) -> Kernel:
+    into = "rows padded to 16 bytes, then copied compact"
     return Kernel(
-        CUBLAS_GEMM_PADDED,
+        name,
         "cuda",
         op="atomic.matmul",
         run=run,
         constraints=padded_gemm_types,
         max_rel_error=SUMS_ERROR,
-        doc="atomic.matmul by cuBLAS over the aligned columns and the rest, into rows padded "
-        "to 16 bytes, then copied compact",
+        doc="atomic.matmul by cuBLAS over the aligned columns and the rest, into "
+        + (into if name == CUBLAS_GEMM_PADDED else "the compact result"),
     )
 
 
@@ -866,28 +878,29 @@ def register(
     cublas_run=None,
     lt_run=None,
     arch: str | None = None,
-    padded_run=None,
+    split_run=None,
 ) -> None:
     """Register the planner side of the CUDA backend with `backend` and `space` (the device's,
     or a test's stand-in): the templates, the cuBLAS and cuBLASLt kernels (their host runs,
-    for checking them, from `cublas_run`, `padded_run` (else `cublas_run`) and
+    for checking them, from `cublas_run`, `split_run(kernel name)` (else `cublas_run`) and
     `lt_run(kernel name)`), the view kernels, the
     fused-kernel hook; region kernels are made for a GPU of `arch` (TARGET).
     Idempotent."""
-    _register_kernels(cublas_run, lt_run, arch, padded_run)
+    _register_kernels(cublas_run, lt_run, arch, split_run)
     register_backend(backend)
     register_space(space)
 
 
-def _register_kernels(cublas_run=None, lt_run=None, arch=None, padded_run=None) -> None:
+def _register_kernels(cublas_run=None, lt_run=None, arch=None, split_run=None) -> None:
     """What planning needs of `register`: everything but the backend and the space."""
     TARGET["arch"] = arch
     for template in TEMPLATE_OF_KIND.values():
         register_template(template)
     if CUBLAS_GEMM not in KERNELS:
         register_kernel(cublas_kernel(cublas_run))
-    if CUBLAS_GEMM_PADDED not in KERNELS:
-        register_kernel(padded_cublas_kernel(padded_run or cublas_run))
+    for name in SPLIT_GEMMS:
+        if name not in KERNELS:
+            register_kernel(split_gemm_kernel(name, split_run(name) if split_run else cublas_run))
     for name, make in VIEW_KERNELS.items():
         if name not in KERNELS:
             register_kernel(make())
@@ -924,7 +937,8 @@ def unregister() -> None:
     for template in TEMPLATE_OF_KIND.values():
         TEMPLATES.pop(template.name, None)
     KERNELS.pop(CUBLAS_GEMM, None)
-    KERNELS.pop(CUBLAS_GEMM_PADDED, None)
+    for name in SPLIT_GEMMS:
+        KERNELS.pop(name, None)
     for name in VIEW_KERNELS:
         KERNELS.pop(name, None)
     for name in LT_KERNELS:
