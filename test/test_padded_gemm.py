@@ -103,14 +103,14 @@ NVCC = shutil.which("nvcc") or shutil.which("nvcc", path="/usr/local/cuda/bin")
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("rows, n, ld, dtype", [(2048, 50257, 50264, "bf16"), (3, 5, 8, "f32")])
-def test_the_compact_copy_compiles(rows, n, ld, dtype, tmp_path):
+def test_the_compact_copy_compiles(tmp_path):
     """The padded GEMM's copy to compact rows (codegen/compact.py) compiles with the prelude;
     what it computes is checked on a GPU (test_route_cuda.py)."""
     from tgc.codegen.compact import compact_rows_kernel
     from tgc.codegen.render import prelude
 
-    kernel = compact_rows_kernel(rows, n, ld, dtype)
+    rows, n, ld = 2048, 50257, 50264  # GPT-2's head at 4 x 512 tokens
+    kernel = compact_rows_kernel(rows, n, ld, "bf16")
     assert kernel.num_inputs == kernel.num_outputs == 1
     assert f"row * {ld} + col" in kernel.source and f"== {n})" in kernel.source
     path = tmp_path / "k.cu"
