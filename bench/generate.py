@@ -25,7 +25,8 @@ otherwise compile the decode step itself, and `eager` would not be eager.
 The modes (`--modes`, run in the order given; put `eager` first, it is the token reference):
 `eager` (no compile), `tgc` (`torch.compile(model.forward, backend="tgc")`; its options
 measure_budget and db only where the flags give them), `default` (`torch.compile(model.forward)`,
-Inductor) and `reduce-overhead` (`mode="reduce-overhead"`, CUDA graphs), each compiled as the
+Inductor) and `reduce-overhead` (`mode="reduce-overhead"`, CUDA graphs; each call starts a new
+CUDA-graph step and copies its output tensors, as tgc's backend does), each compiled as the
 Hugging Face docs compile for a static cache: `model.forward` replaced, `generate()` unchanged.
 Dynamo is reset (`torch._dynamo.reset()`, its counters cleared, tgc's tally cleared) before each
 mode and batch, so each compiles from scratch. tgc runs right after eager by default, so a run
@@ -251,9 +252,27 @@ def compile_forward(model, mode: str, args) -> None:
     elif mode == "default":
         model.forward = torch.compile(forward)
     elif mode == "reduce-overhead":
-        model.forward = torch.compile(forward, mode="reduce-overhead")
+        model.forward = _fresh_outputs(torch.compile(forward, mode="reduce-overhead"))
     else:
         raise ValueError(f"unknown mode {mode!r}")
+
+
+def _fresh_outputs(compiled):
+    """A CUDA-graph forward as generate() can use it: each call starts a new step of PyTorch's
+    CUDA graphs and hands back copies of its tensors, which the next replay would overwrite
+    (generate() read one after the next step: "accessing tensor output of CUDAGraphs that has
+    been overwritten", H200, 2026-11-28). tgc's backend copies its outputs the same way."""
+    import torch
+
+    def forward(*args, **kwargs):
+        torch.compiler.cudagraph_mark_step_begin()
+        out = compiled(*args, **kwargs)
+        for key, value in out.items():
+            if isinstance(value, torch.Tensor):
+                out[key] = value.clone()
+        return out
+
+    return forward
 
 
 def restore_forward(model) -> None:

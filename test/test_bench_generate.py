@@ -129,3 +129,26 @@ def test_bandwidth_by_device_name_and_usage_errors(capsys):
         with pytest.raises(SystemExit):
             bench.parse(argv)
         assert message in capsys.readouterr().err
+
+
+def test_reduce_overhead_steps_and_hands_back_copies(monkeypatch):
+    """The reduce-overhead forward starts a CUDA-graph step per call and returns copies of its
+    output tensors (the replay's own buffers are overwritten by the next call); what is not a
+    tensor (the cache) is handed back as it is."""
+    steps = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: steps.append(1))
+    buffer, cache = torch.randn(2, 3), object()
+
+    def replay(ids):
+        buffer.add_(ids)  # as a replay writes its static output
+        return transformers.modeling_outputs.CausalLMOutputWithPast(
+            logits=buffer, past_key_values=cache
+        )
+
+    forward = bench._fresh_outputs(replay)
+    first = forward(torch.ones(2, 3))
+    kept = first.logits.clone()
+    second = forward(torch.ones(2, 3))
+    assert len(steps) == 2
+    assert first.logits.data_ptr() != buffer.data_ptr() and torch.equal(first.logits, kept)
+    assert torch.equal(second.logits, kept + 1) and second.past_key_values is cache
