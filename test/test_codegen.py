@@ -281,7 +281,9 @@ def test_a_10000_op_elementwise_chain_translates(tmp_path, capsys):
     assert all(b < a for a, b in first) and [a for a, _ in first] == sorted(a for a, _ in first)
 
 
-@pytest.mark.parametrize("dtype, call", [("bf16", "__expf("), ("f16", "__expf("), ("f32", " expf(")])
+@pytest.mark.parametrize(
+    "dtype, call", [("bf16", "__expf("), ("f16", "__expf("), ("f32", " expf(")]
+)
 def test_an_exp_of_16_bit_floats_takes_the_fast_form(dtype, call):
     """An exp whose result is f16 or bf16 is `__expf` (accurate to a few f32 ulps, far below
     16-bit rounding); an f32 one keeps `expf`."""
