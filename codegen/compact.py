@@ -15,7 +15,7 @@ from tgc.codegen.render import INT32_LIMIT, KernelSource, render
 from tgc.types import ELEMENT_BYTES
 
 BLOCK_SIZE = 256
-MAX_BLOCKS = 132 * 16  # enough resident blocks for any current GPU; threads stride over the rest
+MAX_BLOCKS = 132 * 16  # 16 blocks per SM of an H100/H200; past that, threads stride over the rest
 
 
 def compact_rows_kernel(rows: int, n: int, ld: int, element_type: str) -> KernelSource:
