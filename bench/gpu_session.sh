@@ -99,7 +99,7 @@ tests)
     test/test_plan_memory.py test/test_noisy.py test/test_profile_torch_check.py \
     test/test_cuda_source.py
   pytest_gpu planner 200 test/test_planner_cuda.py test/test_standalone.py
-  pytest_gpu dynamo-cuda 150 test/test_dynamo_backend.py -k cuda
+  pytest_gpu dynamo-cuda 200 test/test_dynamo_backend.py test/test_dynamo_generate.py -k cuda
   ;;
 cuda)
   pytest_gpu cuda 520 test/test_cuda.py
