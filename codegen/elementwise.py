@@ -1,6 +1,13 @@
 """The elementwise template: every output has one shape and each thread computes whole output
 positions; inputs read at the output position itself (identity inputs) move as vectors.
 
+Where the output's last dim is a multiple of the vector width, a vector step's lanes share
+every coordinate but the last (`lane_coords`), and an input read at the lanes' consecutive
+elements through views that only shift the last coordinate (a slice or split of it, as a
+SwiGLU reads the two halves of its packed gate and up projections) is loaded once per step as a
+vector too, where its address is aligned (else element by element), before the lanes compute.
+Reads in a concat's branches stay per lane: a branch's loads are in bounds only for its lanes.
+
 Template parameters: `block_size`, `vector_width` (elements per thread and step; 1 is scalar
 only), `streaming` (evict-first vector loads and stores), `max_blocks` (0: one thread per work
 item; otherwise at most that many blocks, whose threads stride over the rest).
@@ -9,10 +16,11 @@ item; otherwise at most that many blocks, whose threads stride over the rest).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 
 from tgc.codegen.cuda_ops import STORAGE_CTYPE, load_expression, store_value
-from tgc.codegen.emitter import Coords, Emitter, canon, delinearize
+from tgc.codegen.emitter import Coords, Emitter, canon, delinearize, linear_offset
 from tgc.codegen.render import KernelSource, idx_type, kernel_label, params_decl, render, yields_of
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import FusedOp
@@ -42,12 +50,20 @@ def generate_elementwise(op: FusedOp, params: dict, symbol: str) -> KernelSource
     scalar_body, identity = _body(region, False, set())
     vec = int(params.setdefault("vector_width", _vector_width(op, identity)))
     stream = "true" if params.setdefault("streaming", False) else "false"
+    lanes = vec > 1 and bool(space) and space[-1] % vec == 0
+    hoisted: list[str] | None = None
+    if lanes:
+        region = replace(region, coords=lane_coords(space))
+        hoisted = [f"const idx_t {LANE_BASE} = {delinearize('base', space)[-1]};"]
     vec_inputs = [
         {"ctype": STORAGE_CTYPE[a.type.element_type], "reg": f"a{i}", "ptr": ptrs[a]}
         for i, a in enumerate(region.args)
         if a in identity
     ]
-    vec_body = _body(region, True, identity)[0] if vec > 1 else ""
+    vec_body = _body(region, True, identity, vec, hoisted)[0] if vec > 1 else ""
+    if lanes:
+        lane = f"const idx_t {LANE} = {LANE_BASE} + l;"
+        vec_body = f"        {lane}\n        (void) {LANE};\n" + vec_body
     outputs = [
         {"ctype": STORAGE_CTYPE[r.type.element_type], "reg": f"o{j}", "ptr": outs[j]}
         for j, r in enumerate(op.results)
@@ -65,6 +81,9 @@ def generate_elementwise(op: FusedOp, params: dict, symbol: str) -> KernelSource
         vec_inputs=vec_inputs,
         outputs=outputs,
         vec_body=vec_body,
+        vec_hoisted="\n".join(
+            " " * 6 + line for entry in hoisted or [] for line in entry.splitlines()
+        ),
         scalar_body=scalar_body,
         stream=stream,
     )
@@ -94,26 +113,63 @@ def _output_space(op: FusedOp) -> tuple[int, ...]:
     return space
 
 
-def _body(region: _Region, vector: bool, identity_args: set[Value]) -> tuple[str, set[Value]]:
+LANE = "lc"  # a vector step's last coordinate at lane l (`lane_coords`)
+LANE_BASE = "lc0"  # the same at lane 0
+
+
+def lane_coords(space: tuple[int, ...]) -> Coords:
+    """The coordinates of lane l of the vector step at `base` where every step lies in one row
+    (the last dim a multiple of the width): the row from `base`, the last one `LANE`."""
+    return delinearize("base", space)[:-1] + (LANE,)
+
+
+def _lane_offset(shape: tuple[int, ...], coords: Coords) -> str | None:
+    """The element offset of lane 0's read where the lanes read consecutive elements of an
+    input of `shape` at `coords`: the last coordinate `LANE` shifted by constants (views that
+    move along it), the others lane-free expressions of `base`. Else None."""
+    coords = canon(shape, coords)
+    last, shift = coords[-1], 0
+    while last != LANE:
+        found = re.fullmatch(r"\((.*) ([+-]) (\d+)\)", last)
+        if found is None:
+            return None
+        last, shift = (
+            found.group(1),
+            shift + int(found.group(3)) * (1 if found.group(2) == "+" else -1),
+        )
+    if any(set(re.findall(r"[A-Za-z_]\w*", c)) - {"base"} for c in coords[:-1]):
+        return None
+    return linear_offset(shape, coords[:-1] + (f"({LANE_BASE} + {shift})",))
+
+
+def _body(
+    region: _Region,
+    vector: bool,
+    identity_args: set[Value],
+    vec: int = 1,
+    hoisted: list[str] | None = None,
+) -> tuple[str, set[Value]]:
     """The statements computing every output at position i (element l of a vector step when
     `vector`, with `identity_args` read from their vector registers), and the inputs read at
-    the output position itself."""
+    the output position itself. With `hoisted` (lanes within one row), the vector loads of the
+    other inputs that the lanes read consecutively are appended to it."""
     em = Emitter(region.ptrs)
     used: set[Value] = set()
     space, coords, args = region.space, region.coords, region.args
     for arg in args:
         if arg.type.shape != space:
+            if hoisted is not None:
+                em.hooks[arg] = _lane_hook(em, region, arg, vec, hoisted)
             continue
 
         def hook(c, arg=arg):
             if c != canon(space, coords):
+                if hoisted is not None:
+                    return _lane_hook(em, region, arg, vec, hoisted)(c)
                 return None
             used.add(arg)
             if vector and arg in identity_args:
-                reg = f"a{args.index(arg)}.v[l]"
-                if arg.type.element_type in ("f16", "bf16"):
-                    reg = f"tgc_cvt({reg})"
-                return em.define(arg, reg)
+                return em.define(arg, _lane_value(f"a{args.index(arg)}", arg))
             return em.define(arg, load_expression(region.ptrs[arg], "i", arg.type.element_type))
 
         em.hooks[arg] = hook
@@ -122,6 +178,33 @@ def _body(region: _Region, vector: bool, identity_args: set[Value]) -> tuple[str
         target = f"o{j}.v[l]" if vector else f"{region.outs[j]}[i]"
         em.emit(f"{target} = {val};")
     return em.take(8 if vector else 4), used
+
+
+def _lane_value(register: str, arg: Value) -> str:
+    value = f"{register}.v[l]"
+    return f"tgc_cvt({value})" if arg.type.element_type in ("f16", "bf16") else value
+
+
+def _lane_hook(em: Emitter, region: _Region, arg: Value, vec: int, hoisted: list[str]):
+    """The hook reading `arg` from a vector loaded before the lanes (module doc), where the
+    lanes read consecutive elements of it outside any branch; None (a load per lane) else."""
+
+    def hook(c: Coords) -> str | None:
+        offset = _lane_offset(arg.type.shape, c)
+        if offset is None or len(em.scopes) > 1 or arg.type.element_type not in ELEMENT_BYTES:
+            return None
+        ctype = STORAGE_CTYPE[arg.type.element_type]
+        width = ELEMENT_BYTES[arg.type.element_type] * vec
+        reg, at = f"h{len(hoisted)}", f"{region.ptrs[arg]} + ({offset})"
+        hoisted.append(
+            f"TgcVec<{ctype}, {vec}> {reg};\n"
+            f"if (reinterpret_cast<uintptr_t>({at}) % {width} == 0) "
+            f"{reg} = *reinterpret_cast<const TgcVec<{ctype}, {vec}>*>({at});\n"
+            f"else for (int k = 0; k < {vec}; ++k) {reg}.v[k] = ({at})[k];"
+        )
+        return em.define(arg, _lane_value(reg, arg))
+
+    return hook
 
 
 def _vector_width(op: FusedOp, identity: set[Value]) -> int:
