@@ -116,3 +116,40 @@ def test_calls_off_the_device_or_recording_autograd_pass_through():
     for i in range(whole.WARMUP + 2):
         calls(w, cache, torch.randn(2, 4), torch.tensor(i))
     assert capture.replays == 0 and step.calls == whole.WARMUP + 2
+
+
+class CountedStep:
+    """A decode step that reads its position from a 0-d tensor and advances it in place, as a
+    StaticCache layer's cumulative_length (a CPU tensor among GPU ones) is read and advanced."""
+
+    def __call__(self, w, cache, x, position):
+        cache[position] = x.sum(0)
+        position.add_(1)
+        return x @ w
+
+
+def test_a_0d_cpu_tensor_moves_to_the_device_and_back_and_calls_still_replay():
+    """Before, a call with a CPU tensor among its arguments ran as it is, never replayed: every
+    decode step of a 1.1 B Llama did (H200, 2026-11-28). Here the "device" is every tensor of
+    rank > 0 and a move to it a copy: the calls replay after the warm-up, the position advances
+    in the caller's tensor and the cache rows land where plain calls put them."""
+    capture = Recorded()
+    moved = []
+    calls = whole.WholeGraphCalls(
+        CountedStep(),
+        "g",
+        capture=capture,
+        on_device=lambda t: t.dim() > 0,
+        to_device=lambda t: moved.append(1) or t.clone(),
+    )
+    w = torch.randn(4, 3)
+    cache, want_cache = torch.zeros(8, 4), torch.zeros(8, 4)
+    position, want_position = torch.tensor(0), torch.tensor(0)
+    for i in range(6):
+        x = torch.randn(2, 4, generator=torch.Generator().manual_seed(i))
+        want = CountedStep()(w, want_cache, x, want_position)
+        got = calls(w, cache, x, position)
+        assert torch.allclose(got, want)
+        assert int(position) == int(want_position) == i + 1
+    assert torch.equal(cache, want_cache)
+    assert capture.replays == 6 - whole.WARMUP and len(moved) == 6

@@ -14,14 +14,18 @@ later call replays it.
 A capture bakes in addresses. An argument passed as the same memory on every warm-up call (a
 parameter, a KV cache) is read and written where it is; the others ("moving": token ids,
 positions) are copied into buffers of the graph's own before each replay and copied back after
-it, so an in-place update of one reaches the caller's tensor. A call whose fixed arguments come
-at other addresses runs as it is, uncaptured. The outputs are the graph's buffers, cloned before
-they are handed out. A capture that fails is said once (the logger "tgc") and that set of
-shapes runs as it is from then on.
+it, so an in-place update of one reaches the caller's tensor. A 0-d CPU tensor among GPU
+arguments (a StaticCache's `cumulative_length`) is copied to the device for every call, warm-up
+included, and copied back after it: a moving argument like the others. A call whose fixed
+arguments come at other addresses runs as it is, uncaptured. The outputs are the graph's
+buffers, cloned before they are handed out. A capture that fails is said once (the logger
+"tgc") and that set of shapes runs as it is from then on.
 
-NOT YET RUN ON A GPU: the CPU tests drive it with a stand-in capture (the bookkeeping: which
-arguments move, the copies in and out, the clones, the fallback); the GPU test in
-test_dynamo_backend.py waits for one. Off by default until it has run.
+The CPU tests drive it with a stand-in capture (the bookkeeping: which arguments move, the
+copies in and out, the clones, the fallback). On a GPU, test_dynamo_backend.py's test of an
+MLP replayed whole and matched float64 eager (an H200, 2026-11-28); a decode step of
+generate() has not been captured yet (its CPU scalar kept it out until the handling above).
+Off by default until that has run.
 """
 
 from __future__ import annotations
@@ -57,18 +61,39 @@ class WholeGraphCalls:
     and `on_device(tensor)` says whether a tensor is where graphs are captured (the real ones
     by default; the CPU tests hand stand-ins)."""
 
-    def __init__(self, inner, name: str, capture=None, on_device=None) -> None:
+    def __init__(self, inner, name: str, capture=None, on_device=None, to_device=None) -> None:
         self.inner = inner
         self.name = name
         self.capture = capture or capture_cuda_graph
         self.on_device = on_device or (lambda t: t.is_cuda)
+        self.to_device = to_device or (lambda t: t.to("cuda"))
         self.shapes: dict[tuple, _Shapes] = {}
 
     def __call__(self, *args):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        on_device = tensors and all(self.on_device(t) for t in tensors)
+        scalars = [
+            i
+            for i, a in enumerate(args)
+            if isinstance(a, torch.Tensor) and not self.on_device(a) and _host_scalar(a)
+        ]
+        on_device = any(self.on_device(t) for t in tensors) and all(
+            self.on_device(t) or _host_scalar(t) for t in tensors
+        )
         if not on_device or records_autograd(list(args)):
             return self.inner(*args)
+        if not scalars:
+            return self._call(args)
+        # 0-d CPU tensors go to the device for every call, warm-up included, so that the calls
+        # captured and the calls compiled are the same; an update the graph made comes back
+        moved = list(args)
+        for i in scalars:
+            moved[i] = self.to_device(args[i])
+        out = self._call(tuple(moved))
+        for i in scalars:
+            args[i].copy_(moved[i])
+        return out
+
+    def _call(self, args):
         state = self.shapes.setdefault(shape_key(list(args)), _Shapes())
         if state.failed:
             return self.inner(*args)
@@ -107,6 +132,12 @@ class WholeGraphCalls:
                 reason(e),
             )
             return
+
+
+def _host_scalar(t: torch.Tensor) -> bool:
+    """A 0-d CPU tensor: PyTorch lets one join GPU work as a scalar (a Hugging Face StaticCache
+    layer's `cumulative_length`); a capture reads it from a device copy instead."""
+    return t.device.type == "cpu" and t.dim() == 0
 
 
 def _addresses(args) -> tuple[int, ...]:
