@@ -127,6 +127,8 @@ def _lane_offset(shape: tuple[int, ...], coords: Coords) -> str | None:
     """The element offset of lane 0's read where the lanes read consecutive elements of an
     input of `shape` at `coords`: the last coordinate `LANE` shifted by constants (views that
     move along it), the others lane-free expressions of `base`. Else None."""
+    if not shape:
+        return None  # a 0-d input: one element for every lane
     coords = canon(shape, coords)
     last, shift = coords[-1], 0
     while last != LANE:

@@ -115,3 +115,14 @@ def test_the_kernel_with_vector_loads_of_views_compiles(tmp_path):
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_a_0d_input_is_read_as_it_was():
+    """A rank-0 input (a scalar argument) has no last coordinate: one load, no vector."""
+    x, s = "tensor<4x64xbf16>", "tensor<bf16>"
+    source = kernel_source(
+        f"func.func @f(%x: {x}, %s: {s}) -> {x} {{\n"
+        f"  %m = atomic.mul %x, %s : ({x}, {s}) -> {x}\n"
+        f"  func.return %m : {x}\n}}\n"
+    )
+    assert "lc0" in source and hoisted_offsets(source) == [] and "in1[0]" in source
