@@ -261,7 +261,7 @@ def _fresh_outputs(compiled):
     """A CUDA-graph forward as generate() can use it: each call starts a new step of PyTorch's
     CUDA graphs and hands back copies of its tensors, which the next replay would overwrite
     (generate() read one after the next step: "accessing tensor output of CUDAGraphs that has
-    been overwritten", H200, 2026-11-28). tgc's backend copies its outputs the same way."""
+    been overwritten": bench/results/generate-*). tgc's backend copies its outputs the same way."""
     import torch
 
     def forward(*args, **kwargs):

@@ -2,9 +2,9 @@
 
 cuda.cublas.gemm_padded (planner/backends/cuda_kernels.py) writes a product whose rows are not
 16-byte multiples into padded rows, where cuBLAS runs at full speed, and then needs them
-compact. cudaMemcpy2D does that at about 2.3 TB/s for GPT-2's logits (an H200, 2026-11-28:
-177 µs of the head's 417); this kernel stores whole 16-byte vectors of the output and reads each
-row in order.
+compact. cudaMemcpy2D did that well below the memory's bandwidth for GPT-2's logits
+(bench/results/design-evidence-2026-11-28.md); this kernel stores whole 16-byte vectors of the
+output and reads each row in order.
 """
 
 from __future__ import annotations

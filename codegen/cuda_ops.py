@@ -5,7 +5,7 @@ f16 and bf16 values are stored in their own type and computed in f32 (`compute_t
 numpy interpreter does. An op whose result is f16 or bf16 may use the "half" column of its
 entry, a faster f32 form accurate far beyond 16 bits: `__expf` (ex2.approx: a few f32 ulps,
 against bf16's 2^-8), where `expf` costs about ten instructions more. GPT-2's tanh GELU, whose
-lowered tanh is an exp, was compute-bound on an H200 (13 µs where Triton's takes 8.7).
+lowered tanh is an exp, was compute-bound (bench/results/design-evidence-2026-11-28.md).
 Operands in an expression are always variable names (never expressions
 with side effects), so an operand may appear twice in a template.
 """

@@ -54,8 +54,8 @@ class LowerForPlanning(Pass):
 
     raise-attention runs with `assume-finite`: a causal mask written as a constant -inf mask
     (how torch.export writes Hugging Face's attention) becomes `causal`, whose kernels skip the
-    masked half of the scores (measured on an H200, bench/results: GPT-2's attention with the
-    mask ran 33 µs per layer); the results differ only where a masked-out score is NaN or +inf.
+    masked half of the scores (bench/results/design-evidence-2026-11-28.md); the results
+    differ only where a masked-out score is NaN or +inf.
 
     Contract: expands, when the pipeline runs, into exactly the passes of `pipeline` with the
     options written there; results are unchanged up to rounding for scores without NaN or +inf

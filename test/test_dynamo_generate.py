@@ -270,7 +270,7 @@ def test_decode_compiled_once_for_every_token_and_prefill_once_per_prompt_length
 def test_decode_pieces_reading_a_cpu_scalar_run_in_tgc_on_the_gpu():
     """A StaticCache layer keeps `cumulative_length` as a 0-d CPU tensor that each layer's piece
     of the decode step reads beside its GPU tensors (every layer of a 1.1 B Llama ran eagerly
-    for it on an H200, 2026-11-28): it is moved to the device as a scalar, every graph runs in
+    for it: bench/results/generate-*): it is moved to the device as a scalar, every graph runs in
     tgc, and the greedy tokens equal eager's (float32)."""
     model = tiny_llama().to("cuda")
     ids = prompt(8, 1).to("cuda")

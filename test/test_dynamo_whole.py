@@ -130,7 +130,7 @@ class CountedStep:
 
 def test_a_0d_cpu_tensor_moves_to_the_device_and_back_and_calls_still_replay():
     """Before, a call with a CPU tensor among its arguments ran as it is, never replayed: every
-    decode step of a 1.1 B Llama did (H200, 2026-11-28). Here the "device" is every tensor of
+    decode step of a 1.1 B Llama did (bench/results/generate-*). Here the "device" is every tensor of
     rank > 0 and a move to it a copy: the calls replay after the warm-up, the position advances
     in the caller's tensor and the cache rows land where plain calls put them."""
     capture = Recorded()

@@ -594,8 +594,8 @@ def padded_gemm_parts(g: Gemm, itemsize: int) -> list[tuple[Gemm, int, int]]:
     elements into B, elements into a result row), writing rows of `padded_ld` elements: the
     result's columns up to the last 16-byte boundary (n aligned: cuBLAS's fast kernels), then
     the few left. Only an aligned n keeps cuBLAS fast: padding the result's rows alone was
-    measured as slow as the plain call (GPT-2's head, H200, 2026-11-28: 1.70 ms against 1.52,
-    where PyTorch's GEMM with its weight padded to 50264 rows takes 0.23)."""
+    measured as slow as the plain call on GPT-2's head
+    (bench/results/design-evidence-2026-11-28.md)."""
     assert g.transpose_b, "cuda.cublas.gemm_padded reads B transposed (its constraint)"
     step = GEMM_ROW_ALIGNMENT // math.gcd(GEMM_ROW_ALIGNMENT, itemsize)
     aligned = g.n - g.n % step

@@ -1,8 +1,8 @@
 """A graph's module on the GPU route (planner/route.py), torch CUDA tensors in and out.
 
-Not yet run on a GPU (test_dynamo_backend.py's tests marked `cuda` are its tests, waiting
-for one); the CPU route (host.py) is the tested one. It is kept thin so that what it adds to
-the route is little: the route lowers, measures on first use (`measure_budget`, `db`), plans,
+Its tests are test_dynamo_backend.py's marked `cuda` (passed on a GPU: bench/results/gpu-tests-*)
+and test_dynamo_generate.py's; the CPU route (host.py) has many more. It is kept thin so that
+what it adds to the route is little: the route lowers, measures on first use (`measure_budget`, `db`), plans,
 checks the whole plan and replays calls as CUDA graphs; this module hands it the tensors'
 memory (`__cuda_array_interface__`, read without a copy by the cuda backend) and takes the
 results back as tensors through the same interface.
