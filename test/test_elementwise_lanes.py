@@ -8,19 +8,16 @@ test_cuda.py's (its random regions go through this path)."""
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
+from nvcc_batch import NVCC, compile_unit
 from test_codegen import fused_kernels
 
 from tgc.codegen.kernels import generate_kernel
 from tgc.codegen.render import prelude
 from tgc.dialects.kernel import FusedOp
 from tgc.parser import parse_module
-
-NVCC = shutil.which("nvcc") or shutil.which("nvcc", path="/usr/local/cuda/bin")
 
 
 def swiglu(rows: int, half: int, dtype: str = "bf16", axis_view: str = "split") -> str:
@@ -106,15 +103,9 @@ def test_reads_in_a_concats_branches_stay_per_lane():
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_the_kernel_with_vector_loads_of_views_compiles(tmp_path):
-    path = tmp_path / "k.cu"
-    path.write_text(prelude() + "\n" + kernel_source(swiglu(64, 5632)))
-    proc = subprocess.run(
-        [NVCC, "-arch=sm_90", "-cubin", str(path), "-o", str(tmp_path / "k.cubin")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    source = prelude() + "\n" + kernel_source(swiglu(64, 5632))
+    ok, log = compile_unit(tmp_path, source, ["-arch=sm_90", "-cubin"])
+    assert ok, log[-3000:]
 
 
 def test_a_0d_input_is_read_as_it_was():

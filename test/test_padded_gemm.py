@@ -5,11 +5,9 @@ the planner's business on a GPU (bench/real_models.py: GPT-2's head)."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 import numpy as np
 import pytest
+from nvcc_batch import NVCC, compile_unit
 from test_planner_cuda import _stand_in_call
 from test_planner_cuda import stand_in as _stand_in  # noqa: F401  (a fixture)
 
@@ -99,9 +97,6 @@ def test_the_padded_gemm_runs_the_aligned_columns_apart(n, itemsize, columns):
         assert into_b == into_c * k and part.stride_b == g.stride_b and part.m == g.m
 
 
-NVCC = shutil.which("nvcc") or shutil.which("nvcc", path="/usr/local/cuda/bin")
-
-
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_the_compact_copy_compiles(tmp_path):
     """The padded GEMM's copy to compact rows (codegen/compact.py) compiles with the prelude;
@@ -113,12 +108,5 @@ def test_the_compact_copy_compiles(tmp_path):
     kernel = compact_rows_kernel(rows, n, ld, "bf16")
     assert kernel.num_inputs == kernel.num_outputs == 1
     assert f"row * {ld} + col" in kernel.source and f"== {n})" in kernel.source
-    path = tmp_path / "k.cu"
-    path.write_text(prelude() + "\n" + kernel.source)
-    proc = subprocess.run(
-        [NVCC, "-arch=sm_90", "-cubin", str(path), "-o", str(tmp_path / "k.cubin")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    ok, log = compile_unit(tmp_path, prelude() + "\n" + kernel.source, ["-arch=sm_90", "-cubin"])
+    assert ok, log[-4000:]

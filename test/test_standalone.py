@@ -217,18 +217,23 @@ PADDED = """func.func @f(%a: tensor<2x4x64xbf16>, %b: tensor<37x64xbf16>) -> ten
 """
 
 
+def padded_program(callee: str):
+    """PADDED planned for the standalone file with its GEMM given to `callee`: (the function,
+    its device program)."""
+    func = tgc.parse(PADDED).funcs[0]
+    with ck.planning_kernels(None):
+        plan_standalone(func)
+        (call,) = [op for op in func.body.ops if op.attributes.get("callee") == ck.CUBLAS_GEMM]
+        call.attributes["callee"] = callee
+        return func, device_program(func, module_names(), None)
+
+
 def test_a_padded_gemm_writes_padded_rows_then_copies_them_compact():
     """cuda.cublas.gemm_padded (the plan's choice where measurements say so): rows of 37 bf16
     (74 bytes) written 40 elements apart, by one GEMM of the first 32 columns and one of the
     last 5 (B's rows from 32 on, the padded rows from column 32 on), then a pitched copy into
     the output."""
-    module = tgc.parse(PADDED)
-    func = module.funcs[0]
-    with ck.planning_kernels(None):
-        plan_standalone(func)
-        (call,) = [op for op in func.body.ops if op.attributes.get("callee") == ck.CUBLAS_GEMM]
-        call.attributes["callee"] = ck.CUBLAS_GEMM_PADDED
-        program = device_program(func, module_names(), None)
+    func, program = padded_program(ck.CUBLAS_GEMM_PADDED)
     gemm, tail, copy = program.steps
     assert isinstance(gemm, CublasGemm) and isinstance(tail, CublasGemm)
     assert isinstance(copy, PitchedCopy)
@@ -240,13 +245,7 @@ def test_a_padded_gemm_writes_padded_rows_then_copies_them_compact():
 
 def test_a_split_gemm_writes_its_parts_into_the_output():
     """cuda.cublas.gemm_split: the same two GEMMs, rows 37 apart, into the output; no copy."""
-    module = tgc.parse(PADDED)
-    func = module.funcs[0]
-    with ck.planning_kernels(None):
-        plan_standalone(func)
-        (call,) = [op for op in func.body.ops if op.attributes.get("callee") == ck.CUBLAS_GEMM]
-        call.attributes["callee"] = ck.CUBLAS_GEMM_SPLIT
-        program = device_program(func, module_names(), None)
+    func, program = padded_program(ck.CUBLAS_GEMM_SPLIT)
     gemm, tail = program.steps
     assert (gemm.gemm.n, tail.gemm.n, gemm.ldc, tail.ldc) == (32, 5, 37, 37)
     assert gemm.c.kind == "output" and tail.c.base is gemm.c and tail.c.view_offset == 32 * 2
