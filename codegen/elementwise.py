@@ -159,16 +159,15 @@ def _body(
     used: set[Value] = set()
     space, coords, args = region.space, region.coords, region.args
     for arg in args:
+        lanes = _lane_hook(em, region, arg, vec, hoisted) if hoisted is not None else None
         if arg.type.shape != space:
-            if hoisted is not None:
-                em.hooks[arg] = _lane_hook(em, region, arg, vec, hoisted)
+            if lanes is not None:
+                em.hooks[arg] = lanes
             continue
 
-        def hook(c, arg=arg):
+        def hook(c, arg=arg, lanes=lanes):
             if c != canon(space, coords):
-                if hoisted is not None:
-                    return _lane_hook(em, region, arg, vec, hoisted)(c)
-                return None
+                return lanes(c) if lanes is not None else None
             used.add(arg)
             if vector and arg in identity_args:
                 return em.define(arg, _lane_value(f"a{args.index(arg)}", arg))

@@ -24,6 +24,7 @@ never the cheapest way to a class.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from tgc.passes.eqsat.egraph import EGraph, ENode
@@ -108,8 +109,6 @@ def _reachable(choice: dict[int, ENode], roots) -> list[int]:
 
 def _improve(eg: EGraph, roots, choice: dict, price: float, own: dict):
     """Step 4 of the module doc: single-class changes kept while they make the DAG cheaper."""
-    import time
-
     deadline = time.monotonic() + IMPROVE_SECONDS
     choice = dict(choice)
     improved = True

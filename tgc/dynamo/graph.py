@@ -147,15 +147,16 @@ class CompiledGraph:
         return HostGraph(lowered, self.options)
 
 
+def host_scalar(value) -> bool:
+    """Whether `value` is a 0-d CPU tensor: PyTorch lets one join a GPU computation as a
+    scalar (a Hugging Face StaticCache layer's `cumulative_length` is one, read by every layer's
+    piece of the decode step)."""
+    return isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dim() == 0
+
+
 def _host_scalars(args: list) -> list[int]:
-    """The positions of 0-d CPU tensors among `args`: PyTorch lets them join a GPU computation
-    as scalars (a Hugging Face StaticCache layer's `cumulative_length` is one, read by every
-    layer's piece of the decode step)."""
-    return [
-        i
-        for i, a in enumerate(args)
-        if isinstance(a, torch.Tensor) and a.device.type == "cpu" and a.dim() == 0
-    ]
+    """The positions of `host_scalar`s among `args`."""
+    return [i for i, a in enumerate(args) if host_scalar(a)]
 
 
 def _scalars_on_device(args: list, positions: list[int]) -> list:
@@ -173,7 +174,8 @@ class _ScalarsMoved:
         self.runner = runner
         self.lowered = runner.lowered
         self.positions = positions
-        self.written = [i for i in positions if i in set(runner.lowered.writes)]
+        writes = set(runner.lowered.writes)
+        self.written = [i for i in positions if i in writes]
 
     def __call__(self, args: list):
         moved = _scalars_on_device(args, self.positions)

@@ -35,7 +35,7 @@ from collections.abc import Callable
 import torch
 from torch.utils import _pytree as pytree
 
-from tgc.dynamo.graph import records_autograd, reason, shape_key
+from tgc.dynamo.graph import host_scalar, records_autograd, reason, shape_key
 from tgc.dynamo.tally import logger
 
 WARMUP = 3  # plain calls per set of shapes before the capture (graphs.py captures at the 2nd)
@@ -74,17 +74,18 @@ class WholeGraphCalls:
         scalars = [
             i
             for i, a in enumerate(args)
-            if isinstance(a, torch.Tensor) and not self.on_device(a) and _host_scalar(a)
+            if isinstance(a, torch.Tensor) and not self.on_device(a) and host_scalar(a)
         ]
         on_device = any(self.on_device(t) for t in tensors) and all(
-            self.on_device(t) or _host_scalar(t) for t in tensors
+            self.on_device(t) or host_scalar(t) for t in tensors
         )
         if not on_device or records_autograd(list(args)):
             return self.inner(*args)
         if not scalars:
             return self._call(args)
         # 0-d CPU tensors go to the device for every call, warm-up included, so that the calls
-        # captured and the calls compiled are the same; an update the graph made comes back
+        # captured and the calls compiled are the same (a capture reads them from the device
+        # copy); an update the graph made comes back, a copy the host waits for
         moved = list(args)
         for i in scalars:
             moved[i] = self.to_device(args[i])
@@ -132,12 +133,6 @@ class WholeGraphCalls:
                 reason(e),
             )
             return
-
-
-def _host_scalar(t: torch.Tensor) -> bool:
-    """A 0-d CPU tensor: PyTorch lets one join GPU work as a scalar (a Hugging Face StaticCache
-    layer's `cumulative_length`); a capture reads it from a device copy instead."""
-    return t.device.type == "cpu" and t.dim() == 0
 
 
 def _addresses(args) -> tuple[int, ...]:
