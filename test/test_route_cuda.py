@@ -1,6 +1,7 @@
 """The GPU route on a GPU (marker `cuda`, skipped elsewhere with the reason): calls replayed as
 CUDA graphs give the results plain launches give, follow their inputs' contents, and key on
-their buffers; the padded cuBLAS GEMM computes the matmul."""
+their buffers; the padded cuBLAS GEMM computes the matmul, and a result of it the function only
+returns is a strided view of its padded rows."""
 
 from __future__ import annotations
 
@@ -95,6 +96,96 @@ def test_the_padded_gemm_computes_the_matmul(dtype, rows, n, name):
     tolerance = 3e-2 if dtype == "bf16" else 1e-4
     error = np.max(np.abs(np.asarray(got, np.float64) - want)) / np.max(np.abs(want))
     assert error <= tolerance
+
+
+_PADDED = [f'tensor<{s}xbf16, "cuda">' for s in ("2x64x96", "1001x96", "2x64x1001")]
+
+
+def _padded_gemm_function(doubled: bool) -> str:
+    """A planned function of one cuda.cublas.gemm_padded call (bf16, n = 1001: rows padded to
+    1008) that returns the product, or (`doubled`) the product added to itself by a generated
+    kernel, which reads it inside the function."""
+    a, b, c = _PADDED
+    name = "%p" if doubled else "%c"
+    lines = [
+        f"func.func @f(%a: {a}, %b: {b}) -> {c} {{",
+        f'  {name} = kernel.call %a, %b {{callee = "cuda.cublas.gemm_padded", '
+        f'op = "atomic.matmul", transpose_b = true}} : ({a}, {b}) -> {c}',
+    ]
+    if doubled:
+        lines += [
+            f'  %c = kernel.call %p {{callee = "cuda.elementwise"}} : ({c}) -> {c} {{',
+            f"  ^bb0(%x: {c}):",
+            f"    %y = atomic.add %x, %x : ({c}, {c}) -> {c}",
+            f"    kernel.yield %y : {c}",
+            "  }",
+        ]
+    return "\n".join([*lines, f"  func.return %c : {c}", "}", ""])
+
+
+def _padded_gemm_operands(seed: int):
+    rng = np.random.default_rng(seed)
+    import ml_dtypes
+
+    a = rng.standard_normal((2, 64, 96)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((1001, 96)).astype(ml_dtypes.bfloat16)
+    return [a, b], np.matmul(a.astype(np.float64), b.T.astype(np.float64))  # of rounded inputs
+
+
+def _close(got, want) -> bool:
+    error = np.max(np.abs(np.asarray(got, np.float64) - want)) / np.max(np.abs(want))
+    return bool(error <= 1e-2)
+
+
+@pytest.mark.parametrize("doubled", [False, True])
+def test_a_padded_gemm_result_the_function_returns_is_a_strided_view(doubled):
+    """Returned as it is, gemm_padded's result keeps its padded rows (no compact copy) and says
+    so to its readers: the host copy and a torch tensor of it hold the product. A kernel inside
+    the function reads it compact (`doubled`)."""
+    from tgc.planner import load_backends
+    from tgc.planner.executor import PlannedFunction
+
+    load_backends(("cuda",), required=True)
+    func = tgc.parse(_padded_gemm_function(doubled)).funcs[0]
+    operands, want = _padded_gemm_operands(7)
+    want = want * 2 if doubled else want
+    (got,) = PlannedFunction(func)(_device(operands, func))
+    if doubled:
+        assert got.strides is None
+    else:
+        assert got.ld == 1008 and got.strides == (64 * 1008 * 2, 1008 * 2, 2)
+    assert _close(_host([got])[0], want)
+    pytest.importorskip("torch", reason="the torch view of the result needs PyTorch")
+    from tgc.planner.backends.torch import as_cuda_tensor
+
+    tensor = as_cuda_tensor(got)
+    assert tuple(tensor.shape) == (2, 64, 1001) and tensor.is_contiguous() == doubled
+    assert _close(tensor.float().cpu().numpy(), want)
+
+
+def test_a_padded_result_passed_to_a_kernel_is_refused_and_its_compact_copy_runs():
+    from tgc.diagnostics import TgcError
+    from tgc.planner import load_backends
+    from tgc.planner.executor import PlannedFunction
+
+    load_backends(("cuda",), required=True)
+    func = tgc.parse(_padded_gemm_function(False)).funcs[0]
+    operands, want = _padded_gemm_operands(8)
+    (padded,) = PlannedFunction(func)(_device(operands, func))
+    c = _PADDED[2]
+    double = tgc.parse(
+        f"func.func @g(%x: {c}) -> {c} {{\n"
+        f'  %y = kernel.call %x {{callee = "cuda.elementwise"}} : ({c}) -> {c} {{\n'
+        f"  ^bb0(%p: {c}):\n"
+        f"    %q = atomic.add %p, %p : ({c}, {c}) -> {c}\n"
+        f"    kernel.yield %q : {c}\n"
+        "  }\n"
+        f"  func.return %y : {c}\n}}\n"
+    ).funcs[0]
+    with pytest.raises(TgcError, match=r"padded rows .* pass its \.compact\(\) copy"):
+        PlannedFunction(double)([padded])
+    (got,) = PlannedFunction(double)([padded.compact()])
+    assert _close(_host([got])[0], 2 * want)
 
 
 @pytest.mark.parametrize("exponent", ["2.0", "3.0", "2.5"])

@@ -54,6 +54,7 @@ except cuda.Error as e:  # a driver that does not initialise: no GPU to use
 from tgc.codegen.compact import compact_rows_kernel
 from tgc.codegen.kernels import generate_kernel
 from tgc.codegen.names import display_name
+from tgc.builtin import ReturnOp
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import CallOp, FusedOp
 from tgc.ir import Operation
@@ -61,7 +62,7 @@ from tgc.planner.backends import Backend, Space, Template
 from tgc.planner.backends import cuda_kernels as planner_side
 from tgc.runtime.cuda_compile import context, device_arch, load_kernels
 from tgc.runtime.cuda_timing import time_queued
-from tgc.types import TensorType
+from tgc.types import ELEMENT_TYPE_OF_DTYPE, TensorType
 
 _pool = None
 # The stream generated kernels and cuBLAS are queued on: None, the legacy default stream, except
@@ -107,14 +108,23 @@ def _allocate(size: int):
 
 
 class DeviceArray:
-    """A contiguous array in device memory: its pointer, shape and dtype, and the object that
-    owns the memory (a PyCUDA allocation, or a foreign array kept alive while this lives)."""
+    """An array in device memory: its pointer, shape and dtype, and the object that owns the
+    memory (a PyCUDA allocation, or a foreign array kept alive while this lives).
 
-    def __init__(self, ptr: int, shape: tuple[int, ...], dtype: np.dtype, owner) -> None:
+    Contiguous, except that a function's result may have padded rows: `ld`, the elements from
+    one row's start to the next, where it is not the last dim (cuda.cublas.gemm_padded's result
+    when the function only returns it, as torch.compile returns a padded GEMM's result as a
+    strided view). Such an array says its strides to every reader (`__cuda_array_interface__`,
+    `get`); a kernel takes it only through `of`, which copies it compact."""
+
+    def __init__(
+        self, ptr: int, shape: tuple[int, ...], dtype: np.dtype, owner, ld: int | None = None
+    ) -> None:
         self.ptr = int(ptr)
         self.shape = tuple(shape)
         self.dtype = np.dtype(dtype)
         self.owner = owner
+        self.ld = None if ld is None or (self.shape and ld == self.shape[-1]) else int(ld)
 
     @property
     def nbytes(self) -> int:
@@ -144,7 +154,7 @@ class DeviceArray:
     def of(cls, value) -> DeviceArray:
         """`value` itself, or a zero-copy view of an object with `__cuda_array_interface__`."""
         if isinstance(value, DeviceArray):
-            return value
+            return value if value.ld is None else value.compact()
         if hasattr(value, "data_ptr") and hasattr(value, "is_contiguous"):
             return cls._of_tensor(value)
         interface = getattr(value, "__cuda_array_interface__", None)
@@ -167,23 +177,47 @@ class DeviceArray:
         return cls(tensor.data_ptr(), tuple(tensor.shape), dtype, tensor)
 
     @property
+    def strides(self) -> tuple[int, ...] | None:
+        """Byte strides; None where the array is contiguous."""
+        if self.ld is None:
+            return None
+        strides, step = [self.dtype.itemsize], self.ld * self.dtype.itemsize
+        for d in reversed(self.shape[1:]):
+            strides.append(step)
+            step *= d
+        return tuple(reversed(strides))
+
+    @property
     def __cuda_array_interface__(self) -> dict:
         return {
             "shape": self.shape,
             "typestr": self.dtype.str,
             "data": (self.ptr, False),
-            "strides": None,
+            "strides": self.strides,
             "version": 3,
         }
 
     def get(self) -> np.ndarray:
+        if self.ld is not None:
+            rows = math.prod(self.shape[:-1])
+            padded = DeviceArray(self.ptr, (rows, self.ld), self.dtype, self).get()
+            return np.ascontiguousarray(padded[:, : self.shape[-1]]).reshape(self.shape)
         host = np.empty(self.shape, self.dtype)
         if host.nbytes:
             cuda.Context.synchronize()
             cuda.memcpy_dtoh(host, self.ptr)
         return host
 
+    def compact(self) -> DeviceArray:
+        """A contiguous copy of an array with padded rows (queued on the backend's stream)."""
+        rows = math.prod(self.shape[:-1])
+        padded = DeviceArray(self.ptr, (rows, self.ld), self.dtype, self)
+        element_type = ELEMENT_TYPE_OF_DTYPE[self.dtype]
+        (out,) = _compactor(rows, self.shape[-1], self.ld, element_type)([padded])
+        return out.reshape(self.shape)
+
     def reshape(self, shape: tuple[int, ...]) -> DeviceArray:
+        assert self.ld is None, "a view of an array with padded rows"
         return DeviceArray(self.ptr, shape, self.dtype, self)
 
 
@@ -196,7 +230,7 @@ def _contiguous(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
 
 
 def to_host(value) -> np.ndarray:
-    return DeviceArray.of(value).get()
+    return value.get() if isinstance(value, DeviceArray) else DeviceArray.of(value).get()
 
 
 def from_host(array: np.ndarray, t: TensorType) -> DeviceArray:
@@ -248,6 +282,11 @@ def _pointer(value) -> int:
     """The device address of an operand: a DeviceArray's, or a foreign array's (checked to be
     contiguous, as DeviceArray.of does)."""
     if type(value) is DeviceArray:
+        if value.ld is not None:  # `of` would copy it to a buffer that nothing keeps alive
+            raise TgcError(
+                "an argument has padded rows (a result returned as a strided view): pass "
+                "its .compact() copy"
+            )
         return value.ptr
     return DeviceArray.of(value).ptr
 
@@ -301,11 +340,12 @@ def _gemm_runner(g, t: TensorType, loc=None):
     return run
 
 
-def _split_gemm_runner(name: str, g, t: TensorType, loc=None):
+def _split_gemm_runner(name: str, g, t: TensorType, loc=None, keep_padded: bool = False):
     """`run([a, b]) -> [c]` for a SPLIT_GEMMS kernel: the cuBLAS calls of `padded_gemm_parts(g)`,
     into rows padded to 16 bytes (cuda.cublas.gemm_padded: a scratch buffer per call, then the
-    rows copied compact into a fresh result, codegen/compact.py) or straight into a fresh
-    compact result (cuda.cublas.gemm_split)."""
+    rows copied compact into a fresh result, codegen/compact.py; with `keep_padded`, the padded
+    rows are the result, for a call whose result the function only returns) or straight into
+    a fresh compact result (cuda.cublas.gemm_split)."""
     from tgc.runtime.cublas import cublas
 
     blas = cublas()
@@ -314,7 +354,8 @@ def _split_gemm_runner(name: str, g, t: TensorType, loc=None):
     parts = planner_side.padded_gemm_parts(g, item)
     rows = g.batch * g.m
     padded = name == planner_side.CUBLAS_GEMM_PADDED
-    compact = launcher(*_compact_rows(rows, g.n, ld, t.element_type), [t], loc) if padded else None
+    if padded and not keep_padded:
+        _compactor(rows, g.n, ld, t.element_type)  # compiled now, not at the first call
 
     def run(values: list) -> list:
         a, b = (_pointer(v) for v in values)
@@ -324,19 +365,23 @@ def _split_gemm_runner(name: str, g, t: TensorType, loc=None):
             status = blas.gemm(part, a, b + into_b * item, c.ptr + into_c * item, ldc=ld)
             if status != 0:
                 raise TgcError(f"cuBLAS gemm ({g.m}x{g.n}x{g.k}) failed with status {status}", loc)
-        # a padded `c` goes back to the pool when this returns: a later allocation's kernels
-        # are queued after the copy on the same stream (the module doc's rule)
-        return compact([c]) if padded else [c]
+        if not padded:
+            return [c]
+        result = DeviceArray(c.ptr, t.shape, t.dtype, c, ld=ld)
+        # compact, the padded `c` goes back to the pool when this returns: a later allocation's
+        # kernels are queued after the copy on the same stream (the module doc's rule)
+        return [result if keep_padded else result.compact()]
 
     return run
 
 
 @cache
-def _compact_rows(rows: int, n: int, ld: int, element_type: str):
-    """(source, function) of codegen/compact.py's kernel for this shape, compiled once."""
+def _compactor(rows: int, n: int, ld: int, element_type: str):
+    """`run([padded rows]) -> [compact rows]`: codegen/compact.py's kernel for this shape,
+    compiled once."""
     source = compact_rows_kernel(rows, n, ld, element_type)
     (function,) = load_kernels([source])
-    return source, function
+    return launcher(source, function, [TensorType.get((rows, n), element_type)])
 
 
 def _gemm(inputs: list, attrs: dict, result_types: list[TensorType], split: str = ""):
@@ -444,7 +489,8 @@ def prepare(kernel, op: CallOp):
         types = [v.type.with_encoding(None) for v in op.operands]
         g = planner_side.gemm_of(types, t, op.op_attributes())
         if kernel.name in planner_side.SPLIT_GEMMS:
-            return _split_gemm_runner(kernel.name, g, t, op.loc)
+            returned_only = all(isinstance(user, ReturnOp) for user in op.results[0].users())
+            return _split_gemm_runner(kernel.name, g, t, op.loc, keep_padded=returned_only)
         return _gemm_runner(g, t, op.loc)
     if kernel.name in planner_side.LT_KERNELS:
         types = [v.type.with_encoding(None) for v in op.operands]
