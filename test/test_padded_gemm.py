@@ -97,6 +97,18 @@ def test_the_padded_gemm_runs_the_aligned_columns_apart(n, itemsize, columns):
         assert into_b == into_c * k and part.stride_b == g.stride_b and part.m == g.m
 
 
+@pytest.mark.parametrize("shape", [(2, 64, 1001), (5, 3), (1001,), (2, 3, 4, 7)])
+def test_padded_row_strides_find_every_element_where_the_padded_gemm_wrote_it(shape):
+    """gemm_padded's result handed out as it was written: element [i, ..., j] of a result whose
+    rows start `ld` elements apart, every row in order, sits at (row number * ld + j) elements."""
+    itemsize, ld = 2, shape[-1] + 7
+    strides = ck.padded_row_strides(shape, itemsize, ld)
+    index = np.indices(shape).reshape(len(shape), -1).T
+    rows = np.ravel_multi_index(index[:, :-1].T, shape[:-1]) if len(shape) > 1 else 0
+    want = (rows * ld + index[:, -1]) * itemsize
+    np.testing.assert_array_equal(index @ np.array(strides), want)
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_the_compact_copy_compiles(tmp_path):
     """The padded GEMM's copy to compact rows (codegen/compact.py) compiles with the prelude;

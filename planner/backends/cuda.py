@@ -181,11 +181,7 @@ class DeviceArray:
         """Byte strides; None where the array is contiguous."""
         if self.ld is None:
             return None
-        strides, step = [self.dtype.itemsize], self.ld * self.dtype.itemsize
-        for d in reversed(self.shape[1:]):
-            strides.append(step)
-            step *= d
-        return tuple(reversed(strides))
+        return planner_side.padded_row_strides(self.shape, self.dtype.itemsize, self.ld)
 
     @property
     def __cuda_array_interface__(self) -> dict:

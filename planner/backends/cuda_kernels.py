@@ -605,6 +605,16 @@ def padded_gemm_parts(g: Gemm, itemsize: int) -> list[tuple[Gemm, int, int]]:
     return parts
 
 
+def padded_row_strides(shape: tuple[int, ...], itemsize: int, ld: int) -> tuple[int, ...]:
+    """The byte strides of an array of `shape` whose rows (the last dim) start `ld` elements
+    apart, every other dim packed: gemm_padded's result handed out as it was written."""
+    strides, step = [itemsize], ld * itemsize
+    for d in reversed(shape[:-1]):
+        strides.append(step)
+        step *= d
+    return tuple(reversed(strides))
+
+
 def split_ld(name: str, g: Gemm, itemsize: int) -> int:
     """The leading dimension the parts of SPLIT_GEMMS kernel `name` write with."""
     return padded_ld(g.n, itemsize) if name == CUBLAS_GEMM_PADDED else g.n
