@@ -9,7 +9,7 @@
 #   STAGE=autotune   bash bench/gpu_session.sh  # the same two beside max-autotune-no-cudagraphs
 #                                               # alone (its compile of GPT-2 took 117 s)
 #   STAGE=generate   bash bench/gpu_session.sh  # bench/generate.py: a 1.1 B Llama's generate(),
-#                                               # batch 1: eager, tgc, tgc whole_graphs,
+#                                               # batch 1: eager, tgc, tgc whole_graphs off,
 #                                               # reduce-overhead, compile default
 #   STAGE=more       bash bench/gpu_session.sh  # ResNet-50, ViT-base, the UNet and the VAE
 #                                               # decoder, bf16 at batch 8 (issue 25 item 5)
@@ -110,7 +110,7 @@ models)
   ;;
 generate)
   timeout -k 15 560 python3 bench/generate.py --commit "$commit" --out "$out" \
-    --modes eager,tgc,tgc-whole,reduce-overhead,default \
+    --modes eager,tgc,tgc-pieces,reduce-overhead,default \
     >"$out/generate.txt" 2>&1
   echo "generate -> exit $?"
   ;;

@@ -26,6 +26,7 @@ def test_each_option_is_read():
     assert got == want
     assert OPTION_NAMES == ("tolerance", "db", "measure_budget", "compare_eager", "whole_graphs")
     assert BackendOptions().compare_eager is True
+    assert BackendOptions().whole_graphs is True  # docs/torch-compile.md says why
 
 
 @pytest.mark.parametrize(

@@ -31,13 +31,14 @@ class BackendOptions:
     shapes, beside the graph run eagerly on the same arguments, and run the faster (a graph
     that updates its inputs is not timed twice: tgc runs it); `whole_graphs`: on the GPU,
     replay each call of a Dynamo graph as one CUDA graph (whole.py: a decode step split at its
-    cache writes becomes one replay; not yet run on a GPU, so off by default)."""
+    cache writes becomes one replay; on by default since a 1.1 B Llama's generate() ran its
+    decode steps that way on an H200, faster and with float32 tokens equal to eager's)."""
 
     tolerance: float | None = None
     db: str | None = None
     measure_budget: float = DEFAULT_MEASURE_BUDGET
     compare_eager: bool = True
-    whole_graphs: bool = False
+    whole_graphs: bool = True
 
 
 OPTION_NAMES = tuple(f.name for f in fields(BackendOptions))
