@@ -23,9 +23,8 @@ buffers, cloned before they are handed out. A capture that fails is said once (t
 
 The CPU tests drive it with a stand-in capture (the bookkeeping: which arguments move, the
 copies in and out, the clones, the fallback). On a GPU, test_dynamo_backend.py's test of an
-MLP replayed whole and matched float64 eager (bench/results/gpu-tests-*); a decode step of
-generate() has not been captured yet (its CPU scalar kept it out until the handling above).
-Off by default until that has run.
+MLP replayed whole and matched float64 eager, and a 1.1 B Llama's generate() replayed its
+decode steps whole (bench/results/generate-*), which is why the option is on by default.
 """
 
 from __future__ import annotations
