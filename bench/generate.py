@@ -54,8 +54,13 @@ reduce-overhead's graphs Inductor did not capture as CUDA graphs are a note), an
 backend's tally (how many compiled graphs, pieces of the split graphs, ran in tgc: one running
 eagerly is a fallback, and its time is not tgc's).
 
-A mode that fails (an exception, out of memory) gets its one-line error in its row's note and
-the run goes on with the next mode. Rows are saved after each mode to
+On the GPU each mode and batch runs in a process of its own (`--isolate`, the default there;
+`--no-isolate` runs them in this one): the child builds the model, measures, and hands its row
+and tokens back through files. One process for all had a compiler's crash end the run: after
+tgc's modes, reduce-overhead died of a segmentation fault (bench/results/generate-*, run 2), and
+with it every row not yet written. A child that dies leaves its row failed, with the signal in
+its note. A mode that fails (an exception, out of memory) gets its one-line error in its row's
+note and the run goes on with the next mode. Rows are saved after each mode to
 bench/results/generate-<device>-<date>.json (a list of runs: a new run is appended) and the
 report rewritten from it to the .md of the same name, with device, date, commit, versions, the
 config and the method; SIGTERM (a `timeout` around the call) saves the row it cut, and exits 124.
@@ -86,8 +91,11 @@ import datetime
 import gc
 import importlib.metadata
 import json
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -192,6 +200,12 @@ def build_model(size: Size, max_positions: int, dtype, device: str):
     model = model.to(dtype).eval()
     model.generation_config.eos_token_id = None  # exactly N new tokens, in every mode
     return model
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"bf16": torch.bfloat16, "f32": torch.float32}[name]
 
 
 def prompt_ids(batch: int, length: int, vocab: int, device: str):
@@ -401,6 +415,74 @@ def run_mode(row: Row, model, ids, args, reference, sync) -> object:
         gc.collect()
 
 
+def run_isolated(row: Row, args, reference: Path | None, work: Path) -> Path | None:
+    """`row` measured in a process of its own (`--isolate`, module doc): this script on the row's
+    batch and mode alone, its row and tokens written under `work`. A process that dies (a
+    segmentation fault inside a compiler) leaves the row failed with a note saying so, and the
+    run goes on. The file of the tokens it generated, or None. `reference`: eager's."""
+    out = work / f"b{row.batch}-{row.mode}"
+    command = [sys.executable, str(Path(__file__).resolve()), *child_flags(args)]
+    command += ["--batches", str(row.batch), "--modes", row.mode, "--child", str(out)]
+    if reference is not None:
+        command += ["--reference", str(reference)]
+    process = spawn(command)
+    try:
+        code = process.wait()
+    except CutOff:  # our timeout: the child's row is lost with it, its process ended first
+        process.terminate()
+        process.wait()
+        raise
+    result = out.with_suffix(".json")
+    if result.exists():
+        for key, value in json.loads(result.read_text()).items():
+            setattr(row, key, value)
+    if code != 0 and row.failed:
+        died = f"the process died of {signal.Signals(-code).name}" if code < 0 else ""
+        ended = died or f"the process exited with {code}"
+        row.note = f"{row.note}; {ended}" if row.note else ended
+    tokens = out.with_suffix(".pt")
+    return tokens if tokens.exists() and not row.failed else None
+
+
+def spawn(command: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(command)
+
+
+def child_flags(args) -> list[str]:
+    """The flags that make a child process measure what `args` asks (its batch and mode aside)."""
+    flags = ["--dry-run"] if args.dry_run else []
+    flags += ["--prompt", str(args.prompt), "--new-tokens", str(args.new_tokens)]
+    flags += ["--dtype", args.dtype, "--reps", str(args.reps), "--commit", commit_of(args.commit)]
+    for name, value in asdict(args.size).items():
+        flags += ["--" + name.replace("_", "-"), str(value)]
+    for flag, value in (("--measure-budget", args.measure_budget), ("--db", args.db)):
+        if value is not None:
+            flags += [flag, str(value)]
+    return flags
+
+
+def run_child(args) -> int:
+    """`--child PATH`: the one batch and mode of `args` measured here, the row written to
+    PATH.json and the generated tokens to PATH.pt (the parent's run_isolated reads them)."""
+    import torch
+
+    (batch,), (mode,) = args.batches, args.modes
+    device = "cpu" if args.dry_run else "cuda"
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    model = build_model(args.size, args.prompt + args.new_tokens, torch_dtype(args.dtype), device)
+    ids = prompt_ids(batch, args.prompt, args.size.vocab, device)
+    reference = torch.load(args.reference) if args.reference else None
+    row = Row(batch, mode)
+    tokens = run_mode(row, model, ids, args, reference, sync)
+    out = Path(args.child)
+    if tokens is not None:
+        torch.save(tokens, out.with_suffix(".pt"))
+    fields = ("floor_ms", "batch", "mode")  # the parent's
+    values = {k: v for k, v in asdict(row).items() if k not in fields}
+    out.with_suffix(".json").write_text(json.dumps(values))
+    return 0 if tokens is not None else 1
+
+
 def agree(row: Row, tokens, reference) -> None:
     same = tokens == reference
     row.agree = same.float().mean().item()
@@ -593,6 +675,14 @@ def parse(argv: list[str] | None):
         "--measure-budget", type=float, default=None, help="tgc's option, seconds (its default 30)"
     )
     ap.add_argument("--db", default=None, help="tgc's measurement database (its default)")
+    ap.add_argument(
+        "--isolate",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="each mode in a process of its own (default on the GPU; off in a dry run)",
+    )
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # run_isolated's
+    ap.add_argument("--reference", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--commit", default=None, help="commit to report (default: git's HEAD)")
     ap.add_argument(
         "--out", default=None, help="report folder (default bench/results; dry run: none)"
@@ -606,6 +696,8 @@ def parse(argv: list[str] | None):
     args.prompt = args.prompt or prompt
     args.new_tokens = args.new_tokens or new
     args.dtype = args.dtype or dtype
+    if args.isolate is None:
+        args.isolate = not args.dry_run and not args.child
     given = args.modes or ",".join(DRY_MODES if args.dry_run else MODES)
     args.modes = [m for m in given.split(",") if m]
     unknown = sorted(set(args.modes) - set(MODES) - set(EXTRA_MODES))
@@ -622,14 +714,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     import torch
 
+    if args.child:
+        run = run_child
+    else:
+
+        def run(args):
+            return measure(args, argv)
+
     if not args.dry_run:
-        return measure(args, argv)
+        return run(args)
     # one thread: on a shared CPU PyTorch's pool waits for busy cores (at load 3 on 2 cores a
     # 2 ms generate() took 240 ms with two threads, every call); the caller's count restored
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return measure(args, argv)
+        return run(args)
     finally:
         torch.set_num_threads(threads)
 
@@ -657,9 +756,10 @@ def measure(args, argv: list[str] | None) -> int:
         title = f"generate() with a static KV cache: {device_name}, {today}"
     store = Store(base, title)
 
-    dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[args.dtype]
     t0 = time.time()
-    model = build_model(args.size, args.prompt + args.new_tokens, dtype, device)
+    # isolated, the parent only counts: the children build the model where it runs
+    where = "meta" if args.isolate else device
+    model = build_model(args.size, args.prompt + args.new_tokens, torch_dtype(args.dtype), where)
     params = sum(p.numel() for p in model.parameters())
     print(f"built {params / 1e6:.1f} M parameters in {time.time() - t0:.1f} s", flush=True)
     step_bytes = {
@@ -693,8 +793,9 @@ def measure(args, argv: list[str] | None) -> int:
     if not args.dry_run:
         signal.signal(signal.SIGTERM, cut_off)
     rows: list[Row] = []
+    work = Path(tempfile.mkdtemp(prefix="tgc-generate-")) if args.isolate else None
     for batch in args.batches:
-        ids = prompt_ids(batch, args.prompt, args.size.vocab, device)
+        ids = None if args.isolate else prompt_ids(batch, args.prompt, args.size.vocab, device)
         reference = None
         floor_ms = step_bytes[str(batch)] / bandwidth * 1e3 if bandwidth else None
         for mode in args.modes:
@@ -702,7 +803,10 @@ def measure(args, argv: list[str] | None) -> int:
             rows.append(row)
             t0 = time.time()
             try:
-                tokens = run_mode(row, model, ids, args, reference, sync)
+                if args.isolate:
+                    tokens = run_isolated(row, args, reference, work)
+                else:
+                    tokens = run_mode(row, model, ids, args, reference, sync)
             except CutOff:
                 row.note = "cut off by SIGTERM (its timeout)" + (
                     f"; {row.note}" if row.note else ""
@@ -713,7 +817,7 @@ def measure(args, argv: list[str] | None) -> int:
                 return 124
             if mode == "eager" and tokens is not None:
                 reference = tokens
-            if device == "cuda":
+            if device == "cuda" and not args.isolate:
                 torch.cuda.empty_cache()
             print(f"batch {batch} {mode}: {time.time() - t0:.1f} s; {summary(row)}", flush=True)
             run["rows"] = [asdict(r) for r in rows]

@@ -152,3 +152,42 @@ def test_reduce_overhead_steps_and_hands_back_copies(monkeypatch):
     assert len(steps) == 2
     assert first.logits.data_ptr() != buffer.data_ptr() and torch.equal(first.logits, kept)
     assert torch.equal(second.logits, kept + 1) and second.past_key_values is cache
+
+
+def test_isolated_modes_run_in_their_own_processes(tmp_path):
+    """--isolate (the GPU's default): each mode a child process of this script, its row and
+    tokens handed back through files: the same checks as in one process pass."""
+    argv = ["--dry-run", "--isolate", "--out", str(tmp_path), "--reps", "1"]
+    assert bench.main(argv) == 0
+    run, _ = _run(tmp_path)
+    rows = {r["mode"]: r for r in run["rows"]}
+    assert list(rows) == ["eager", "tgc"]
+    assert rows["tgc"]["agree_tokens"] == "4/4" and rows["tgc"]["note"] == ""
+    assert rows["tgc"]["tgc_graphs"] == rows["tgc"]["tgc_graphs_in_tgc"] == 2 * 3
+
+
+def test_a_child_that_dies_is_a_note_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    """A mode whose process dies of a signal (reduce-overhead's segmentation fault on the H200)
+    leaves its row failed with the signal named; the next mode still runs."""
+
+    class Died:
+        def wait(self):
+            return -11
+
+    spawn = bench.spawn
+
+    def spawn_or_die(command):
+        return Died() if command[command.index("--modes") + 1] == "tgc" else spawn(command)
+
+    monkeypatch.setattr(bench, "spawn", spawn_or_die)
+    argv = ["--dry-run", "--isolate", "--out", str(tmp_path), "--reps", "1"]
+    argv += ["--modes", "eager,tgc,eager"]
+    assert bench.main(argv) == 1
+    run, md = _run(tmp_path)
+    got = [(r["mode"], r["total_ms"] is not None, r["note"]) for r in run["rows"]]
+    assert got == [
+        ("eager", True, ""),
+        ("tgc", False, "the process died of SIGSEGV"),
+        ("eager", True, ""),
+    ]
+    assert "FAILED batch 1 tgc: the process died of SIGSEGV" in capsys.readouterr().err
