@@ -6,6 +6,8 @@
 #   STAGE=cuda       bash bench/gpu_session.sh  # test_cuda.py (over 150 s on an H200)
 #   STAGE=models     bash bench/gpu_session.sh  # GPT-2 small and the Llama-style model, bf16,
 #                                               # beside eager, compile and reduce-overhead
+#   STAGE=backend    bash bench/gpu_session.sh  # GPT-2 and the Llama-style model, bf16, through
+#                                               # torch.compile(backend="tgc") beside eager
 #   STAGE=autotune   bash bench/gpu_session.sh  # the same two beside max-autotune-no-cudagraphs
 #                                               # alone (its compile of GPT-2 took 117 s)
 #   STAGE=generate   bash bench/gpu_session.sh  # bench/generate.py: a 1.1 B Llama's generate(),
@@ -114,6 +116,10 @@ generate)
     >"$out/generate.txt" 2>&1
   echo "generate -> exit $?"
   ;;
+backend)
+  model --only gpt2 --dtypes bf16 --modes eager,tgc-backend
+  model --only llama --dtypes bf16 --modes eager,tgc-backend
+  ;;
 autotune)
   model --only gpt2 --dtypes bf16 --modes max-autotune-no-cudagraphs
   model --only llama --dtypes bf16 --modes max-autotune-no-cudagraphs
@@ -133,8 +139,8 @@ bert)
     test/test_bench_real_models.py
   ;;
 *)
-  echo "STAGE must be tests, cuda, models, autotune, generate, more, vision-f32, vision-b1" \
-    "or bert" >&2
+  echo "STAGE must be tests, cuda, models, backend, autotune, generate, more, vision-f32," \
+    "vision-b1 or bert" >&2
   exit 2
   ;;
 esac

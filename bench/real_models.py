@@ -46,7 +46,9 @@ one GPU in one process:
   and parameters as torch CUDA tensors.
 - PyTorch: eager, `torch.compile` (default mode), `mode="max-autotune-no-cudagraphs"` and
   `mode="reduce-overhead"` (CUDA graphs) on the same inputs: first call (compile) and steady
-  state timed alike.
+  state timed alike. Asked for by name, `tgc-backend`: `torch.compile(model, backend="tgc")`,
+  tgc as a PyTorch user meets it (tgc/dynamo), timed alike, its note how many of Dynamo's
+  graphs ran in tgc.
 
 Every result is measured against a reference, max |result - reference| / max |reference|. A
 bf16 row's reference is float32: the same model, its bf16 weights and buffers upcast to float32
@@ -111,6 +113,9 @@ REFERENCE = {"bf16": "f32"}
 DRY_TOLERANCE = 1e-4  # numpy interpreter (f32) vs PyTorch on the CPU (f32)
 PLAN_TOP = 12  # callees and calls a plan breakdown lists
 MODES = ("eager", "default", "max-autotune-no-cudagraphs", "reduce-overhead")
+# torch.compile(model, backend="tgc"), asked for by name: tgc as a PyTorch user meets it, Dynamo's
+# graphs through tgc/dynamo (whole-call CUDA graphs, the faster of tgc and eager per graph)
+BACKEND_MODE = "tgc-backend"
 DTYPES = ("bf16", "f32")
 
 
@@ -1335,11 +1340,7 @@ def torch_mode(module, inputs, mode: str, want: np.ndarray, stream, profiles=Non
 
     result = ModeResult()
     try:
-        fn = (
-            module
-            if mode == "eager"
-            else torch.compile(module, mode=None if mode == "default" else mode)
-        )
+        fn = compiled_for(module, mode)
 
         def call():
             with torch.no_grad():
@@ -1352,9 +1353,34 @@ def torch_mode(module, inputs, mode: str, want: np.ndarray, stream, profiles=Non
         result.ms = time_ms(call, stream)
         if profiles is not None:
             profiles.append(kernel_table(call, f"PyTorch {mode}"))
+        if mode == BACKEND_MODE:
+            result.note = backend_tally()
     except Exception as e:  # noqa: BLE001  (whatever torch.compile raises: report, go on)
         result.note = one_line(e)
     return result
+
+
+def compiled_for(module, mode: str):
+    """`module` as `mode` runs it: itself (eager), torch.compile's mode, or tgc's backend (whose
+    tally of graphs is cleared first)."""
+    import torch
+
+    if mode == "eager":
+        return module
+    if mode == BACKEND_MODE:
+        from tgc.dynamo import reset_coverage
+
+        reset_coverage()
+        return torch.compile(module, backend="tgc")
+    return torch.compile(module, mode=None if mode == "default" else mode)
+
+
+def backend_tally() -> str:
+    """How much of the model tgc's backend ran (its tally, tgc/dynamo/tally.py: a graph that
+    ran faster eagerly, compare_eager, is not in tgc)."""
+    from tgc.dynamo import coverage
+
+    return coverage().summary()
 
 
 # -- the report ---------------------------------------------------------------------------------
@@ -1579,7 +1605,11 @@ def main(argv: list[str] | None = None) -> int:
         "--vision", action="store_true", help=f"the vision models: --only {','.join(VISION)}"
     )
     ap.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated: bf16,f32")
-    ap.add_argument("--modes", default=",".join(MODES), help="PyTorch modes to run beside tgc")
+    ap.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"PyTorch modes to run beside tgc (also {BACKEND_MODE}: torch.compile(backend='tgc'))",
+    )
     ap.add_argument(
         "--batch",
         default=None,
@@ -1631,7 +1661,7 @@ def main(argv: list[str] | None = None) -> int:
     for given, known, what in (
         (names, MODELS, "model"),
         (args.dtypes, DTYPES, "dtype"),
-        (args.modes, MODES, "mode"),
+        (args.modes, (*MODES, BACKEND_MODE), "mode"),
     ):
         unknown = sorted(set(given) - set(known))
         if unknown:

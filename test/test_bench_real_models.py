@@ -324,3 +324,29 @@ def test_keep_db_copies_the_database_after_each_row_and_the_report_shows_errors(
         f.unlink()
     assert real_models.main(argv) == 0
     assert not list(tmp_path.glob("measurements-*.sqlite"))
+
+
+@_needs("torch", "transformers")
+def test_the_tgc_backend_mode_compiles_the_model_through_dynamo() -> None:
+    """`--modes tgc-backend` runs the model as torch.compile(model, backend="tgc") (issue 26's
+    first item, timed beside the other modes on a GPU): on the CPU, a tiny GPT-2 in float32
+    matches eager on fresh ids, and the note says how many of Dynamo's graphs tgc compiled."""
+    import torch
+
+    from tgc.dynamo import coverage
+
+    spec = real_models.SPECS["gpt2"]
+    module = real_models.wrap(real_models.build(spec, True, {}, torch.float32), spec.output)
+    ids = real_models.token_ids(spec.config(True, {}).vocab_size, 2, 8, seed=3)
+    torch._dynamo.reset()
+    try:
+        fn = real_models.compiled_for(module, real_models.BACKEND_MODE)
+        with torch.no_grad():
+            got, want = fn(ids), module(ids)
+        note = real_models.backend_tally()
+        tally = coverage()
+    finally:
+        torch._dynamo.reset()
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
+    # one graph compiled by tgc (whether tgc or eager then ran it is compare_eager's timing)
+    assert tally.graphs == 1 and note == tally.summary()
