@@ -13,5 +13,6 @@ from tgc.passes import (  # noqa: F401
     optimize,
     print_op_stats,
     raise_attention,
+    raise_gelu,
     verify,
 )

@@ -21,8 +21,9 @@ KEPT_FOR_PLANNING = ",".join(
 @register_pass
 @dataclass(frozen=True)
 class Optimize(Pass):
-    """The default pipeline: fold inference batch norms into the convolutions before them (before
-    lowering hides the pattern), lower every hl op, then canonicalize, cse, algebraic (the TASO-class
+    """The default pipeline: bring every spelling of the tanh GELU to hl.gelu (raise-gelu: it is
+    then lowered to one form), fold inference batch norms into the convolutions before them
+    (before lowering hides the pattern), lower every hl op, then canonicalize, cse, algebraic (the TASO-class
     rewrites, which see the atomic graph), canonicalize and cse again (to clean up what algebraic
     built) and dce. It does not run raise-attention: every hl.attention it made would be lowered
     again at once (only `lower-for-planning`, whose plans run hl.attention's kernels, raises
@@ -33,15 +34,16 @@ class Optimize(Pass):
     """
 
     name = "optimize"
-    summary = f"fold-batch-norm,lower-hl,{CLEANUP}"
-    pipeline = f"fold-batch-norm,lower-hl,{CLEANUP}"
+    summary = f"raise-gelu,fold-batch-norm,lower-hl,{CLEANUP}"
+    pipeline = summary
 
 
 @register_pass
 @dataclass(frozen=True)
 class LowerForPlanning(Pass):
     """What `--backend auto` and the GPU route plan, and so what tgc-plan, tgc-profile and
-    tgc-translate --emit=cuda look at by default: raise-attention, batch norms folded into the
+    tgc-translate --emit=cuda look at by default: raise-attention, raise-gelu (one form of the
+    tanh GELU, which the GEMM-with-GELU kernels' reference graphs match), batch norms folded into the
     convolutions before them, every hl op but attention and the convolutions
     lowered, the cleanup and algebraic rewrites, so that every kernel `fuse` could make of the
     atomic graph is among the planner's options. A fused kernel cannot span the edge of an hl op
@@ -64,7 +66,7 @@ class LowerForPlanning(Pass):
 
     name = "lower-for-planning"
     summary = (
-        f"raise-attention{{assume-finite=true}},fold-batch-norm,"
+        f"raise-attention{{assume-finite=true}},raise-gelu,fold-batch-norm,"
         f"lower-hl{{keep={KEPT_FOR_PLANNING}}},{CLEANUP}"
     )
     pipeline = summary

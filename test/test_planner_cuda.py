@@ -748,6 +748,30 @@ def test_a_linear_layer_runs_as_one_cublaslt_call_as_written_and_lowered(pipelin
         assert rel_error(got, want) <= (1e-6 if dtype == "f32" else 1e-2)
 
 
+def test_gpt2s_spelled_out_gelu_after_a_reshaped_linear_runs_in_the_gemms_epilogue(stand_in):
+    """Hugging Face GPT-2's gelu_new as torch.export writes it (pow, tanh, bf16-rounded
+    scalars), after the linear layer's product reshaped to [batch, seq, n]: lower-for-planning's
+    raise-gelu brings it to hl.gelu's form next to the bias add, so that cuBLASLt's GEMM with the
+    GELU epilogue takes all of it, and the plan matches float64."""
+    lit = Path(__file__).resolve().parent / "lit" / "raise-gelu" / "raise.tg"
+    text = lit.read_text().split("// -----")[0]
+    func, _ = _selected(_gpu_suite().on_device(text), "lower-for-planning", LT_CHEAP)
+    assert "cuda.cublaslt.linear_gelu" in _callees(func)
+    # what is left outside the GEMM is the reshape to [batch, seq, n], nothing of the GELU
+    outside = {
+        inner.name
+        for op in func.body.ops
+        if isinstance(op, CallOp) and op.attr("callee") != "cuda.cublaslt.linear_gelu"
+        for inner in (op.regions[0].blocks[0].ops if op.regions else [op])
+    }
+    assert outside <= {"atomic.reshape", "kernel.yield", "kernel.call"}, outside
+    reference = tgc.parse(text).funcs[0]
+    inputs = random_inputs(reference, 3)
+    (want,) = run_function(reference, inputs, "f64")
+    (got,) = run_plan(func, inputs)
+    assert rel_error(got, want) <= 2e-2
+
+
 def test_cublaslt_refuses_a_bias_that_is_not_one_per_column_and_gelu_in_f32(stand_in):
     """A [rows, 40] "bias" is a matrix add, not cuBLASLt's bias vector; GELU in f32 would be
     cuBLASLt's approximation where the program asks for f32 accuracy."""

@@ -120,7 +120,9 @@ def test_lowered_gelu_in_bf16_matches_with_its_constants_rounded_to_bf16():
     func = canonical(f'  %y = hl.gelu %x {{approximate = "tanh"}} : ({t}) -> {t}', f"%x: {t}",
                      rtype=t, pipeline=LOWER)  # fmt: skip
     (m,) = graph_matches(func, "numpy.gelu_tanh")
-    assert m.reference.sym_name == "hl_gelu_tanh"
+    # lowered for planning, the spelled-out reference is raised to hl.gelu first (raise-gelu),
+    # so both references are the same graph and either is the one reported
+    assert m.reference.sym_name in ("hl_gelu_tanh", "gelu_tanh_formula")
     text = print_op(func).replace("dense<0.0446777>", "dense<0.0500488>")
     assert "dense<0.0500488>" in text
     other = parse_module(text).funcs[0]
