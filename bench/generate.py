@@ -714,12 +714,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     import torch
 
-    if args.child:
-        run = run_child
-    else:
-
-        def run(args):
-            return measure(args, argv)
+    def run(args) -> int:
+        return run_child(args) if args.child else measure(args, argv)
 
     if not args.dry_run:
         return run(args)

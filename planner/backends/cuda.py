@@ -51,10 +51,10 @@ except ImportError as e:
 except cuda.Error as e:  # a driver that does not initialise: no GPU to use
     raise ImportError(f"the CUDA driver is not usable ({e})") from None
 
+from tgc.builtin import ReturnOp
 from tgc.codegen.compact import compact_rows_kernel
 from tgc.codegen.kernels import generate_kernel
 from tgc.codegen.names import display_name
-from tgc.builtin import ReturnOp
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import CallOp, FusedOp
 from tgc.ir import Operation

@@ -69,7 +69,10 @@ def tgc_backend(gm, example_inputs, *, options=None, mode=None):
 
             logger.warning("tgc: %s is not split at its row writes: %s", name, reason(e))
     compiled = compiled or CompiledGraph(gm, parsed, name)
-    if parsed.whole_graphs:
+    # whole-call replays are CUDA graphs: a graph whose examples are all off the GPU is not
+    # wrapped (WholeGraphCalls would only pass its calls through)
+    on_gpu = any(getattr(t, "is_cuda", False) for t in example_inputs)
+    if parsed.whole_graphs and on_gpu:
         from tgc.dynamo.whole import WholeGraphCalls
 
         return WholeGraphCalls(compiled, name)
