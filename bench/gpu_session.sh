@@ -11,8 +11,9 @@
 #   STAGE=autotune   bash bench/gpu_session.sh  # the same two beside max-autotune-no-cudagraphs
 #                                               # alone (its compile of GPT-2 took 117 s)
 #   STAGE=generate   bash bench/gpu_session.sh  # bench/generate.py: a 1.1 B Llama's generate(),
-#                                               # batch 1: eager, tgc, tgc whole_graphs off,
-#                                               # reduce-overhead, compile default
+#                                               # batch 1: eager, tgc, reduce-overhead, compile
+#                                               # default, each mode in a process of its own
+#   STAGE=generate16 bash bench/gpu_session.sh  # the same at batch 16
 #   STAGE=more       bash bench/gpu_session.sh  # ResNet-50, ViT-base, the UNet and the VAE
 #                                               # decoder, bf16 at batch 8 (issue 25 item 5)
 #   STAGE=vision-f32 bash bench/gpu_session.sh  # the same four in f32
@@ -110,11 +111,13 @@ models)
   model --only gpt2 --dtypes bf16 --profile --modes eager,default,reduce-overhead
   model --only llama --dtypes bf16 --profile --modes eager,default,reduce-overhead
   ;;
-generate)
+generate | generate16)
+  batch=1
+  [ "$stage" = generate16 ] && batch=16
   timeout -k 15 560 python3 bench/generate.py --commit "$commit" --out "$out" \
-    --modes eager,tgc,tgc-pieces,reduce-overhead,default \
-    >"$out/generate.txt" 2>&1
-  echo "generate -> exit $?"
+    --batches "$batch" --modes eager,tgc,reduce-overhead,default \
+    >"$out/generate-b$batch.txt" 2>&1
+  echo "generate batch $batch -> exit $?"
   ;;
 backend)
   model --only gpt2 --dtypes bf16 --modes eager,tgc-backend
@@ -139,8 +142,8 @@ bert)
     test/test_bench_real_models.py
   ;;
 *)
-  echo "STAGE must be tests, cuda, models, backend, autotune, generate, more, vision-f32," \
-    "vision-b1 or bert" >&2
+  echo "STAGE must be tests, cuda, models, backend, autotune, generate, generate16, more," \
+    "vision-f32, vision-b1 or bert" >&2
   exit 2
   ;;
 esac
