@@ -65,15 +65,13 @@ bench/results/generate-<device>-<date>.json (a list of runs: a new run is append
 report rewritten from it to the .md of the same name, with device, date, commit, versions, the
 config and the method; SIGTERM (a `timeout` around the call) saves the row it cut, and exits 124.
 
-Time. Not measured yet (no GPU run so far). At the default size each compiled mode compiles two
-graphs of 16 layers (prefill and decode step) per batch, about a minute or more for Inductor on
-a cold cache (bench/gpu_session.sh: a real_models.py row of GPT-2 or a 4-layer Llama took
-150-270 s with its compiles), and tgc measures on first use (up to `--measure-budget` seconds per
-compile of a piece; a later piece of the same shapes should find the earlier one's measurements
-in the database). All four modes at batch 1 are estimated at 4-7 minutes, so
-`--batches` defaults to 1; batch 16 is a second call (`--batches 16`, appended to the same
-day's file); where one call cannot hold all four modes, split them with `--modes` (each call
-with `eager` first for the token check).
+Time. At the default size on an H200 (bench/results/generate-*): eager about 12 s a mode; tgc's
+first generate() 125-168 s (each compiled graph's pieces planned, measured on first use up to
+`--measure-budget` seconds a compile, and built by nvcc), then about 5 s for its timed calls;
+torch.compile's default mode about 31 s for its first call. So `--batches` defaults to 1, and
+batch 16 is a second call (`--batches 16`, appended to the same day's file); where one call
+cannot hold all the modes, split them with `--modes` (each call with `eager` first for the
+token check). Each isolated mode also builds the model in its own process (10 s at 1.1 B).
 
 Without a GPU, `--dry-run`: the same code on the CPU, a tiny Llama (2 layers, hidden 64, 4 heads,
 2 key-value heads, intermediate 128, vocabulary 256, as test/test_dynamo_generate.py's) in
