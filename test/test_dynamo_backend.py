@@ -359,6 +359,28 @@ def test_a_new_shape_is_compiled_once(dynamic):
     assert coverage().graphs_in_tgc == compiles[2]
 
 
+def test_a_graph_met_at_new_shapes_is_planned_with_the_new_shapes_budget(monkeypatch):
+    """A graph's first set of shapes is compiled with measure_budget; the same graph at another
+    set (a symbolic graph at a new prompt length) with new_shapes_measure_budget (graph.py's
+    doc: planned from the database's estimates)."""
+    from tgc.dynamo import host
+
+    seen = []
+    make = host.HostGraph.__init__
+
+    def spy(self, lowered, options):
+        seen.append(options.measure_budget)
+        make(self, lowered, options)
+
+    monkeypatch.setattr(host.HostGraph, "__init__", spy)
+    options = {**IN_TGC, "measure_budget": 7.0, "new_shapes_measure_budget": 0.5}
+    compiled = torch.compile(MLP().eval(), backend="tgc", dynamic=True, options=options)
+    with torch.no_grad():
+        for rows in (3, 5, 3, 7):
+            compiled(randn(rows, 16, seed=rows))
+    assert seen == [7.0, 0.5, 0.5]
+
+
 # -- fallback ------------------------------------------------------------------------------------
 
 
@@ -673,7 +695,8 @@ def test_options_reach_the_plan(tmp_path):
         (
             {"options": {"tolerence": 1e-3}},
             "unknown torch.compile option 'tolerence' for backend 'tgc' "
-            "(its options: tolerance, db, measure_budget, compare_eager, whole_graphs)",
+            "(its options: tolerance, db, measure_budget, new_shapes_measure_budget, "
+            "compare_eager, whole_graphs)",
         ),
         (
             {"options": {"tolerance": -1}},

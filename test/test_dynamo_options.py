@@ -24,7 +24,14 @@ def test_each_option_is_read():
     got = parse_options({**options, "compare_eager": False})
     want = BackendOptions(tolerance=1e-3, db="/tmp/m.db", measure_budget=5.0, compare_eager=False)
     assert got == want
-    assert OPTION_NAMES == ("tolerance", "db", "measure_budget", "compare_eager", "whole_graphs")
+    assert OPTION_NAMES == (
+        "tolerance",
+        "db",
+        "measure_budget",
+        "new_shapes_measure_budget",
+        "compare_eager",
+        "whole_graphs",
+    )
     assert BackendOptions().compare_eager is True
     assert BackendOptions().whole_graphs is True  # docs/torch-compile.md says why
 
@@ -35,7 +42,8 @@ def test_each_option_is_read():
         (
             {"tolerance": 1e-3, "budget": 3},
             "unknown torch.compile option 'budget' for backend 'tgc' "
-            "(its options: tolerance, db, measure_budget, compare_eager, whole_graphs)",
+            "(its options: tolerance, db, measure_budget, new_shapes_measure_budget, "
+            "compare_eager, whole_graphs)",
         ),
         ([("tolerance", 1)], "torch.compile options for backend 'tgc' must be a dict, got list"),
         (
@@ -47,6 +55,10 @@ def test_each_option_is_read():
         ({"tolerance": True}, "option 'tolerance' of backend 'tgc' must be a non-negative"),
         ({"tolerance": "1e-3"}, "must be a non-negative number, got '1e-3'"),
         ({"measure_budget": math.inf}, "option 'measure_budget' of backend 'tgc' must be a"),
+        (
+            {"new_shapes_measure_budget": -1},
+            "option 'new_shapes_measure_budget' of backend 'tgc' must be a non-negative number",
+        ),
         ({"db": 3}, "torch.compile option 'db' of backend 'tgc' must be a path, got int"),
         ({"compare_eager": 1}, "option 'compare_eager' of backend 'tgc' must be True or False"),
         ({"whole_graphs": "yes"}, "option 'whole_graphs' of backend 'tgc' must be True or False"),
@@ -63,7 +75,7 @@ def test_a_mode_is_refused_before_anything_else():
         tgc_backend(None, [], mode="max-autotune")
     assert info.value.message == (
         "backend 'tgc' has no modes (got mode='max-autotune'); it takes options "
-        "(tolerance, db, measure_budget, compare_eager, whole_graphs)"
+        "(tolerance, db, measure_budget, new_shapes_measure_budget, compare_eager, whole_graphs)"
     )
 
 

@@ -3,8 +3,12 @@ graph with tgc once per set of argument shapes, and runs it eagerly where tgc ca
 
 Dynamo may hand over a graph with symbolic sizes (after a second shape it marks the sizes that
 changed dynamic, and passes their values as int arguments); tgc compiles static shapes, so the
-graph is lowered again at each new set of shapes a call brings (no buckets), and the compiled
-form is kept for the next call with those shapes. A graph tgc cannot compile (an op with no
+graph is lowered again at each new set of shapes a call brings (no buckets, no padding), and
+the compiled form is kept for the next call with those shapes. Only the graph's first set of
+shapes is measured with the full `measure_budget`; a later one (a new prompt length) is planned
+from the database's estimates for unseen shapes, measuring at most `new_shapes_measure_budget`
+seconds, which makes a new length a plan and its kernels' builds rather than minutes of
+measuring. A graph tgc cannot compile (an op with no
 lowering, an export that fails, a device with no route) runs as Dynamo captured it, the
 GraphModule's own forward, and the reason is logged once (tally.py); so is a compiled graph
 that fails when it runs, which is then run eagerly from then on. Never a crash: the eager graph
@@ -26,6 +30,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -61,6 +66,7 @@ class CompiledGraph:
         self.eager = self._run_eagerly  # one object, so that `runner is self.eager` holds
         self.said_autograd = False
         self.unraced: set[tuple] = set()  # shapes compiled and not yet timed beside eager
+        self.compiles = 0  # sets of shapes lowered so far (the first gets the full budget)
 
     def __call__(self, *args):
         args = list(args)
@@ -114,15 +120,19 @@ class CompiledGraph:
         return runner
 
     def _compile(self, args: list) -> Callable[[list], object]:
+        options = self.options
+        if self.compiles:  # the graph met again at new shapes (module doc)
+            options = replace(options, measure_budget=options.new_shapes_measure_budget)
+        self.compiles += 1
         try:
-            runner = self._lowered_runner(args)
+            runner = self._lowered_runner(args, options)
         except Exception as e:  # whatever stops tgc here, the graph still runs
             tally.fell_back(self.name, self.ops, reason(e))
             return self.eager
         tally.compiled(self.name, self.ops, describe_arguments(args, static_inputs(self.gm, args)))
         return runner
 
-    def _lowered_runner(self, args: list) -> Callable[[list], object]:
+    def _lowered_runner(self, args: list, options: BackendOptions) -> Callable[[list], object]:
         scalars = _host_scalars(args)
         devices = {
             a.device.type
@@ -139,12 +149,12 @@ class CompiledGraph:
 
             moved = _scalars_on_device(args, scalars)
             lowered = lower_graph(self.gm, moved, static_inputs(self.gm, moved))
-            runner = CudaGraph(lowered, self.options)
+            runner = CudaGraph(lowered, options)
             return _ScalarsMoved(runner, scalars) if scalars else runner
         lowered = lower_graph(self.gm, args, static_inputs(self.gm, args))
         from tgc.dynamo.host import HostGraph
 
-        return HostGraph(lowered, self.options)
+        return HostGraph(lowered, options)
 
 
 def host_scalar(value) -> bool:

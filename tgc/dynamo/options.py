@@ -18,6 +18,9 @@ from tgc.diagnostics import TgcError
 # The GPU route's default (planner.DEFAULT_MEASURE_BUDGET), repeated so that reading the options
 # imports no planner module; test_dynamo_backend checks that the two agree.
 DEFAULT_MEASURE_BUDGET = 30.0
+# A graph met again at new shapes (a new prompt length) is planned from what its first compile
+# measured: the database's estimates for unseen shapes, and this many seconds of measuring
+DEFAULT_NEW_SHAPES_MEASURE_BUDGET = 3.0
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,9 @@ class BackendOptions:
     measurement database (None: on the CPU the roofline model, as `tgc-run --backend auto`
     without `--db`; on the GPU the default database in the user's cache); `measure_budget`:
     seconds the GPU route may spend measuring unknown kernel instances on first use (the CPU
-    route measures nothing); `compare_eager`: time each graph compiled, at each new set of
+    route measures nothing), for a graph's first set of shapes; `new_shapes_measure_budget`:
+    the same for the graph's later sets of shapes (a new prompt length), planned mostly from the
+    database's estimates for unseen shapes; `compare_eager`: time each graph compiled, at each new set of
     shapes, beside the graph run eagerly on the same arguments, and run the faster (a graph
     that updates its inputs is not timed twice: tgc runs it); `whole_graphs`: on the GPU,
     replay each call of a Dynamo graph as one CUDA graph (whole.py: a decode step split at its
@@ -37,6 +42,7 @@ class BackendOptions:
     tolerance: float | None = None
     db: str | None = None
     measure_budget: float = DEFAULT_MEASURE_BUDGET
+    new_shapes_measure_budget: float = DEFAULT_NEW_SHAPES_MEASURE_BUDGET
     compare_eager: bool = True
     whole_graphs: bool = True
 
@@ -61,8 +67,9 @@ def parse_options(options: Mapping | None) -> BackendOptions:
     values = dict(options)
     if values.get("tolerance") is not None:
         values["tolerance"] = _non_negative("tolerance", values["tolerance"])
-    if "measure_budget" in values:
-        values["measure_budget"] = _non_negative("measure_budget", values["measure_budget"])
+    for budget in ("measure_budget", "new_shapes_measure_budget"):
+        if budget in values:
+            values[budget] = _non_negative(budget, values[budget])
     for flag in ("compare_eager", "whole_graphs"):
         if flag in values and not isinstance(values[flag], bool):
             raise TgcError(
