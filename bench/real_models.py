@@ -737,7 +737,13 @@ def plan_calls(func) -> list[dict]:
     `kernel.call` or `kernel.copy` annotated by planner/materialise.py), in program order:
     `callee` (a copy: "kernel.copy <from>-><to>"), `what` (the op it runs or its region's ops,
     operand and result types, the `param.` choices it runs with), its planned `seconds` and
-    their `source` ("measured", "estimated", "roofline"; "none" for a call with no annotation)."""
+    their `source` ("measured", "estimated", "roofline"; "none" for a call with no annotation),
+    and whether it is a `once` step (planner/fixed.py: it reads only parameters and constants,
+    so it runs when the parameters change, not on every call: packing weights, copying a
+    constant made on the host to the device)."""
+    from tgc.planner.fixed import Fixed
+
+    fixed = Fixed()
     calls = []
     for op in func.walk():
         if op.name == "kernel.call":
@@ -759,6 +765,7 @@ def plan_calls(func) -> list[dict]:
                 "what": f"{what} ({operands}) -> {results}" + (f" [{params}]" if params else ""),
                 "seconds": float(op.attributes.get("plan.seconds", 0.0)),
                 "source": str(op.attributes.get("plan.source", "none")),
+                "once": op.block is func.body and fixed.runs_once(op),
             }
         )
     return calls
@@ -787,8 +794,13 @@ def plan_breakdown(func, top: int = PLAN_TOP) -> dict:
     with a guessed source; one planned on a measurement that runs slower shows as a
     measured cost below its profile's time (GPT-2's LM head on an H200 ran tgc's generated
     matmul at 773 µs where padded cuBLAS takes ~230, and nothing said on what cost it was
-    chosen: bench/results/real-models-profile-gpt2-bf16-NVIDIA-H200-2026-11-28-b.txt)."""
-    calls = plan_calls(func)
+    chosen: bench/results/real-models-profile-gpt2-bf16-NVIDIA-H200-2026-11-28-b.txt).
+    Once steps are counted apart (`once_calls`, `once_seconds`): a call does not run them
+    (BERT's twelve attention masks, made on the host and copied to the device, were 4.7 of its
+    6.4 planned ms when they were summed with the rest)."""
+    everything = plan_calls(func)
+    calls = [c for c in everything if not c["once"]]
+    once = [c for c in everything if c["once"]]
     by_callee: dict[str, dict] = {}
     sources: dict[str, int] = {}
     for c in calls:
@@ -804,6 +816,8 @@ def plan_breakdown(func, top: int = PLAN_TOP) -> dict:
     return {
         "calls": len(calls),
         "seconds": sum(c["seconds"] for c in calls),
+        "once_calls": len(once),
+        "once_seconds": sum(c["seconds"] for c in once),
         "sources": dict(sorted(sources.items())),
         "callees": sorted(by_callee.values(), key=lambda e: -e["seconds"])[:top],
         "largest": sorted(calls, key=lambda c: -c["seconds"])[:top],
@@ -828,6 +842,8 @@ def plan_summary(breakdown: dict, chosen: str = "") -> dict:
         "chosen": chosen,
         "calls": breakdown["calls"],
         "planned_ms": round(breakdown["seconds"] * 1e3, 4),
+        "once_calls": breakdown["once_calls"],
+        "once_planned_ms": round(breakdown["once_seconds"] * 1e3, 4),
         "sources": breakdown["sources"],
         "callees": [_callee_line(e) for e in breakdown["callees"]],
         "largest": [_call_line(c)[:200] for c in breakdown["largest"]],
@@ -842,6 +858,8 @@ def plan_text(breakdown: dict, title: str) -> str:
             "",
             f"{breakdown['calls']} kernel calls and copies, {breakdown['seconds'] * 1e3:.3f} ms "
             f"planned in all (the sum of the planner's costs, not a timing); costs: {sources}",
+            f"and {breakdown['once_calls']} once steps, {breakdown['once_seconds'] * 1e3:.3f} ms "
+            "planned, run when the parameters change, not on every call",
             "(guessed = estimated from other measurements, or the roofline model: planner/cost.py)",
             "",
             f"## by callee, the {len(breakdown['callees'])} dearest",
@@ -1558,8 +1576,13 @@ def gpu_report(rows: list[dict], device: str, commit: str, args) -> list[str]:
             sources = ", ".join(f"{n} {s}" for s, n in plan["sources"].items())
             lines.append(
                 f"- {r['model']} {r['dtype']} {r['shape']}: plan '{plan['chosen']}', "
-                f"{plan['calls']} calls, {plan['planned_ms']:.3f} ms planned ({sources}); "
-                f"dearest: {'; '.join(plan['callees'][:3])}"
+                f"{plan['calls']} calls, {plan['planned_ms']:.3f} ms planned ({sources})"
+                + (
+                    f" and {plan['once_calls']} once steps, {plan['once_planned_ms']:.3f} ms"
+                    if plan.get("once_calls")
+                    else ""
+                )
+                + f"; dearest: {'; '.join(plan['callees'][:3])}"
             )
     return lines + [""]
 

@@ -199,6 +199,26 @@ def test_plan_breakdown_sums_planned_costs_per_callee() -> None:
     assert len(summary["largest"]) == 2
 
 
+def test_plan_breakdown_counts_once_steps_apart() -> None:
+    """A step that reads only parameters and constants (packing weights, copying a constant to
+    the device) runs when the parameters change, not per call: it is not in the planned sum."""
+    func = _planned(
+        """func.func @f(%x: tensor<4x8xf32>, %w: tensor<8x8xf32> {tgc.param}) -> tensor<4x8xf32> {
+  %t = atomic.exp %w : (tensor<8x8xf32>) -> tensor<8x8xf32>
+  %y = atomic.matmul %x, %t : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+  func.return %y : tensor<4x8xf32>
+}"""
+    )
+    calls = real_models.plan_calls(func)
+    once = [c for c in calls if c["once"]]
+    assert once and all("matmul" not in c["what"] for c in once), calls
+    b = real_models.plan_breakdown(func)
+    assert b["once_calls"] == len(once) and b["calls"] == len(calls) - len(once)
+    assert b["once_seconds"] == pytest.approx(sum(c["seconds"] for c in once))
+    assert b["seconds"] == pytest.approx(sum(c["seconds"] for c in calls if not c["once"]))
+    assert f"and {len(once)} once steps" in real_models.plan_text(b, "f")
+
+
 def test_plan_breakdown_names_copies_by_their_spaces() -> None:
     func = _planned(
         """func.func @f(%x: tensor<4xf32, "cuda">) -> tensor<4xf32, "cuda"> {
