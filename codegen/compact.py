@@ -18,10 +18,13 @@ BLOCK_SIZE = 256
 MAX_BLOCKS = 132 * 16  # 16 blocks per SM of an H100/H200; past that, threads stride over the rest
 
 
-def compact_rows_kernel(rows: int, n: int, ld: int, element_type: str) -> KernelSource:
-    """The kernel `(src, dst)`: dst[r, c] = src[r * ld + c] for r < rows, c < n."""
+def compact_rows_kernel(
+    rows: int, n: int, ld: int, element_type: str, name: str | None = None
+) -> KernelSource:
+    """The kernel `(src, dst)`: dst[r, c] = src[r * ld + c] for r < rows, c < n; `name` its C
+    name (by default one made of the shape)."""
     vec = 16 // ELEMENT_BYTES[element_type]
-    name = c_identifier(f"compact_rows_{rows}x{n}_ld{ld}_{element_type}")
+    name = name or c_identifier(f"compact_rows_{rows}x{n}_ld{ld}_{element_type}")
     idx_t = "long long" if rows * ld > INT32_LIMIT else "int"
     source = render(
         "compact_rows.cu.j2",

@@ -8,7 +8,7 @@ function as the planner plans it): buffers, and steps in order over them. A buff
 the caller's inputs or outputs, a constant (its bytes are in the file and copied into scratch
 memory on each call), an intermediate in one scratch arena, or a view at a byte offset into any
 of those. A step is a generated kernel (`Launch`), a cuBLAS GEMM (`CublasGemm`), a cuBLASLt GEMM
-with an epilogue (`CublasLt`) or a copy between buffers (`DeviceCopy`, `PitchedCopy`). Here the
+with an epilogue (`CublasLt`) or a copy between buffers (`DeviceCopy`). Here the
 arena is laid out (an intermediate takes bytes when it is first touched and gives them back
 after its last read) and the C is written.
 
@@ -144,24 +144,7 @@ class DeviceCopy:
         return [self.dst]
 
 
-@dataclass
-class PitchedCopy:
-    """`rows` rows of `width` bytes, `src_pitch` bytes apart in src, packed in dst."""
-
-    src: Buffer
-    dst: Buffer
-    rows: int
-    width: int
-    src_pitch: int
-
-    def reads(self) -> list[Buffer]:
-        return [self.src]
-
-    def writes(self) -> list[Buffer]:
-        return [self.dst]
-
-
-Step = Launch | CublasGemm | CublasLt | DeviceCopy | PitchedCopy
+Step = Launch | CublasGemm | CublasLt | DeviceCopy
 
 
 @dataclass
@@ -273,11 +256,6 @@ def _step_code(step: Step) -> str:
         return _checked(
             f"cudaMemcpyAsync({_pointer(step.dst)}, {_pointer(step.src)}, {step.dst.nbytes}, "
             "cudaMemcpyDeviceToDevice, stream)"
-        )
-    if isinstance(step, PitchedCopy):
-        return _checked(
-            f"cudaMemcpy2DAsync({_pointer(step.dst)}, {step.width}, {_pointer(step.src)}, "
-            f"{step.src_pitch}, {step.width}, {step.rows}, cudaMemcpyDeviceToDevice, stream)"
         )
     raise TypeError(step)
 
@@ -432,7 +410,6 @@ __all__ = [
     "DeviceCopy",
     "DeviceProgram",
     "Launch",
-    "PitchedCopy",
     "checksums",
     "lay_out",
     "standalone_inputs",

@@ -17,8 +17,9 @@ Writing (`device_program`) walks the planned function's ops in order:
 - the `kernel.call` of a generated kernel (callee `cuda.<template>`): the kernel of its region,
   generated with the template parameters the call names, launched;
 - `cuda.cublas.gemm`: a cuBLAS GEMM; `cuda.cublas.gemm_padded` and `cuda.cublas.gemm_split`:
-  two (the aligned columns, the rest), into rows padded to 16 bytes and then a pitched copy
-  into the compact result, or into that result itself; `cuda.cublaslt.*`: a cuBLASLt GEMM with
+  two (the aligned columns, the rest), into rows padded to 16 bytes and then codegen/compact.py's
+  kernel copying them into the compact result (as the planner's executor does: cudaMemcpy2D
+  was slower, bench/results/design-evidence-2026-11-28.md), or into that result itself; `cuda.cublaslt.*`: a cuBLASLt GEMM with
   the bias (and the GELU or the residual) in its epilogue;
 - `cuda.split_view`, `cuda.reshape_view`: views of the operand's memory, nothing run;
 - `numpy.atomic.constant` and the `kernel.copy` that takes its value to the device: a constant,
@@ -37,6 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from tgc.builtin import FuncOp, ModuleOp
+from tgc.codegen.compact import compact_rows_kernel
 from tgc.codegen.kernels import generate_kernel, module_names
 from tgc.codegen.names import NameAllocator
 from tgc.codegen.standalone import (
@@ -46,7 +48,6 @@ from tgc.codegen.standalone import (
     DeviceCopy,
     DeviceProgram,
     Launch,
-    PitchedCopy,
     write_file,
 )
 from tgc.diagnostics import TgcError
@@ -260,7 +261,9 @@ class _ProgramWriter:
             c_part = c.view(c.type, into_c * item) if into_c else c
             self.program.steps.append(CublasGemm(part, a, b_part, c_part, ld))
         if padded:
-            self.program.steps.append(PitchedCopy(c, out, rows, g.n * item, ld * item))
+            name = self.names.allocate(f"compact_rows_{rows}x{g.n}_ld{ld}_{t.element_type}")
+            kernel = compact_rows_kernel(rows, g.n, ld, t.element_type, name)
+            self.program.steps.append(Launch(kernel, [c, out]))
 
     def lt_gemm(self, call: CallOp) -> None:
         name = call.attr("callee")

@@ -21,6 +21,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from nvcc_batch import NVCC, compile_unit
+
 import tgc
 from tgc.codegen.kernels import module_names
 from tgc.codegen.standalone import (
@@ -30,7 +32,7 @@ from tgc.codegen.standalone import (
     DeviceCopy,
     DeviceProgram,
     Launch,
-    PitchedCopy,
+    write_file,
     lay_out,
 )
 from tgc.diagnostics import TgcError
@@ -56,7 +58,11 @@ class HostModel:
         self.program = program
         generated = {t.name for t in ck.TEMPLATE_OF_KIND.values()}
         calls = [op for op in func.body.ops if op.attributes.get("callee") in generated]
-        launches = [s for s in program.steps if isinstance(s, Launch)]
+        launches = [
+            s
+            for s in program.steps
+            if isinstance(s, Launch) and s.kernel.template != "compact_rows"
+        ]
         assert len(calls) == len(launches)
         self.regions = {id(s): call for s, call in zip(launches, calls)}
 
@@ -96,6 +102,9 @@ class HostModel:
         ]
 
     def Launch(self, step: Launch) -> None:
+        if step.kernel.template == "compact_rows":  # codegen/compact.py's, of a padded GEMM
+            self.compact_rows(step)
+            return
         call = self.regions[id(step)]
         outs = evaluate_block(call.body, [self.read(b) for b in step.reads()], "native")
         for b, value in zip(step.writes(), outs):
@@ -130,12 +139,14 @@ class HostModel:
     def DeviceCopy(self, step: DeviceCopy) -> None:
         self.write(step.dst, self.read(step.src))
 
-    def PitchedCopy(self, step: PitchedCopy) -> None:
-        memory, offset = self.place(step.src)
-        for row in range(step.rows):
-            start = offset + row * step.src_pitch
-            chunk = np.frombuffer(memory[start : start + step.width], step.dst.type.dtype)
-            self.write(step.dst, chunk, row * step.width)
+    def compact_rows(self, step: Launch) -> None:
+        """dst[r, c] = src[r * ld + c] (codegen/compact.py), read from the kernel's source."""
+        src, dst = step.args
+        rows, n = math.prod(dst.type.shape[:-1]), dst.type.shape[-1]
+        ld = src.type.num_elements // rows
+        assert f"row * {ld} + col" in step.kernel.source
+        padded = self.flat(src, rows * ld).reshape(rows, ld)
+        self.write(dst, padded[:, :n])
 
 
 def planned(text: str, libraries: bool = True, arch: str | None = None):
@@ -231,16 +242,29 @@ def padded_program(callee: str):
 def test_a_padded_gemm_writes_padded_rows_then_copies_them_compact():
     """cuda.cublas.gemm_padded (the plan's choice where measurements say so): rows of 37 bf16
     (74 bytes) written 40 elements apart, by one GEMM of the first 32 columns and one of the
-    last 5 (B's rows from 32 on, the padded rows from column 32 on), then a pitched copy into
-    the output."""
+    last 5 (B's rows from 32 on, the padded rows from column 32 on), then codegen/compact.py's
+    kernel copying the 8 rows into the output."""
     func, program = padded_program(ck.CUBLAS_GEMM_PADDED)
     gemm, tail, copy = program.steps
     assert isinstance(gemm, CublasGemm) and isinstance(tail, CublasGemm)
-    assert isinstance(copy, PitchedCopy)
+    assert isinstance(copy, Launch) and copy.kernel.template == "compact_rows"
     assert (gemm.gemm.n, tail.gemm.n, gemm.ldc, tail.ldc) == (32, 5, 40, 40)
     assert (tail.b.view_offset, tail.c.view_offset) == (32 * 64 * 2, 32 * 2)
-    assert (copy.rows, copy.width, copy.src_pitch) == (8, 74, 80)
+    padded, out = copy.args
+    assert padded is gemm.c is tail.c.base and padded.type.shape == (8, 40)
+    assert out.kind == "output"
     assert_matches_float64(PADDED, func, program)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_the_file_with_a_padded_gemm_and_its_compact_copy_compiles(tmp_path):
+    """The C of PADDED's program (two cuBLAS calls, the compact-rows kernel's launch) with its
+    main: nvcc compiles it (cuBLAS declared by the file where the toolkit has no headers)."""
+    _, program = padded_program(ck.CUBLAS_GEMM_PADDED)
+    source = write_file([program], ["tgc_run_f"], module_names(), "padded.tg")
+    assert "compact_rows_8x37_ld40_bf16<<<" in source
+    ok, log = compile_unit(tmp_path, source, ["-arch=sm_90", "-c", "-DTGC_STANDALONE_MAIN"])
+    assert ok, log[-4000:]
 
 
 def test_a_split_gemm_writes_its_parts_into_the_output():
