@@ -77,7 +77,7 @@ class _Reader:
         self.block = root.block
         self.ops: list[Operation] = [root]
 
-    def _through(self, v: Value, name: str | tuple[str, ...]) -> Operation | None:
+    def through(self, v: Value, name: str | tuple[str, ...]) -> Operation | None:
         op = v.defining_op
         names = (name,) if isinstance(name, str) else name
         if op is None or op.name not in names or op.block is not self.block:
@@ -87,14 +87,14 @@ class _Reader:
 
     def factors(self, v: Value, top: bool = False) -> list[Value]:
         """The factors of a product of atomic.muls (the root's own operands when `top`)."""
-        op = v.defining_op if top else self._through(v, "atomic.mul")
+        op = v.defining_op if top else self.through(v, "atomic.mul")
         if op is None or (top and op.name != "atomic.mul"):
             return [v]
         return self.factors(op.operands[0]) + self.factors(op.operands[1])
 
     def plus_one(self, v: Value, t) -> Value | None:
         """`a` where v = a + 1 or 1 + a."""
-        op = self._through(v, "atomic.add")
+        op = self.through(v, "atomic.add")
         if op is None:
             return None
         a, b = op.operands
@@ -128,7 +128,7 @@ def _read(root: Operation) -> _Match | None:
         found = _Reader(root)
         found.factors(root.results[0], top=True)  # the same muls collected
         inner = found.plus_one(bracket, et)
-        function = None if inner is None else found._through(inner, (TANH, ERF))
+        function = None if inner is None else found.through(inner, (TANH, ERF))
         if function is None:
             continue
         read = _tanh_argument if function.name == TANH else _erf_argument
@@ -144,7 +144,7 @@ def _tanh_argument(found: _Reader, v: Value, x: Value, et: str) -> bool:
     inner = [f for f in scaled if not _is(f, C2, et)]
     if len(c2) != 1 or len(inner) != 1:
         return False
-    add = found._through(inner[0], "atomic.add")
+    add = found.through(inner[0], "atomic.add")
     if add is None:
         return False
     for a, b in (add.operands, add.operands[::-1]):
