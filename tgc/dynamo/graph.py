@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
@@ -218,7 +218,7 @@ def _seconds_per_call(run: Callable[[list], object], args: list) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def records_autograd(args: list) -> bool:
+def records_autograd(args: Sequence) -> bool:
     """Whether autograd would record this call: grad mode on and some input requiring grad (a
     model's parameters do, unless it runs under torch.no_grad() or torch.inference_mode())."""
     if not torch.is_grad_enabled():
@@ -226,12 +226,11 @@ def records_autograd(args: list) -> bool:
     return any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 
-def shape_key(args: list) -> tuple:
+def shape_key(args: Sequence) -> tuple:
     """What a compiled form depends on: each tensor's shape, dtype and device, and the value
     of every other argument (the sizes Dynamo passes for symbolic dims)."""
     return tuple(
-        (tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else (type(a), a)
-        for a in args
+        (a.shape, a.dtype, a.device) if isinstance(a, torch.Tensor) else (type(a), a) for a in args
     )
 
 

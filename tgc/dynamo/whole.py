@@ -49,7 +49,9 @@ class _Shapes:
         self.replay: Callable[[], None] | None = None
         self.failed = False
         self.moving: list[int] = []  # argument positions copied in and out
-        self.fixed: dict[int, int] = {}  # argument position -> the address the graph reads
+        # the arguments read where they are: their positions, and the addresses the graph reads
+        self.fixed: tuple[int, ...] = ()
+        self.fixed_at: list[int] = []
         self.static: dict[int, torch.Tensor] = {}  # the moving arguments' buffers
         self.outputs = None
 
@@ -69,16 +71,19 @@ class WholeGraphCalls:
         self.shapes: dict[tuple, _Shapes] = {}
 
     def __call__(self, *args):
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        scalars = [
-            i
-            for i, a in enumerate(args)
-            if isinstance(a, torch.Tensor) and not self.on_device(a) and host_scalar(a)
-        ]
-        on_device = any(self.on_device(t) for t in tensors) and all(
-            self.on_device(t) or host_scalar(t) for t in tensors
-        )
-        if not on_device or records_autograd(list(args)):
+        # one pass over the arguments (a decode step's are hundreds, and this is host time on
+        # every token): the 0-d CPU tensors, and whether every other tensor is on the device
+        scalars, on_device = [], False
+        for i, a in enumerate(args):
+            if not isinstance(a, torch.Tensor):
+                continue
+            if self.on_device(a):
+                on_device = True
+            elif host_scalar(a):
+                scalars.append(i)
+            else:
+                return self.inner(*args)  # a tensor elsewhere: nothing to capture
+        if not on_device or records_autograd(args):
             return self.inner(*args)
         if not scalars:
             return self._call(args)
@@ -94,7 +99,7 @@ class WholeGraphCalls:
         return out
 
     def _call(self, args):
-        state = self.shapes.setdefault(shape_key(list(args)), _Shapes())
+        state = self.shapes.setdefault(shape_key(args), _Shapes())
         if state.failed:
             return self.inner(*args)
         if state.replay is None:
@@ -105,7 +110,7 @@ class WholeGraphCalls:
             self._capture(state, args)
             if state.failed:
                 return self.inner(*args)
-        if any(args[i].data_ptr() != ptr for i, ptr in state.fixed.items()):
+        if [args[i].data_ptr() for i in state.fixed] != state.fixed_at:
             return self.inner(*args)  # a fixed argument elsewhere: the graph would read stale
         for i in state.moving:
             state.static[i].copy_(args[i])
@@ -119,7 +124,8 @@ class WholeGraphCalls:
         seen = [*state.addresses, now]
         tensor_at = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         state.moving = [i for i in tensor_at if len({s[i] for s in seen}) > 1]
-        state.fixed = {i: args[i].data_ptr() for i in tensor_at if i not in state.moving}
+        state.fixed = tuple(i for i in tensor_at if i not in state.moving)
+        state.fixed_at = [args[i].data_ptr() for i in state.fixed]
         state.static = {i: args[i].detach().clone() for i in state.moving}
         static_args = [state.static.get(i, a) for i, a in enumerate(args)]
         try:
