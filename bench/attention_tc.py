@@ -17,6 +17,17 @@ bench/results/attention_tc-<device>-<date>.md.
 
 needs no GPU: generates every kernel and compiles it with nvcc (a CPU test runs this).
 `--params rows_per_warp=1,q_in_registers=true` passes template parameters to the kernel.
+
+    python3 bench/attention_tc.py --decode [--dry-run]
+
+times decode attention instead (issue 24, item 2): one new token per sequence against a KV
+cache of 2k, 8k and 32k positions, batch 1 and 16, head dims 64 and 128, bf16, 32 query heads
+over 8 key-value heads. tgc's `hl.attention` takes each key-value head's 4 query heads as 4
+query rows, q (B, 8, 4, D) against k, v (B, 8, S, D), unmasked (the whole cache is the past);
+SDPA takes q (B, 32, 1, D) with `enable_gqa=True`. A decode step is memory-bound: the report
+gives each time's bandwidth (the bytes of k and v, read once, and of q and o) as a share of the
+device-to-device copy bandwidth measured in the same run (`gpu_suite.copy_bandwidth`); the
+issue asks 85% on these caches.
 """
 
 from __future__ import annotations
@@ -39,6 +50,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 from gpu_suite import ATTENTION_SHAPES as SHAPES  # noqa: E402
 from gpu_suite import attention_flops, attention_text, device_slug, tflops  # noqa: E402
 
+DECODE_HEADS, DECODE_KV_HEADS = 32, 8
+DECODE_CACHES = (2048, 8192, 32768)
+
 
 @dataclass
 class Case:
@@ -60,6 +74,47 @@ class Case:
 
     def text(self) -> str:
         return attention_text(self.b, self.h, self.s, self.d, self.causal, self.dtype)
+
+
+@dataclass
+class DecodeCase:
+    """One new token per sequence against a cache of `s` positions (module doc)."""
+
+    b: int
+    s: int
+    d: int
+    dtype: str = "bf16"
+
+    @property
+    def group(self) -> int:
+        return DECODE_HEADS // DECODE_KV_HEADS
+
+    @property
+    def name(self) -> str:
+        return (
+            f"decode B{self.b} H{DECODE_HEADS}/{DECODE_KV_HEADS} S{self.s} D{self.d} {self.dtype}"
+        )
+
+    @property
+    def bytes(self) -> float:
+        """k and v read once, q read and o written once."""
+        item = 2
+        cache = 2 * self.b * DECODE_KV_HEADS * self.s * self.d
+        return item * (cache + 2 * self.b * DECODE_HEADS * self.d)
+
+    def text(self) -> str:
+        q = f"tensor<{self.b}x{DECODE_KV_HEADS}x{self.group}x{self.d}x{self.dtype}>"
+        kv = f"tensor<{self.b}x{DECODE_KV_HEADS}x{self.s}x{self.d}x{self.dtype}>"
+        return (
+            f"func.func @decode(%q: {q}, %k: {kv}, %v: {kv}) -> {q} {{\n"
+            f"  %y = hl.attention %q, %k, %v : ({q}, {kv}, {kv}) -> {q}\n"
+            f"  func.return %y : {q}\n}}"
+        )
+
+
+def decode_cases(only: set[str]) -> list[DecodeCase]:
+    found = [DecodeCase(b, s, d) for b in (1, 16) for s in DECODE_CACHES for d in (64, 128)]
+    return [c for c in found if all(word in c.name.split() for word in only)]
 
 
 def cases(only: set[str]) -> list[Case]:
@@ -131,7 +186,7 @@ def dry_run(selected: list[Case], arch: str, params: dict) -> int:
 
 @dataclass
 class Row:
-    case: Case
+    case: Case | DecodeCase
     tgc_ms: float
     sdpa_ms: float
     error: float
@@ -173,6 +228,72 @@ def measure(case: Case, params: dict) -> Row:
     return Row(
         case, tgc_ms, sdpa_ms, error, kernel.shared_bytes, bool(kernel.params.get("tensor_cores"))
     )
+
+
+def measure_decode(case: DecodeCase, params: dict) -> Row:
+    """tgc's generated kernel and SDPA on one decode case (module doc); Row.case is `case`."""
+    import torch
+    import torch.nn.functional as F
+    from gpu_suite import checked_result, generated_plan, time_ms
+
+    from tgc.planner import load_backends
+    from tgc.planner.backends import cuda_kernels as ck
+    from tgc.planner.executor import PlannedFunction
+
+    load_backends(("cuda",), required=True)
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[case.dtype]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn((case.b, DECODE_HEADS, 1, case.d), device="cuda", dtype=dtype, generator=gen)
+    kv = (case.b, DECODE_KV_HEADS, case.s, case.d)
+    k, v = (torch.randn(kv, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    # query head h reads key-value head h // group (SDPA's enable_gqa): the group's heads are
+    # the query rows of its key-value head
+    rows = q.reshape(case.b, DECODE_KV_HEADS, case.group, case.d).contiguous()
+    func = generated_plan(case.text(), params, ck.TARGET["arch"])
+    (kernel,) = kernels_of(case, params, ck.TARGET["arch"])
+    program = PlannedFunction(func)
+    stream = torch.cuda.current_stream()
+
+    def sdpa():
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    want = sdpa().reshape(rows.shape)
+    torch.cuda.synchronize()
+    (out,) = program([rows, k, v])
+    error = rel_frobenius(checked_result(out), want)
+    tgc_ms = time_ms(lambda: program([rows, k, v]), stream)
+    sdpa_ms = time_ms(sdpa, stream)
+    return Row(
+        case, tgc_ms, sdpa_ms, error, kernel.shared_bytes, bool(kernel.params.get("tensor_cores"))
+    )
+
+
+def report_decode(rows: list[Row], device: str, commit: str, out: Path, bandwidth: float) -> Path:
+    today = datetime.date.today().isoformat()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"attention_decode-{device_slug(device)}-{today}.md"
+    lines = [
+        f"# Decode attention, tgc's generated kernel vs SDPA: {device}, {today}",
+        "",
+        f"- device: {device}; date: {today}; commit: {commit}",
+        "- method: `bench/attention_tc.py --decode` (its doc); medians of 30 repetitions timed",
+        "  with CUDA events after 3 warm-ups (`gpu_suite.time_ms`)",
+        f"- bandwidth: the bytes of k, v, q and o over the time, as a share of the device's "
+        f"copy bandwidth measured in the same run ({bandwidth / 1e12:.2f} TB/s)",
+        "",
+        "| workload | tgc | of bandwidth | SDPA | of bandwidth | tgc speed / SDPA's | rel. error | "
+        "kernel |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        share = [r.case.bytes / (ms * 1e-3) / bandwidth for ms in (r.tgc_ms, r.sdpa_ms)]
+        kernel = "tensor cores" if r.tensor_cores else "f32"
+        lines.append(
+            f"| {r.case.name} | {r.tgc_ms:.4f} ms | {share[0]:.0%} | {r.sdpa_ms:.4f} ms | "
+            f"{share[1]:.0%} | {100 * r.sdpa_ms / r.tgc_ms:.0f}% | {r.error:.1e} | {kernel} |"
+        )
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def report(rows: list[Row], device: str, commit: str, out: Path, params: dict) -> Path:
@@ -223,9 +344,11 @@ def main(argv=None) -> int:
     ap.add_argument("--commit", default=os.environ.get("TGC_COMMIT", "unknown"))
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--params", default="", help="template parameters, k=v,k=v")
+    ap.add_argument("--decode", action="store_true", help="the decode cases (module doc)")
     args = ap.parse_args(argv)
     params = parse_params(args.params)
-    selected = cases(set(filter(None, args.only.split(","))))
+    only = set(filter(None, args.only.split(",")))
+    selected = decode_cases(only) if args.decode else cases(only)
     if not selected:
         print("no case matches --only", file=sys.stderr)
         return 2
@@ -236,6 +359,20 @@ def main(argv=None) -> int:
 
     device = torch.cuda.get_device_name()
     print(f"device {device}", flush=True)
+    if args.decode:
+        from gpu_suite import copy_bandwidth
+
+        bandwidth = copy_bandwidth(torch.cuda.current_stream())
+        rows = []
+        for case in selected:
+            rows.append(row := measure_decode(case, params))
+            print(
+                f"{case.name}: tgc {row.tgc_ms:.4f} ms, SDPA {row.sdpa_ms:.4f} ms, "
+                f"rel. error {row.error:.1e}",
+                flush=True,
+            )
+        print(f"wrote {report_decode(rows, device, args.commit, Path(args.out), bandwidth)}")
+        return 0
     rows = []
     for case in selected:
         row = measure(case, params)

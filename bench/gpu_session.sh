@@ -8,6 +8,8 @@
 #                                               # beside eager, compile and reduce-overhead
 #   STAGE=backend    bash bench/gpu_session.sh  # GPT-2 and the Llama-style model, bf16, through
 #                                               # torch.compile(backend="tgc") beside eager
+#   STAGE=attention  bash bench/gpu_session.sh  # bench/attention_tc.py: tgc's attention kernels
+#                                               # against SDPA, prefill shapes and decode
 #   STAGE=autotune   bash bench/gpu_session.sh  # the same two beside max-autotune-no-cudagraphs
 #                                               # alone (its compile of GPT-2 took 117 s)
 #   STAGE=generate   bash bench/gpu_session.sh  # bench/generate.py: a 1.1 B Llama's generate(),
@@ -123,6 +125,14 @@ backend)
   model --only gpt2 --dtypes bf16 --modes eager,tgc-backend
   model --only llama --dtypes bf16 --modes eager,tgc-backend
   ;;
+attention)
+  timeout -k 15 250 python3 bench/attention_tc.py --commit "$commit" --out "$out" \
+    >"$out/attention-tc.txt" 2>&1
+  echo "attention_tc -> exit $?"
+  timeout -k 15 250 python3 bench/attention_tc.py --decode --commit "$commit" --out "$out" \
+    >"$out/attention-decode.txt" 2>&1
+  echo "attention_tc --decode -> exit $?"
+  ;;
 autotune)
   model --only gpt2 --dtypes bf16 --modes max-autotune-no-cudagraphs
   model --only llama --dtypes bf16 --modes max-autotune-no-cudagraphs
@@ -142,8 +152,8 @@ bert)
     test/test_bench_real_models.py
   ;;
 *)
-  echo "STAGE must be tests, cuda, models, backend, autotune, generate, generate16, more," \
-    "vision-f32, vision-b1 or bert" >&2
+  echo "STAGE must be tests, cuda, models, backend, attention, autotune, generate," \
+    "generate16, more, vision-f32, vision-b1 or bert" >&2
   exit 2
   ;;
 esac

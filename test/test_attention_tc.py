@@ -572,6 +572,23 @@ def test_bench_dry_run_generates_and_compiles():
     assert proc.stdout.count("compiled") == 8, proc.stdout
 
 
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_bench_decode_dry_run_generates_and_compiles_a_gqa_decode_kernel():
+    """bench/attention_tc.py --decode --dry-run, one case (batch 1, a 2k cache, head dim 64):
+    the grouped query heads as query rows of their key-value head, generated and compiled."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "attention_tc.py"), "--decode", "--dry-run"]
+        + ["--only", "B1,S2048,D64"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=dict(os.environ, PATH=f"{Path(NVCC).parent}:{os.environ.get('PATH', '')}"),
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stdout.count("compiled") == 1
+    assert "decode B1 H32/8 S2048 D64 bf16: compiled for sm_90" in proc.stdout
+
+
 # -- on the GPU ------------------------------------------------------------------------------------
 
 
