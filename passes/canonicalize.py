@@ -61,6 +61,14 @@ def is_splat(array: np.ndarray) -> bool:
     return flat.size > 0 and (array.strides == (0,) * array.ndim or bool(np.all(flat == flat[0])))
 
 
+def float_splat(v: Value) -> float | None:
+    """The value of a float constant holding one value everywhere, else None."""
+    array = constant_array(v)
+    if array is None or not v.type.is_float or not is_splat(array):
+        return None
+    return float(np.asarray(array).reshape(-1)[0])
+
+
 def worth_folding(result: np.ndarray, inputs: list[np.ndarray]) -> bool:
     """Folding may not grow the IR: a splat, or no more elements than the biggest input."""
     if result.size <= max((a.size for a in inputs), default=0) or result.size <= 1:

@@ -58,8 +58,9 @@ from tgc.dialects._shapes import broadcast_shapes, normalize_axes, normalize_axi
 from tgc.ir import Operation, Value
 from tgc.opdef import OPS, PURE, create
 from tgc.pass_manager import Pass, PassStatistics, option, register_pass
-from tgc.passes.canonicalize import constant_array, is_splat
+from tgc.passes.canonicalize import constant_array, float_splat
 from tgc.passes.rules import run_reference
+from tgc.patterns import erase_dead_producers
 from tgc.rewriter import Rewriter
 from tgc.types import TensorType
 
@@ -113,16 +114,8 @@ class _Plan:
 # -- constants -------------------------------------------------------------------------------------
 
 
-def _splat(v: Value) -> float | None:
-    """The value of a float constant holding one value everywhere, else None."""
-    array = constant_array(v)
-    if array is None or not v.type.is_float or not is_splat(array):
-        return None
-    return float(np.asarray(array).reshape(-1)[0])
-
-
 def _is_neg_inf(v: Value) -> bool:
-    value = _splat(v)
+    value = float_splat(v)
     return value is not None and value == -math.inf
 
 
@@ -239,11 +232,11 @@ def _steps(op: Operation):
     a = op.operands
     if op.name == "atomic.mul":
         for i in (0, 1):
-            c = _splat(a[1 - i])
+            c = float_splat(a[1 - i])
             if c is not None:
                 yield a[i], _Scale(c)
     elif op.name == "atomic.div":
-        c = _splat(a[1])
+        c = float_splat(a[1])
         if c is not None and c != 0:
             yield a[0], _Scale(1.0 / c)
     elif op.name == "atomic.add":
@@ -446,7 +439,7 @@ def _rewrite(root: Operation, plan: _Plan, rewriter: Rewriter) -> None:
     dead = [operand for op in plan.erase for operand in op.operands]
     for op in plan.erase:
         rewriter.erase_op(op)
-    _erase_dead(dead, rewriter)
+    erase_dead_producers(dead, rewriter)
 
 
 def _make_causal(attention: Operation, rewriter: Rewriter) -> None:
@@ -456,20 +449,7 @@ def _make_causal(attention: Operation, rewriter: Rewriter) -> None:
     attrs = {**attention.attributes, "causal": True}
     causal = b.create("hl.attention", qkv, attrs, [attention.results[0].type])
     rewriter.replace_op(attention, causal.results)
-    _erase_dead([mask], rewriter)
-
-
-def _erase_dead(values: list[Value], rewriter: Rewriter) -> None:
-    """Erase the pure ops the rewrite left without uses (the scale and -inf constants, a folded
-    transpose of k), and what only they used."""
-    while values:
-        op = values.pop().defining_op
-        if op is None or op.block is None or op.regions or not op.has_trait(PURE):
-            continue
-        if any(r.uses for r in op.results):
-            continue
-        values += op.operands
-        rewriter.erase_op(op)
+    erase_dead_producers([mask], rewriter)
 
 
 # -- the pass --------------------------------------------------------------------------------------

@@ -27,13 +27,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from tgc.builtin import FuncOp
 from tgc.ir import Operation, Value
-from tgc.opdef import PURE
 from tgc.pass_manager import Pass, PassStatistics, register_pass
-from tgc.passes.canonicalize import constant_array, is_splat
+from tgc.passes.canonicalize import float_splat
+from tgc.patterns import erase_dead_producers
 from tgc.rewriter import Rewriter
 
 C1 = 0.044715
@@ -43,15 +41,8 @@ TANH, ERF = "hl.tanh", "atomic.erf"
 RELATIVE_ROUNDING = {"bf16": 2.0**-8, "f16": 2.0**-11, "f32": 2.0**-23, "f64": 2.0**-52}
 
 
-def _splat(v: Value) -> float | None:
-    array = constant_array(v)
-    if array is None or not v.type.is_float or not is_splat(array):
-        return None
-    return float(np.asarray(array).reshape(-1)[0])
-
-
 def _is(v: Value, exact: float, element_type: str) -> bool:
-    value = _splat(v)
+    value = float_splat(v)
     return value is not None and abs(value - exact) <= abs(exact) * RELATIVE_ROUNDING.get(
         element_type, 0.0
     )
@@ -209,20 +200,8 @@ def _rewrite(match: _Match, rewriter: Rewriter) -> bool:
             rewriter.erase_op(op)
     if moved and source.block is not None and not match.x.uses:
         rewriter.erase_op(source)
-    _erase_dead(dead, rewriter)
+    erase_dead_producers(dead, rewriter)
     return moved
-
-
-def _erase_dead(values: list[Value], rewriter: Rewriter) -> None:
-    """Erase the constants the rewrite left without uses."""
-    while values:
-        op = values.pop().defining_op
-        if op is None or op.block is None or op.regions or not op.has_trait(PURE):
-            continue
-        if any(r.uses for r in op.results):
-            continue
-        values += op.operands
-        rewriter.erase_op(op)
 
 
 @register_pass

@@ -167,6 +167,18 @@ def erase_dead_ops(
     return erased
 
 
+def erase_dead_producers(values: list[Value], rewriter: Rewriter) -> None:
+    """Erase, through the rewriter, the producers of `values` that a rewrite left trivially dead
+    (pure, no region, no result used), and what only they used in turn: the constants and views
+    a pattern pass's match read and no longer needs."""
+    while values:
+        op = values.pop().defining_op
+        if op is None or op.block is None or op.regions or not is_trivially_dead(op):
+            continue
+        values += op.operands
+        rewriter.erase_op(op)
+
+
 @dataclass
 class GreedyResult:
     converged: bool
