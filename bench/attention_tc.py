@@ -268,14 +268,22 @@ def measure_decode(case: DecodeCase, params: dict) -> Row:
     )
 
 
-def report_decode(rows: list[Row], device: str, commit: str, out: Path, bandwidth: float) -> Path:
+def _report_start(out: Path, stem: str, title: str, device: str, commit: str):
+    """(the report's path, its title and first line): out/<stem>-<device>-<date>.md."""
     today = datetime.date.today().isoformat()
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"attention_decode-{device_slug(device)}-{today}.md"
-    lines = [
-        f"# Decode attention, tgc's generated kernel vs SDPA: {device}, {today}",
+    path = out / f"{stem}-{device_slug(device)}-{today}.md"
+    return path, [
+        f"# {title}: {device}, {today}",
         "",
         f"- device: {device}; date: {today}; commit: {commit}",
+    ]
+
+
+def report_decode(rows: list[Row], device: str, commit: str, out: Path, bandwidth: float) -> Path:
+    title = "Decode attention, tgc's generated kernel vs SDPA"
+    path, lines = _report_start(out, "attention_decode", title, device, commit)
+    lines += [
         "- method: `bench/attention_tc.py --decode` (its doc); medians of 30 repetitions timed",
         "  with CUDA events after 3 warm-ups (`gpu_suite.time_ms`)",
         f"- bandwidth: the bytes of k, v, q and o over the time, as a share of the device's "
@@ -297,13 +305,9 @@ def report_decode(rows: list[Row], device: str, commit: str, out: Path, bandwidt
 
 
 def report(rows: list[Row], device: str, commit: str, out: Path, params: dict) -> Path:
-    today = datetime.date.today().isoformat()
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"attention_tc-{device_slug(device)}-{today}.md"
-    lines = [
-        f"# tgc tensor-core attention vs SDPA: {device}, {today}",
-        "",
-        f"- device: {device}; date: {today}; commit: {commit}",
+    title = "tgc tensor-core attention vs SDPA"
+    path, lines = _report_start(out, "attention_tc", title, device, commit)
+    lines += [
         "- method: `bench/attention_tc.py`; q, k, v N(0, 1), (B, H, S, D) contiguous; medians of 30",
         "  repetitions timed with CUDA events after 3 warm-ups (`gpu_suite.time_ms`); SDPA is",
         "  `F.scaled_dot_product_attention` with PyTorch's own backend choice",
