@@ -147,7 +147,7 @@ class CompiledGraph:
         if device == "cuda":
             from tgc.dynamo.cuda import CudaGraph
 
-            moved = _scalars_on_device(args, scalars)
+            moved = scalars_on_device(args, scalars)
             lowered = lower_graph(self.gm, moved, static_inputs(self.gm, moved))
             runner = CudaGraph(lowered, options)
             return _ScalarsMoved(runner, scalars) if scalars else runner
@@ -169,10 +169,12 @@ def _host_scalars(args: list) -> list[int]:
     return [i for i, a in enumerate(args) if host_scalar(a)]
 
 
-def _scalars_on_device(args: list, positions: list[int]) -> list:
+def scalars_on_device(args: Sequence, positions: list[int], to_device=None) -> list:
+    """`args` with the 0-d CPU tensors at `positions` copied to the device (`to_device`, by
+    default `.to("cuda")`; the CPU tests of whole.py hand a stand-in)."""
     moved = list(args)
     for i in positions:
-        moved[i] = args[i].to("cuda")
+        moved[i] = to_device(args[i]) if to_device else args[i].to("cuda")
     return moved
 
 
@@ -188,7 +190,7 @@ class _ScalarsMoved:
         self.written = [i for i in positions if i in writes]
 
     def __call__(self, args: list):
-        moved = _scalars_on_device(args, self.positions)
+        moved = scalars_on_device(args, self.positions)
         out = self.runner(moved)
         for i in self.written:
             args[i].copy_(moved[i])

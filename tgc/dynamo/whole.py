@@ -34,7 +34,7 @@ from collections.abc import Callable
 import torch
 from torch.utils import _pytree as pytree
 
-from tgc.dynamo.graph import host_scalar, records_autograd, reason, shape_key
+from tgc.dynamo.graph import host_scalar, records_autograd, reason, scalars_on_device, shape_key
 from tgc.dynamo.tally import logger
 
 WARMUP = 3  # plain calls per set of shapes before the capture (graphs.py captures at the 2nd)
@@ -67,7 +67,7 @@ class WholeGraphCalls:
         self.name = name
         self.capture = capture or capture_cuda_graph
         self.on_device = on_device or (lambda t: t.is_cuda)
-        self.to_device = to_device or (lambda t: t.to("cuda"))
+        self.to_device = to_device  # None: scalars_on_device's own, .to("cuda")
         self.shapes: dict[tuple, _Shapes] = {}
 
     def __call__(self, *args):
@@ -90,9 +90,7 @@ class WholeGraphCalls:
         # 0-d CPU tensors go to the device for every call, warm-up included, so that the calls
         # captured and the calls compiled are the same (a capture reads them from the device
         # copy); an update the graph made comes back, a copy the host waits for
-        moved = list(args)
-        for i in scalars:
-            moved[i] = self.to_device(args[i])
+        moved = scalars_on_device(args, scalars, self.to_device)
         out = self._call(tuple(moved))
         for i in scalars:
             args[i].copy_(moved[i])
