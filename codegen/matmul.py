@@ -6,6 +6,8 @@ Two skeletons:
   of C in the compute type (f32 for f16/bf16), from tiles of A and B in shared memory. Template
   parameters: `block_m`, `block_n`, `block_k` (the tile of C a block computes and the depth of
   one shared-memory step), `thread_m`, `thread_n`.
+- `matmul_wgmma.cu.j2`, with the template parameter `wgmma` (default true on sm_90 where it
+  fits): Hopper's wgmma, warp-specialised and persistent (codegen/matmul_wgmma.py).
 - `matmul_tc.cu.j2`, with the template parameter `tensor_cores` (default true where it fits):
   bf16/f16 on tensor cores, as the attention kernel's (codegen/attention.py): 8 warps (2x4, 4x2
   for a tile taller than wide), each a part of C of 16x8 `mma.sync` accumulator tiles in f32
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 
 from tgc.codegen.cuda_ops import COMPUTE_CTYPE, STORAGE_CTYPE, load_expression, store_value
 from tgc.codegen.emitter import Coords, Emitter, broadcast_coords, delinearize, linear_offset
+from tgc.codegen.matmul_wgmma import generate_wgmma, wgmma_by_default, wgmma_misfit
 from tgc.codegen.render import KernelSource, idx_type, kernel_label, params_decl, render, yields_of
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import FusedOp
@@ -73,7 +76,11 @@ def generate_matmul(op: FusedOp, params: dict, symbol: str) -> KernelSource:
     # on an H100 (bench/results/matmul_tc-*.md).
     elem = mm.results[0].type.element_type
     fits = _tensor_core_misfit(mm, shape, elem, bool(tb)) is None
-    if params.setdefault("tensor_cores", fits):
+    params.setdefault("tensor_cores", fits)
+    wgmma_fits = wgmma_misfit(elem, bool(ta), bool(tb), n, k) is None
+    if params.setdefault("wgmma", wgmma_by_default(params, wgmma_fits)):
+        return _generate_wgmma(op, mm, shape, params, symbol, (decls, ptrs, outs))
+    if params["tensor_cores"]:
         return _generate_tensor_core(op, mm, shape, params, symbol, (decls, ptrs, outs))
     sam, sak = (1, m) if ta else (k, 1)
     sbk, sbn = (1, k) if tb else (n, 1)
@@ -199,6 +206,38 @@ def _generate_tensor_core(
     return kernel
 
 
+def _generate_wgmma(
+    op: FusedOp, mm: Operation, shape: _Shape, params: dict, symbol: str, decl: tuple
+) -> KernelSource:
+    """matmul_wgmma.cu.j2 (codegen/matmul_wgmma.py); a TgcError where it does not fit."""
+    decls, ptrs, outs = decl
+    a, b = mm.operands
+    elem = mm.results[0].type.element_type
+    dims = dict(
+        m=shape.m,
+        n=shape.n,
+        k=shape.k,
+        batch=shape.batch,
+        elem=elem,
+        transpose_a=bool(mm.attr("transpose_a")),
+        transpose_b=bool(mm.attr("transpose_b")),
+        idx_t=idx_type(op),
+        T=STORAGE_CTYPE[elem],
+    )
+    operands = dict(
+        params=decls,
+        a=ptrs[a],
+        b=ptrs[b],
+        a_batch_offset=shape.a_offset,
+        b_batch_offset=shape.b_offset,
+        epilogue=_epilogue(op, mm, shape, ptrs, outs, indent=12),
+        num_inputs=len(op.operands),
+        num_outputs=len(op.results),
+        ir_name=op.attr("name"),
+    )
+    return generate_wgmma(symbol, dims, operands, params, kernel_label(op), op.loc)
+
+
 def _kernel_source(
     op: FusedOp, symbol: str, source: str, shape: _Shape, bm: int, bn: int, threads: int, params
 ) -> KernelSource:
@@ -286,7 +325,12 @@ def _load(
 
 
 def _epilogue(
-    op: FusedOp, mm: Operation, shape: _Shape, ptrs: dict[Value, str], outs: list[str]
+    op: FusedOp,
+    mm: Operation,
+    shape: _Shape,
+    ptrs: dict[Value, str],
+    outs: list[str],
+    indent: int = 8,
 ) -> str:
     """The statements storing every output at (batch, m, n), the product there being mm_val."""
     em = Emitter(ptrs)
@@ -297,4 +341,4 @@ def _epilogue(
             raise TgcError(f"matmul kernel '{kernel_label(op)}' yields a value of another shape")
         val = store_value(em.value(y, coords), r.type.element_type)
         em.emit(f"{outs[j]}[{linear_offset(shape.out, coords)}] = {val};")
-    return em.take(8)
+    return em.take(indent)

@@ -1,0 +1,226 @@
+"""The Hopper skeleton of the matmul template (codegen/matmul_wgmma.cu.j2): when it is the
+default, its parameters and refusals, that its kernels compile for sm_90a without spills (one
+nvcc run, no GPU needed), and on an sm_90 GPU its results against float64 at sizes that end
+inside a tile, with bias, GELU and residual epilogues, outputs poisoned with NaN first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_attention_tc import NVCC, compile_kernels
+
+from tgc.codegen.kernels import generate_kernel
+from tgc.diagnostics import TgcError
+from tgc.dialects.kernel import FusedOp
+from tgc.parser import parse_module
+from tgc.pass_manager import PassManager
+
+SM90 = {"arch": "sm_90"}
+
+
+def t(shape, dtype) -> str:
+    return f"tensor<{'x'.join(map(str, shape))}x{dtype}>"
+
+
+def matmul_text(a, b, dtype="bf16", tb=False, epilogue="bias_gelu_tanh") -> str:
+    """C = a @ b with an epilogue: "none", "bias_gelu_tanh", "bias_gelu_erf_residual" or
+    "residual_cast" (the sum rounded to f32)."""
+    from tgc.dialects._shapes import matmul_shape
+
+    out = matmul_shape(a, b, False, tb)
+    o, v = t(out, dtype), t((out[-1],), dtype)
+    args = [f"%a: {t(a, dtype)}", f"%b: {t(b, dtype)}"]
+    lines = [
+        f"  %c = atomic.matmul %a, %b {{transpose_a = false, transpose_b = {str(tb).lower()}}} "
+        f": ({t(a, dtype)}, {t(b, dtype)}) -> {o}"
+    ]
+    result, rtype = "%c", o
+    if epilogue.startswith("bias"):
+        args.append(f"%bias: {v}")
+        lines.append(f"  %y = atomic.add %c, %bias : ({o}, {v}) -> {o}")
+        approximate = "tanh" if "tanh" in epilogue else "none"
+        lines.append(f'  %g = hl.gelu %y {{approximate = "{approximate}"}} : ({o}) -> {o}')
+        result = "%g"
+    if epilogue.endswith("residual") or epilogue == "residual_cast":
+        args.append(f"%res: {o}")
+        lines.append(f"  %r = atomic.add {result}, %res : ({o}, {o}) -> {o}")
+        result = "%r"
+    if epilogue == "residual_cast":
+        rtype = t(out, "f32")
+        lines.append(f"  %f = atomic.cast %r : ({o}) -> {rtype}")
+        result = "%f"
+    return "\n".join(
+        [
+            f"func.func @f({', '.join(args)}) -> {rtype} {{",
+            *lines,
+            f"  func.return {result} : {rtype}",
+            "}",
+        ]
+    )
+
+
+def fused_region(text: str) -> FusedOp:
+    """The whole function after lower-for-planning as one matmul region kernel, as the
+    planner offers it (its operands are the function's arguments, in order)."""
+    from tgc.planner.backends.cuda_kernels import fused_from_block
+
+    module = parse_module(text)
+    PassManager.from_text("lower-for-planning").run(module)
+    func = module.funcs[0]
+    results = list(func.function_type.results)
+    return fused_from_block(func.body, results, "matmul", "mm", func.loc)
+
+
+def region(a, b, dtype="bf16", tb=False, epilogue="bias_gelu_tanh") -> FusedOp:
+    return fused_region(matmul_text(a, b, dtype, tb, epilogue))
+
+
+def test_wgmma_is_the_default_on_sm_90_only_and_a_parameter_turns_it_off():
+    r = region((300, 64), (64, 520))
+    k = generate_kernel(r, dict(SM90))
+    assert k.params["wgmma"] is True and k.arch_features == "sm_90a"
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in k.source
+    assert "setmaxnreg.inc.sync.aligned.u32 232" in k.source
+    # 3 x 5 tiles of 128x128 (one wave of 132: 128x256 would waste half of each last tile)
+    assert (k.params["block_m"], k.params["block_n"]) == (128, 128)
+    assert k.grid == (15, 1, 1) and k.block == (384, 1, 1)
+    assert k.params["stages"] == 6 and k.shared_bytes == 6 * 256 * 128 + 1024 + 6 * 16
+    for params in ({}, {"arch": "sm_80"}, {"arch": "sm_90", "wgmma": False}):
+        other = generate_kernel(r, params)
+        assert other.params["wgmma"] is False and "wgmma" not in other.source
+        assert other.arch_features == "" and "mma.sync" in other.source
+
+
+def test_the_grid_is_persistent_and_tiles_follow_the_waves():
+    """At most `sms` blocks walk every tile; the default tile is the one whose waves of 132
+    blocks cost least."""
+    square = generate_kernel(region((4096, 512), (512, 4096), epilogue="none"), dict(SM90))
+    assert (square.params["block_m"], square.params["block_n"]) == (128, 256)
+    assert square.grid == (132, 1, 1) and "TILES = TILES_PER_BATCH * 1" in square.source
+    assert "GRID_M = 32, GRID_N = 16, GROUP = 8" in square.source
+    # n = 768: 128x192 makes 256 tiles (two waves), 128x256 192 (two waves of larger tiles)
+    narrow = generate_kernel(region((8192, 512), (512, 768), epilogue="none"), dict(SM90))
+    assert (narrow.params["block_m"], narrow.params["block_n"]) == (128, 192)
+    few = generate_kernel(region((300, 64), (64, 520)), {**SM90, "sms": 4})
+    assert few.grid == (4, 1, 1)
+
+
+def test_b_transposed_is_k_major_and_batches_are_tiles():
+    k = generate_kernel(region((3, 70, 48), (56, 48), "f16", tb=True), dict(SM90))
+    assert "f32.f16.f16" in k.source and "p, 1, 1, 0, 0;" in k.source  # B not transposed
+    assert "TILES_PER_BATCH * 3" in k.source and k.grid == (3, 1, 1)
+    mn = generate_kernel(region((70, 48), (48, 64)), dict(SM90))
+    assert "p, 1, 1, 0, 1;" in mn.source  # B as [k][n]: MN-major, read transposed
+
+
+@pytest.mark.parametrize(
+    "a, b, dtype, tb, why",
+    [
+        ((100, 64), (64, 72), "f32", False, "it takes bf16 and f16, not f32"),
+        ((100, 60), (60, 72), "bf16", False, "k and n must be multiples of 8"),
+        ((100, 64), (64, 70), "f16", False, "k and n must be multiples of 8"),
+    ],
+)
+def test_what_wgmma_cannot_run_is_not_the_default_and_asking_is_an_error(a, b, dtype, tb, why):
+    r = region(a, b, dtype, tb=tb)
+    assert generate_kernel(r, dict(SM90)).params["wgmma"] is False
+    with pytest.raises(TgcError, match=why) as info:
+        generate_kernel(r, {**SM90, "wgmma": True})
+    assert "the wgmma matmul cannot run" in str(info.value) and info.value.loc is not None
+
+
+@pytest.mark.parametrize(
+    "params, why",
+    [
+        ({"arch": "sm_80"}, "needs an sm_90 GPU, not sm_80"),
+        ({"block_m": 64}, "block_m 128 or 256 and block_n 64, 128, 192 or 256"),
+        ({"block_m": 256, "block_n": 256}, "at most 128x256 elements, not 256x256"),
+        ({"block_n": 256, "stages": 5}, "at 128x256 takes 3 to 4 stages"),
+        ({"stages": 2}, "takes 3 to 6 stages"),
+        ({"sms": 0}, "sms is a positive count"),
+    ],
+)
+def test_points_outside_the_skeletons_choices_are_refused(params, why):
+    r = region((100, 64), (64, 72))
+    with pytest.raises(TgcError, match=why):
+        generate_kernel(r, {"arch": "sm_90", "wgmma": True, **params})
+
+
+COMPILED = [
+    # a, b, dtype, tb, epilogue, params
+    ((4096, 4096), (4096, 4096), "bf16", False, "bias_gelu_tanh", {}),  # 128x256
+    ((8192, 3072), (3072, 768), "bf16", False, "bias_gelu_erf_residual", {}),  # 128x192
+    ((300, 520), (264, 520), "f16", True, "residual_cast", {"block_m": 256, "block_n": 128}),
+    ((2, 33, 64), (2, 64, 136), "bf16", False, "none", {"block_n": 64, "stages": 3}),
+]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_wgmma_matmuls_compile_for_sm_90a_without_spills(tmp_path):
+    """One nvcc run for all; a spill (the whole kernel shares the 168 registers that 384
+    threads of one block leave) or a wgmma the compiler serialises costs much."""
+    kernels = []
+    for a, b, dtype, tb, epilogue, params in COMPILED:
+        k = generate_kernel(region(a, b, dtype, tb, epilogue), {**SM90, **params})
+        flags = (*k.nvcc_target("sm_90"), "-cubin", "-Xptxas", "-v")
+        kernels.append((k, flags))
+    logs = compile_kernels(tmp_path, kernels)
+    bad = [
+        f"{case[:5]}:\n{log[-2000:]}"
+        for case, log in zip(COMPILED, logs)
+        if "0 bytes spill stores, 0 bytes spill loads" not in log
+        or "serialized" in log
+        or "C7508" in log
+    ]
+    assert not bad, "\n\n".join(bad)
+
+
+# -- on an sm_90 GPU -------------------------------------------------------------------------------
+
+GPU_CASES = [
+    # a, b, dtype, tb, epilogue, params: sizes not multiples of the tile (m, n, k)
+    ((333, 200), (200, 520), "bf16", False, "bias_gelu_tanh", {}),
+    ((1000, 136), (136, 712), "bf16", False, "bias_gelu_erf_residual", {"block_n": 192}),
+    ((517, 264), (392, 264), "f16", True, "residual_cast", {"block_m": 256, "block_n": 128}),
+    ((3, 130, 72), (72, 200), "bf16", False, "none", {"block_n": 64, "stages": 3}),
+    ((2100, 1032), (1032, 1544), "f16", False, "bias_gelu_tanh", {"sms": 7}),
+]
+TOLERANCE = {"bf16": 2e-2, "f16": 4e-3, "f32": 4e-3}  # of max |reference|; outputs rounded
+
+
+def _run_poisoned(kernel, inputs: list[np.ndarray], out: np.ndarray) -> np.ndarray:
+    """`kernel` on `inputs` into `out` (NaN everywhere first), through PyCUDA."""
+    import pycuda.driver as cuda
+
+    from tgc.runtime.cuda_compile import load_kernels
+
+    (fn,) = load_kernels([kernel])
+    device = [cuda.to_device(np.ascontiguousarray(x)) for x in inputs]
+    poisoned = np.full(out.shape, np.nan, dtype=out.dtype)
+    d_out = cuda.to_device(poisoned)
+    fn(*device, d_out, block=kernel.block, grid=kernel.grid, shared=kernel.shared_bytes)
+    cuda.Context.synchronize()
+    return cuda.from_device_like(d_out, poisoned)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("a, b, dtype, tb, epilogue, params", GPU_CASES)
+def test_wgmma_matmul_matches_float64(a, b, dtype, tb, epilogue, params):
+    from tgc.runtime.cuda_compile import device_arch
+    from tgc.runtime.interpreter import random_inputs, run_function
+
+    if device_arch() != "sm_90":
+        pytest.skip(f"the wgmma skeleton needs an sm_90 GPU, not {device_arch()}")
+    text = matmul_text(a, b, dtype, tb, epilogue)
+    ref = parse_module(text).funcs[0]
+    fused = fused_region(text)
+    kernel = generate_kernel(fused, {**SM90, "wgmma": True, **params})
+    inputs = random_inputs(ref, int(np.random.default_rng().integers(1 << 30)))  # fresh
+    (want,) = run_function(ref, inputs, "f64")
+    out_type = fused.results[0].type
+    got = _run_poisoned(kernel, inputs, np.empty(out_type.shape, out_type.dtype))
+    got64 = got.astype(np.float64)
+    assert not np.isnan(got64).any(), f"{int(np.isnan(got64).sum())} elements not written"
+    error = np.max(np.abs(got64 - want)) / np.max(np.abs(want))
+    assert error < TOLERANCE[str(out_type.element_type)], error
