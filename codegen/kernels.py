@@ -7,7 +7,8 @@ configuration, and the template parameters it was made with (`params` overrides 
 size, vector width, rows per block, tile sizes, so a profiler can search them).
 
 One module per template family, each a generator in `GENERATORS`: elementwise.py,
-row_reduction.py (with row_layout.py, row_passes.py, row_body.py), matmul.py, attention.py.
+row_reduction.py (with row_layout.py, row_passes.py, row_body.py), matmul.py, attention.py,
+conv.py.
 What they share (the Jinja environment, the prelude, `KernelSource`) is in render.py.
 """
 
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from tgc.codegen.attention import generate_attention
+from tgc.codegen.conv import generate_conv
 from tgc.codegen.cuda_ops import literal
 from tgc.codegen.elementwise import generate_elementwise
 from tgc.codegen.matmul import generate_matmul
@@ -34,6 +36,7 @@ GENERATORS: dict[str, Generator] = {
     "row_reduction": generate_row_reduction,
     "matmul": generate_matmul,
     "attention": generate_attention,
+    "conv": generate_conv,
 }
 
 

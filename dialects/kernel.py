@@ -3,7 +3,7 @@
 - `kernel.fused`: an isolated region of lower ops compiled into one generated kernel. Its block
   arguments are the kernel's inputs (one per operand, same types); `kernel.yield` gives the
   outputs. `template` names the codegen skeleton ("elementwise", "row_reduction", "matmul",
-  "attention");
+  "attention", "conv");
   `name` is the kernel's symbol (sanitised again before it reaches C++).
 - `kernel.call`: a library kernel (cuBLAS, a numpy function) named by `callee`. Its meaning is
   either the op named by `op` (its numpy reference defines the call's result) or, for a kernel
@@ -42,7 +42,7 @@ from tgc.opdef import (
 # The dialects whose ops a `kernel.call` may stand for: ops with a numpy meaning and no region.
 TARGET_DIALECTS = ("atomic", "hl")
 
-TEMPLATES = ("elementwise", "row_reduction", "matmul", "attention", "generic")
+TEMPLATES = ("elementwise", "row_reduction", "matmul", "attention", "conv", "generic")
 
 
 def _one_memory_space(op: Operation) -> str | None:

@@ -11,6 +11,10 @@ Three kinds of kernel (the `template` attribute of the region):
   result, with or without kept unit dims).
 - `matmul`: one `atomic.matmul` and the elementwise ops on its result (bias, activation, scale,
   residual add): the epilogue runs on the accumulator before it is stored.
+- `conv`: one convolution the implicit-GEMM CUDA kernel runs (`conv_misfit`) and the
+  elementwise ops on its result (bias, activation, residual add, cast): its epilogue, as a
+  matmul's. A convolution alone stays itself (cuDNN, or its decomposition, is chosen by the
+  planner).
 - `attention`: one `hl.attention` the fused CUDA kernel runs and the transpose that is its only
   user, when that transpose keeps the head dim last (GPT-2's merge of the heads), with the
   reshape that is the transpose's only user: the kernel writes its output in that layout, so the
@@ -49,7 +53,7 @@ from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 
 from tgc.builtin import FuncOp, ModuleOp
-from tgc.cuda_target import attention_supported
+from tgc.cuda_target import CONV_OPS, attention_supported, conv_misfit
 from tgc.dialects.kernel import FusedOp, YieldOp
 from tgc.ir import Block, Operation, Region, Value
 from tgc.opdef import ELEMENTWISE, REDUCTION, TERMINATOR, VIEW
@@ -96,7 +100,7 @@ def reduced_suffix(op: Operation) -> int | None:
 class Group:
     """Ops that will become one kernel, and the iteration space they share."""
 
-    kind: str  # "elementwise" | "row_reduction" | "matmul" | "attention"
+    kind: str  # "elementwise" | "row_reduction" | "matmul" | "conv" | "attention"
     space: tuple[int, ...]  # the full iteration shape
     ncols: int = 0  # row_reduction: how many trailing dims are reduced
     ops: list[Operation] = field(default_factory=list)
@@ -116,10 +120,10 @@ def _compatible(a: Group, b: Group) -> Group | None:
     """The kind and space of a merged group, or None when `a` and `b` cannot share a kernel."""
     if "attention" in (a.kind, b.kind):
         return None  # only its output transpose and reshape join an attention kernel
-    if a.kind == "matmul" and b.kind == "matmul":
+    if a.kind in PRODUCTS and b.kind in PRODUCTS:
         return None
-    if "matmul" in (a.kind, b.kind):
-        mm, other = (a, b) if a.kind == "matmul" else (b, a)
+    if a.kind in PRODUCTS or b.kind in PRODUCTS:
+        mm, other = (a, b) if a.kind in PRODUCTS else (b, a)
         return mm if other.kind == "elementwise" and other.space == mm.space else None
     if a.kind == b.kind == "row_reduction":
         return a if (a.space, a.ncols) == (b.space, b.ncols) else None
@@ -128,6 +132,11 @@ def _compatible(a: Group, b: Group) -> Group | None:
     if b.kind == "row_reduction":
         return b if b.accepts_shape(a.space) else None
     return a if a.space == b.space else None
+
+
+# Groups of one product (a matmul, a convolution) and its epilogue: two never share a kernel,
+# and nothing joins their operands.
+PRODUCTS = ("matmul", "conv")
 
 
 def only_user(v: Value) -> Operation | None:
@@ -154,12 +163,13 @@ def folds_output_transpose(att: Operation) -> bool:
 
 
 def _feeds_matmul(group: Group, other: Group, group_of: dict[Operation, Group]) -> bool:
-    """True when `other` computes an operand of the matmul of `group` (no prologue fusion)."""
-    # Only a matmul group holds a matmul (no merge or join turns it into another kind), and it
-    # is its first op: this stays O(1) for the large elementwise and row groups.
-    if group.kind != "matmul":
+    """True when `other` computes an operand of the matmul or convolution of `group` (no
+    prologue fusion)."""
+    # Only a product group holds a product (no merge or join turns it into another kind), and
+    # it is its first op: this stays O(1) for the large elementwise and row groups.
+    if group.kind not in PRODUCTS:
         return False
-    matmul = next(op for op in group.ops if op.name == "atomic.matmul")
+    matmul = group.ops[0]
     return any(group_of.get(v.defining_op) is other for v in matmul.operands)
 
 
@@ -341,6 +351,8 @@ class _Fuser:
     def new_group(self, op: Operation) -> Group | None:
         if op.name == "atomic.matmul":
             group = Group("matmul", op.results[0].type.shape)
+        elif op.name in CONV_OPS and conv_misfit(op) is None:
+            group = Group("conv", op.results[0].type.shape)
         elif folds_output_transpose(op):
             group = Group("attention", op.results[0].type.shape)
         elif (k := reduced_suffix(op)) is not None:
@@ -359,10 +371,12 @@ class _Fuser:
         """May `op`, which reads a value of `group`, run inside it (shapes only)?"""
         if group.kind == "attention":
             return self.extends_attention_output(group, op)
-        if op.name == "atomic.matmul" or (group.kind == "matmul" and not self.matmul_epilogue):
+        if op.name == "atomic.matmul" or op.name in CONV_OPS:
+            return False
+        if group.kind in PRODUCTS and not self.matmul_epilogue:
             return False
         if (k := reduced_suffix(op)) is not None:
-            if group.kind == "matmul" or op.operands[0].type.shape != group.space:
+            if group.kind in PRODUCTS or op.operands[0].type.shape != group.space:
                 return False
             return group.kind == "elementwise" or group.ncols == k
         shape = op.results[0].type.shape if len(op.results) == 1 else None
@@ -410,7 +424,7 @@ class _Fuser:
             g = self.group_of.get(p) if p is not None else None
             if g is not None and g not in found:
                 found.append(g)
-        rank = {"attention": 0, "matmul": 1, "row_reduction": 2, "elementwise": 3}
+        rank = {"attention": 0, "matmul": 1, "conv": 1, "row_reduction": 2, "elementwise": 3}
         return sorted(found, key=lambda g: rank[g.kind])
 
     def run(self) -> None:
@@ -438,7 +452,7 @@ class _Fuser:
                     or _feeds_matmul(g, home, self.group_of)
                 ):
                     continue
-                if merged.kind == "matmul" and not self.matmul_epilogue:
+                if merged.kind in PRODUCTS and not self.matmul_epilogue:
                     continue
                 if self.creates_cycle(home, g):
                     continue
@@ -456,7 +470,7 @@ class _Fuser:
 
 
 def _worth_a_kernel(group: Group) -> bool:
-    return not (group.kind == "matmul" and len(group.ops) == 1)
+    return not (group.kind in PRODUCTS and len(group.ops) == 1)
 
 
 def sanitize(name: str) -> str:
@@ -499,7 +513,7 @@ def reads_whole(op: Operation, v: Value) -> bool:
             return True
         root = found[0].defining_op
         return root is not None and is_free(root)
-    return op.name == "atomic.matmul"
+    return op.name == "atomic.matmul" or op.name in CONV_OPS
 
 
 class Materializer:
@@ -630,7 +644,9 @@ class Fuse(Pass):
     summary = "Fuse producer-consumer chains into kernel.fused regions"
     # false: leave matmuls alone (a library runs them) so that their elementwise consumers fuse
     # forward instead, e.g. attention's scale and mask into the softmax kernel.
-    matmul_epilogue: bool = option(True, "fuse elementwise consumers into a matmul's epilogue")
+    matmul_epilogue: bool = option(
+        True, "fuse elementwise consumers into a matmul's or a convolution's epilogue"
+    )
 
     def run_on_module(self, module: ModuleOp, stats: PassStatistics) -> None:
         taken = existing_kernel_names(module)

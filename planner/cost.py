@@ -28,6 +28,7 @@ from typing import Protocol
 
 from tgc.builder import Builder
 from tgc.builtin import FuncOp
+from tgc.cuda_target import CONV_OPS
 from tgc.ir import Operation
 from tgc.opdef import FREE, MOVE, OPS, REDUCTION
 from tgc.planner.kernel import Kernel, canonical_references
@@ -117,12 +118,13 @@ GPU_EFFICIENCY: dict[str, float] = {
     "torch-cuda.atomic.matmul": 0.8,
     "torch-cuda.hl.linear": 0.8,
     "cuda.matmul": 0.3,
+    "cuda.conv": 0.3,
     "cuda.attention": 0.45,
     "torch-cuda.hl.attention": 0.45,
 }
 # The ops whose work runs on matrix units where the operands are 16-bit (so does the work of a
 # kernel named in an efficiency table: those are products).
-MATRIX_OPS = frozenset({"atomic.matmul", "hl.linear", "hl.attention"})
+MATRIX_OPS = frozenset({"atomic.matmul", "hl.linear", "hl.attention", *CONV_OPS})
 
 
 def is_product(kernel, efficiency: Mapping[str, float] = GPU_EFFICIENCY) -> bool:
@@ -211,6 +213,9 @@ def op_flops(name: str, operand_types: tuple, result_types: tuple) -> float:
         return float(operand_types[0].num_elements)
     if name == "atomic.matmul":
         return 2.0 * results * operand_types[0].shape[-1]
+    if name in CONV_OPS:  # a multiply-add per output element and weight of its group
+        w = operand_types[1]
+        return 2.0 * results * w.num_elements / w.shape[0]
     if cls is not None and callable(getattr(cls, "decompose", None)):
         found = _decomposed_flops(name, operand_types, result_types)
         if found is not None:

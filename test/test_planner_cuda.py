@@ -324,19 +324,30 @@ def test_every_offered_region_generates_its_kernel():
         assert source.num_inputs == len(m.inputs) and source.num_outputs == len(m.outputs)
 
 
+_X, _W, _Y = "tensor<1x12x9x9xbf16>", "tensor<16x12x3x3xbf16>", "tensor<1x16x9x9xbf16>"
+CONV_BLOCK = f"""
+func.func @conv(%x: {_X}, %w: {_W}, %b: tensor<16xbf16>) -> {_Y} {{
+  %c = hl.conv2d %x, %w, %b {{pads = [1, 1, 1, 1]}} : ({_X}, {_W}, tensor<16xbf16>) -> {_Y}
+  %r = hl.relu %c : ({_Y}) -> {_Y}
+  func.return %r : {_Y}
+}}
+"""
+
+
 @pytest.mark.skipif(
     shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists(),
     reason="nvcc is not installed",
 )
 def test_generated_kernels_of_each_template_compile(tmp_path):
-    """One region of each template (attention from the attention example), through nvcc (one
-    run for the four: test/nvcc_batch.py)."""
+    """One region of each template (attention from the attention example, the convolution
+    from a bf16 conv block), through nvcc (one run for the five: test/nvcc_batch.py)."""
     from nvcc_batch import compile_each
 
     picked = {}
-    for example in ("gpt2_block", "attention"):
-        module, func = parse((EXAMPLES[0].parent / f"{example}.tg").read_text())
-        tgc.run_pipeline(module, "lower-hl{keep=attention},canonicalize,cse")
+    texts = [(EXAMPLES[0].parent / f"{e}.tg").read_text() for e in ("gpt2_block", "attention")]
+    for text in [*texts, CONV_BLOCK]:
+        module, func = parse(text)
+        tgc.run_pipeline(module, "lower-hl{keep=attention,conv2d},canonicalize,cse")
         for m in _distinct_region_kernels(module.funcs[0]):
             picked.setdefault(m.kernel.name, m)
     assert set(picked) == {f"cuda.{k}" for k in ck.TEMPLATE_OF_KIND}

@@ -5,7 +5,11 @@ generation imports no pass (docs/architecture.md, Layers).
 - `attention_supported(op)`: the fused attention kernel (template `attention`) runs this
   `hl.attention` (f32/bf16/f16, head dims <= 128, no empty dim);
 - `cublas_can_run(op)`: cuBLAS runs this `atomic.matmul` (each operand batched like the result
-  or unbatched; float element types).
+  or unbatched; float element types);
+- `conv_misfit(op)`: why the generated implicit-GEMM convolution (template `conv`) does not
+  run this `hl.conv1d/2d/3d`, or None: it takes bf16/f16 (tensor cores), groups whose output
+  channels fill at least one 8-wide mma tile (a depthwise convolution is cuDNN's), no empty
+  dim. Where it refuses, the planner keeps cuDNN and the im2col decomposition.
 """
 
 from __future__ import annotations
@@ -15,6 +19,11 @@ from tgc.ir import Operation
 ATTENTION_TYPES = ("f32", "bf16", "f16")
 MAX_HEAD_DIM = 128
 GEMM_TYPES = ("f32", "f64", "f16", "bf16")
+CONV_OPS = ("hl.conv1d", "hl.conv2d", "hl.conv3d")
+CONV_TYPES = ("bf16", "f16")
+# The least output channels per group worth an mma tile (n = 8): below it most of each tile's
+# products are zeros (a depthwise convolution has one channel per group).
+CONV_MIN_GROUP_CHANNELS = 8
 
 
 def attention_supported(op: Operation) -> bool:
@@ -42,4 +51,37 @@ def cublas_can_run(op: Operation) -> bool:
     return True
 
 
-__all__ = ["ATTENTION_TYPES", "GEMM_TYPES", "MAX_HEAD_DIM", "attention_supported", "cublas_can_run"]
+def conv_misfit(op: Operation) -> str | None:
+    """Why the implicit-GEMM convolution kernel cannot run convolution `op`, or None. The
+    reasons are one line each, for the planner's explanations and the generator's errors."""
+    if op.name not in CONV_OPS:
+        return f"it runs {', '.join(CONV_OPS)}, not {op.name}"
+    x, w = op.operands[0].type, op.operands[1].type
+    y = op.results[0].type
+    if y.element_type not in CONV_TYPES:
+        # f32 stays with cuDNN (or the decomposition): mma.sync takes 16-bit operands, and a
+        # TF32 product would not be within an f32 kernel's error bound
+        return f"the tensor-core convolution takes bf16 and f16, not {y.element_type}"
+    if any(t.element_type != y.element_type for t in (*(v.type for v in op.operands), y)):
+        return "needs every operand of the result's element type"
+    if min(x.num_elements, w.num_elements, y.num_elements) == 0:
+        return "runs no tensor without elements"
+    groups = int(op.attr("groups"))
+    if w.shape[0] // groups < CONV_MIN_GROUP_CHANNELS:
+        return (
+            f"{w.shape[0] // groups} output channels per group fill too little of an mma tile "
+            f"(at least {CONV_MIN_GROUP_CHANNELS}; a depthwise convolution is cuDNN's)"
+        )
+    return None
+
+
+__all__ = [
+    "ATTENTION_TYPES",
+    "CONV_OPS",
+    "CONV_TYPES",
+    "GEMM_TYPES",
+    "MAX_HEAD_DIM",
+    "attention_supported",
+    "conv_misfit",
+    "cublas_can_run",
+]

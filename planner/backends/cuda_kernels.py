@@ -5,7 +5,8 @@ where there is one; tests register this part with a stand-in device).
 Kernels:
 
 - the generated templates (`Template`s, the code generator's skeletons): "cuda.elementwise",
-  "cuda.row_reduction", "cuda.matmul" (with its epilogue), "cuda.attention". An option of one
+  "cuda.row_reduction", "cuda.matmul" (with its epilogue), "cuda.attention", "cuda.conv" (an
+  implicit-GEMM convolution with its epilogue: codegen/conv.py). An option of one
   is a *region*: one op a template runs alone, or a group of ops
   that `fuse` would form into one kernel (with and without matmul epilogues). Regions are
   offered through the fused-kernel hook (`planner.options.FUSED_OPTIONS`, `cuda_options`);
@@ -71,7 +72,7 @@ from tgc.codegen.cuda_ops import REDUCE_CODE, has_code
 from tgc.codegen.emitter import VIEW_INDEX_MAPS
 from tgc.codegen.kernels import generate_kernel, module_names
 from tgc.codegen.names import c_identifier
-from tgc.cuda_target import GEMM_TYPES, attention_supported, cublas_can_run
+from tgc.cuda_target import CONV_OPS, GEMM_TYPES, attention_supported, conv_misfit, cublas_can_run
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import CallOp, FusedOp, YieldOp
 from tgc.ir import Block, Operation, Region, Value
@@ -106,6 +107,7 @@ TEMPLATE_OF_KIND: dict[str, Template] = {
         ("row_reduction", SUMS_ERROR),
         ("matmul", SUMS_ERROR),
         ("attention", SUMS_ERROR),
+        ("conv", SUMS_ERROR),
     )
 }
 CUBLAS_GEMM = "cuda.cublas.gemm"
@@ -141,6 +143,8 @@ def single_op_kind(op: Operation) -> str | None:
         return "matmul"
     if op.name == "hl.attention":
         return "attention" if attention_supported(op) else None
+    if op.name in CONV_OPS:
+        return "conv" if conv_misfit(op) is None else None
     if op.name in REDUCE_CODE:  # reduced axes anywhere: the template reads rows through strides
         return "row_reduction"
     if has_code(op) or op.name in VIEW_INDEX_MAPS or op.name in ELEMENTWISE_EXTRA:
@@ -336,6 +340,7 @@ TUNABLE: dict[str, dict[str, tuple]] = {
         "tensor_cores": (False, True),
         "stages": (2, 3, 4),  # the tensor-core skeleton's cp.async pipeline
     },
+    "conv": {"block_m": (64, 128), "block_n": (32, 64, 128), "block_k": (16, 32)},
     "attention": {
         "rows_per_warp": (1, 2),
         "q_in_registers": (False, True),
@@ -346,6 +351,8 @@ TUNABLE: dict[str, dict[str, tuple]] = {
         "pingpong": (False, True),
         "head_group": (1, 4, 16, 64),
         "swizzle": (False, True),
+        "decode": (True, False),  # the split-KV skeleton (codegen/attention_decode.py)
+        "splits": (1, 2, 4, 8, 16, 32, 64),
     },
 }
 REGION_PARAM = "region"  # the one-value parameter naming the region (module doc)
