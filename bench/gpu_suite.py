@@ -20,9 +20,10 @@ The fp32 rows (issue 4) are memory-bound kernels, two matmuls and the GPT-2 bloc
 f16 rows (issue 8; `--dtypes bf16,f16` runs only these) are compute-bound and report TFLOP/s:
 the GPT-2 block, attention (`hl.attention` against `F.scaled_dot_product_attention`) at
 B8 H16 S2048 D64 and B4 H32 S4096 D128, causal and not, the Q/K/V projection with parameter
-weights under `-p optimize`, and a GEMM with bias and GELU. `--only` names: gelu64M, gelu16M,
-softmax4096, softmax16384, layernorm, matmuls, gpt2 (fp32); gpt2_T, attn_T, qkv_T, gemm_gelu_T
-for T in bf16, f16. test/test_bench_gpu_suite.py checks the workloads on the CPU.
+weights under `-p optimize`, a GEMM with bias and GELU, and MLP blocks with their residual
+(SwiGLU at two Llama widths, GPT-2's). `--only` names: gelu64M, gelu16M, softmax4096,
+softmax16384, layernorm, matmuls, gpt2 (fp32); gpt2_T, attn_T, qkv_T, gemm_gelu_T, mlp_T for T in
+bf16, f16. test/test_bench_gpu_suite.py checks the workloads on the CPU.
 """
 
 from __future__ import annotations
@@ -528,6 +529,47 @@ def gemm_gelu_text(m: int, k: int, n: int, dtype: str) -> str:
 }}"""
 
 
+def swiglu_mlp_text(t: int, d: int, f: int, dtype: str) -> str:
+    """A Llama-family MLP with its residual: x + (silu(x wg) * (x wu)) wd, the weights
+    parameters. lower-for-planning packs wg and wu once into one GEMM (stack-shared-matmuls),
+    so the block is that GEMM, one elementwise kernel reading its two halves, and the down
+    GEMM with the residual add."""
+    x, w, wd, h = (
+        f"tensor<{t}x{d}x{dtype}>",
+        f"tensor<{d}x{f}x{dtype}>",
+        f"tensor<{f}x{d}x{dtype}>",
+        f"tensor<{t}x{f}x{dtype}>",
+    )
+    return f"""func.func @swiglu_mlp(%x: {x}, %wg: {w} {{tgc.param}}, %wu: {w} {{tgc.param}}, %wd: {wd} {{tgc.param}}) -> {x} {{
+  %g = atomic.matmul %x, %wg : ({x}, {w}) -> {h}
+  %u = atomic.matmul %x, %wu : ({x}, {w}) -> {h}
+  %s = hl.silu %g : ({h}) -> {h}
+  %a = atomic.mul %s, %u : ({h}, {h}) -> {h}
+  %y = atomic.matmul %a, %wd : ({h}, {wd}) -> {x}
+  %r = atomic.add %x, %y : ({x}, {x}) -> {x}
+  func.return %r : {x}
+}}"""
+
+
+def gpt2_mlp_text(t: int, d: int, dtype: str) -> str:
+    """GPT-2's MLP with its residual: x + gelu_tanh(x w_fc + b_fc) w_proj + b_proj (4d wide)."""
+    x, w, wt, v, v4, h = (
+        f"tensor<{t}x{d}x{dtype}>",
+        f"tensor<{d}x{4 * d}x{dtype}>",
+        f"tensor<{4 * d}x{d}x{dtype}>",
+        f"tensor<{d}x{dtype}>",
+        f"tensor<{4 * d}x{dtype}>",
+        f"tensor<{t}x{4 * d}x{dtype}>",
+    )
+    return f"""func.func @gpt2_mlp(%x: {x}, %w_fc: {w} {{tgc.param}}, %b_fc: {v4} {{tgc.param}}, %w_proj: {wt} {{tgc.param}}, %b_proj: {v} {{tgc.param}}) -> {x} {{
+  %fc = hl.linear %x, %w_fc, %b_fc : ({x}, {w}, {v4}) -> {h}
+  %act = hl.gelu %fc {{approximate = "tanh"}} : ({h}) -> {h}
+  %mlp = hl.linear %act, %w_proj, %b_proj : ({h}, {wt}, {v}) -> {x}
+  %y = atomic.add %x, %mlp : ({x}, {x}) -> {x}
+  func.return %y : {x}
+}}"""
+
+
 # --only's names: the fp32 rows, then each bf16/f16 workload as `<workload>_<dtype>`.
 F32_WORKLOADS = (
     "gelu64M",
@@ -538,7 +580,7 @@ F32_WORKLOADS = (
     "matmuls",
     "gpt2",
 )
-LOW_WORKLOADS = ("gpt2", "attn", "qkv", "gemm_gelu")
+LOW_WORKLOADS = ("gpt2", "attn", "qkv", "gemm_gelu", "mlp")
 
 
 def workload_names(dtypes) -> list[str]:
@@ -557,7 +599,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="",
         help="comma-separated workload names: "
         + ", ".join(F32_WORKLOADS)
-        + " (fp32); gpt2_T, attn_T, qkv_T, gemm_gelu_T for T bf16 or f16",
+        + " (fp32); gpt2_T, attn_T, qkv_T, gemm_gelu_T, mlp_T for T bf16 or f16",
     )
     ap.add_argument(
         "--dtypes",
@@ -638,6 +680,26 @@ def gemm_gelu_workloads(dtype: str, quick: bool) -> list[Workload]:
     return [Workload("gemm_gelu", name, "le_eager", text, flops, (m, k, n))]
 
 
+# (tokens, model width, SwiGLU width) of the MLP rows: TinyLlama-1.1B's and Llama-2-7B's widths
+SWIGLU_SHAPES = [(8192, 2048, 5632), (4096, 4096, 11008)]
+
+
+def mlp_workloads(dtype: str, quick: bool) -> list[Workload]:
+    """The SwiGLU MLP at two Llama widths and GPT-2 small's MLP, each with its residual (issue
+    24's "at least as fast as torch.compile's")."""
+    rows = []
+    for t, d, f in SWIGLU_SHAPES:
+        t = t if not quick else t // 8
+        name = f"SwiGLU MLP {dtype}, {t} tokens, {d} -> 2 x {f} -> {d}, + x"
+        text, flops = swiglu_mlp_text(t, d, f, dtype), 2.0 * t * d * f * 3
+        rows.append(Workload("mlp", name, "le_compile", text, flops, ("swiglu", t, d, f)))
+    t, d = (8192, 768) if not quick else (1024, 768)
+    name = f"GPT-2 MLP {dtype}, {t} tokens, {d} -> {4 * d} (bias, GELU tanh) -> {d} (bias), + x"
+    text, flops = gpt2_mlp_text(t, d, dtype), 2.0 * t * d * 4 * d * 2
+    rows.append(Workload("mlp", name, "le_compile", text, flops, ("gpt2", t, d, 4 * d)))
+    return rows
+
+
 def attention_workloads(dtype: str, quick: bool) -> list[Workload]:
     """Both shapes, causal and not."""
     rows = []
@@ -661,6 +723,7 @@ WORKLOADS_OF = {
     "attn": attention_workloads,
     "qkv": qkv_workloads,
     "gemm_gelu": gemm_gelu_workloads,
+    "mlp": mlp_workloads,
 }
 
 
@@ -737,11 +800,21 @@ def gemm_gelu_side(run: LowPrecisionRun, m: int, k: int, n: int):
     return gemm_bias_gelu, [run.rnd(m, k), run.rnd(k, n, scale=k**-0.5), run.rnd(n, scale=0.1)]
 
 
+def mlp_side(run: LowPrecisionRun, form: str, t: int, d: int, f: int):
+    x = run.rnd(t, d)
+    if form == "swiglu":
+        w_in = [run.rnd(d, f, scale=d**-0.5) for _ in range(2)]
+        return swiglu_mlp, [x, *w_in, run.rnd(f, d, scale=f**-0.5)]
+    w_fc, b_fc = run.rnd(d, f, scale=d**-0.5), run.rnd(f, scale=0.1)
+    return gpt2_mlp, [x, w_fc, b_fc, run.rnd(f, d, scale=f**-0.5), run.rnd(d, scale=0.1)]
+
+
 TORCH_SIDES = {
     "gpt2": gpt2_side,
     "attn": attention_side,
     "qkv": qkv_side,
     "gemm_gelu": gemm_gelu_side,
+    "mlp": mlp_side,
 }
 
 
@@ -763,6 +836,18 @@ def gemm_bias_gelu(x, w, b):
     import torch.nn.functional as F
 
     return F.gelu(x @ w + b, approximate="tanh")
+
+
+def swiglu_mlp(x, wg, wu, wd):
+    import torch.nn.functional as F
+
+    return x + (F.silu(x @ wg) * (x @ wu)) @ wd
+
+
+def gpt2_mlp(x, w_fc, b_fc, w_proj, b_proj):
+    import torch.nn.functional as F
+
+    return x + F.gelu(x @ w_fc + b_fc, approximate="tanh") @ w_proj + b_proj
 
 
 def main(argv=None) -> int:
@@ -931,6 +1016,8 @@ def judge(res: Result, bw: float, ms: float | None = None) -> bool | None:
         return res.tgc_ms < res.eager_ms
     if res.target == "le_eager":
         return res.tgc_ms <= res.eager_ms
+    if res.target == "le_compile":
+        return res.compile_ms is not None and res.tgc_ms <= res.compile_ms
     return None
 
 
@@ -943,6 +1030,7 @@ TARGET_TEXT = {
     "sdpa80": ">= 80% of SDPA's speed (eager)",
     "beat_eager": "faster than eager",
     "le_eager": "at least as fast as eager",
+    "le_compile": "at least as fast as torch.compile",
     "none": "none (reported)",
 }
 

@@ -130,12 +130,41 @@ def gemm_gelu_case(rng, dtype):
     )
 
 
+def silu(x):
+    return x / (1 + np.exp(-x))
+
+
+def mlp_case(rng, dtype, form):
+    """The SwiGLU or GPT-2 MLP with its residual, 24 tokens (no multiple of a kernel's tile)."""
+    t, d, f = 24, 32, 48
+
+    def w(*shape):
+        return rng.standard_normal(shape) / np.sqrt(shape[0])
+
+    x = rng.standard_normal((t, d))
+    if form == "swiglu":
+        return (
+            gpu_suite.swiglu_mlp_text(t, d, f, dtype),
+            [x, w(d, f), w(d, f), w(f, d)],
+            lambda x, wg, wu, wd: [x + (silu(x @ wg) * (x @ wu)) @ wd],
+        )
+    inputs = [x, w(d, 4 * d), 0.1 * rng.standard_normal(4 * d), w(4 * d, d)]
+    inputs.append(0.1 * rng.standard_normal(d))
+    return (
+        gpu_suite.gpt2_mlp_text(t, d, dtype),
+        inputs,
+        lambda x, w1, b1, w2, b2: [x + gelu_tanh(x @ w1 + b1) @ w2 + b2],
+    )
+
+
 SMALL_CASES = {
     "gpt2": gpt2_case,
     "attn_causal": lambda rng, dtype: attention_case(rng, dtype, True),
     "attn_full": lambda rng, dtype: attention_case(rng, dtype, False),
     "qkv": qkv_case,
     "gemm_gelu": gemm_gelu_case,
+    "mlp_swiglu": lambda rng, dtype: mlp_case(rng, dtype, "swiglu"),
+    "mlp_gpt2": lambda rng, dtype: mlp_case(rng, dtype, "gpt2"),
 }
 
 
@@ -305,6 +334,23 @@ def torch_side_cases(torch):
             [rnd(24, 32), rnd(32, 48, scale=32**-0.5), rnd(48, scale=0.1)],
         )
     )
+    cases.append(
+        (
+            "mlp swiglu",
+            gpu_suite.swiglu_mlp_text(24, 32, 48, "f32"),
+            gpu_suite.swiglu_mlp,
+            [rnd(24, 32), rnd(32, 48), rnd(32, 48), rnd(48, 32, scale=48**-0.5)],
+        )
+    )
+    cases.append(
+        (
+            "mlp gpt2",
+            gpu_suite.gpt2_mlp_text(24, 32, "f32"),
+            gpu_suite.gpt2_mlp,
+            [rnd(24, 32), rnd(32, 128), rnd(128, scale=0.1), rnd(128, 32, scale=128**-0.5)]
+            + [rnd(32, scale=0.1)],
+        )
+    )
     return cases
 
 
@@ -355,6 +401,7 @@ def test_dtypes_select_rows():
         "attn_bf16",
         "qkv_bf16",
         "gemm_gelu_bf16",
+        "mlp_bf16",
     ]
     default = gpu_suite.parse_args([]).selected
     assert default[: len(gpu_suite.F32_WORKLOADS)] == list(gpu_suite.F32_WORKLOADS)
@@ -427,6 +474,9 @@ def test_report_of_low_precision_rows(tmp_path):
         ("sdpa80", 1.0, 0.79, None, False),
         ("beat_eager", 1.0, 1.01, None, True),
         ("beat_eager", 1.0, 1.0, None, False),
+        ("le_compile", 1.0, 2.0, 1.0, True),
+        ("le_compile", 1.0, 0.5, 0.99, False),
+        ("le_compile", 1.0, 2.0, None, False),
         ("none", 5.0, 1.0, None, None),
         ("none", None, 1.0, None, None),
         ("sdpa80", None, 1.0, None, False),
