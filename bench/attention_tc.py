@@ -114,6 +114,7 @@ class DecodeCase:
 
 def decode_cases(only: set[str]) -> list[DecodeCase]:
     found = [DecodeCase(b, s, d) for b in (1, 16) for s in DECODE_CACHES for d in (64, 128)]
+    found += [DecodeCase(b, DECODE_CACHES[-1], d, "f16") for b in (1, 16) for d in (64, 128)]
     return [c for c in found if all(word in c.name.split() for word in only)]
 
 
@@ -192,6 +193,7 @@ class Row:
     error: float
     shared_bytes: int
     tensor_cores: bool
+    kernel: str = ""  # what ran, where the report says more than the tensor-core flag
 
 
 def rel_frobenius(got, want) -> float:
@@ -263,8 +265,19 @@ def measure_decode(case: DecodeCase, params: dict) -> Row:
     error = rel_frobenius(checked_result(out), want)
     tgc_ms = time_ms(lambda: program([rows, k, v]), stream)
     sdpa_ms = time_ms(sdpa, stream)
+    what = (
+        f"decode, {kernel.params['splits']} splits, grid {kernel.grid[0]}"
+        if kernel.params.get("decode")
+        else f"flash, grid {kernel.grid[0]}"
+    )
     return Row(
-        case, tgc_ms, sdpa_ms, error, kernel.shared_bytes, bool(kernel.params.get("tensor_cores"))
+        case,
+        tgc_ms,
+        sdpa_ms,
+        error,
+        kernel.shared_bytes,
+        bool(kernel.params.get("tensor_cores")),
+        what,
     )
 
 
@@ -295,7 +308,7 @@ def report_decode(rows: list[Row], device: str, commit: str, out: Path, bandwidt
     ]
     for r in rows:
         share = [r.case.bytes / (ms * 1e-3) / bandwidth for ms in (r.tgc_ms, r.sdpa_ms)]
-        kernel = "tensor cores" if r.tensor_cores else "f32"
+        kernel = r.kernel or ("tensor cores" if r.tensor_cores else "f32")
         lines.append(
             f"| {r.case.name} | {r.tgc_ms:.4f} ms | {share[0]:.0%} | {r.sdpa_ms:.4f} ms | "
             f"{share[1]:.0%} | {100 * r.sdpa_ms / r.tgc_ms:.0f}% | {r.error:.1e} | {kernel} |"

@@ -34,6 +34,7 @@ import math
 
 import numpy as np
 
+from tgc.codegen.attention_decode import decode_by_default, decode_kernel
 from tgc.codegen.cuda_ops import STORAGE_CTYPE
 from tgc.codegen.render import KernelSource, is_gpu_arch, kernel_label, render
 from tgc.cuda_target import attention_supported
@@ -41,7 +42,7 @@ from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import FusedOp
 from tgc.ir import Operation, Value
 from tgc.types import contiguous_strides
-from tgc.views import strided_layout
+from tgc.views import head_grouped_layout
 
 BLOCK_M = 64  # queries per block: 8 rows of threads x 8 rows each
 BLOCK_N = 64  # keys per tile: 16 columns of threads x 4 keys each
@@ -68,12 +69,15 @@ def generate_attention(fused: FusedOp, params: dict, symbol: str) -> KernelSourc
         d=q.type.shape[-1],
         dv=v.type.shape[-1],
         nb=math.prod(batch_shape),
+        batch_shape=batch_shape,
         causal=bool(att.attr("causal")),
         has_mask=bool(mask),
         shape=f"q {q.type.shape} k {k.type.shape} v {v.type.shape}"
         + (f" mask {mask[0].type.shape}" if mask else ""),
     )
-    if params.get("wgmma", _wgmma_by_default(att, ops, common, params)):
+    if params.get("decode", _decode_by_default(att, ops, common)):
+        make = _decode_kernel
+    elif params.get("wgmma", _wgmma_by_default(att, ops, common, params)):
         make = _wgmma_kernel
     elif _tensor_core_fits(att, ops):
         make = _tensor_core_kernel
@@ -106,6 +110,25 @@ def generate_attention(fused: FusedOp, params: dict, symbol: str) -> KernelSourc
 # bf16 it took 0.200 ms (344 TFLOP/s, 91% of SDPA's speed) against the mma.sync kernel's 0.308
 # on an H100, 2026-11-23 (bench/results/attention_tc-wgmma-*.md); at D128 1.75 against 1.84 ms.
 WGMMA_ARCHS = ("sm_90",)
+
+
+def _decode_by_default(att: Operation, ops: dict[str, dict], common: dict) -> bool:
+    """The split-KV decode skeleton (codegen/attention_decode.py) by default for a few query
+    rows per key-value head against a long cache, where the tensor-core kernel's loads fit."""
+    return _tensor_core_fits(att, ops) and decode_by_default(att, ops, common)
+
+
+def _decode_kernel(att: Operation, ops: dict[str, dict], common: dict, params: dict):
+    """attention_decode.cu.j2 (template parameter `decode`; `splits` its number of ranges of
+    the cache): bf16/f16 the tensor-core kernel takes, at most 16 query rows per key-value
+    head."""
+    if not _tensor_core_fits(att, ops):
+        raise TgcError(
+            "attention template parameters: decode needs bf16/f16 operands the tensor-core "
+            "kernel takes (head dims multiples of 16 up to 128, 16-byte rows)"
+        )
+    tc_args = _tensor_core_arguments(att, ops, common)
+    return decode_kernel(att, ops, common, params, tc_args)
 
 
 def _wgmma_by_default(att: Operation, ops: dict[str, dict], common: dict, params: dict) -> bool:
@@ -471,13 +494,15 @@ def _strides_divisible(o: dict, n: int) -> bool:
     return o["row"] % n == 0 and all(s % n == 0 for s in o["batch"])
 
 
-def _layout(args: list[Value], x: Value, what: str) -> tuple[int, int, list[int]]:
-    """The kernel input `x` is a strided view of: its position, offset and strides."""
-    found = strided_layout(x)
+def _layout(args: list[Value], x: Value, what: str) -> tuple[int, int, list[int], list[int]]:
+    """The kernel input `x` is a strided view of: its position, offset, strides and the divisor
+    of each dim's coordinate (a grouped-query head repeat reads head i // group:
+    head_grouped_layout)."""
+    found = head_grouped_layout(x)
     if found is None or found[0] not in args:
         raise TgcError(f"attention operand '{what}' is not a strided view of a kernel input")
-    root, offset, strides = found
-    return args.index(root), offset, strides
+    root, offset, strides, divisors = found
+    return args.index(root), offset, strides, divisors
 
 
 def _operand_layouts(fused: FusedOp, att: Operation, batch_shape: list[int]) -> dict[str, dict]:
@@ -487,11 +512,12 @@ def _operand_layouts(fused: FusedOp, att: Operation, batch_shape: list[int]) -> 
     q, k, v, *mask = att.operands
     ops = {}
     for name, x in (("q", q), ("k", k), ("v", v)):
-        idx, offset, strides = _layout(args, x, name)
+        idx, offset, strides, divisors = _layout(args, x, name)
         ops[name] = {
             "ptr": f"in{idx}",
             "offset": offset,
             "batch": _batch_strides(x.type.shape, strides, batch_shape, 2),
+            "div": _batch_strides(x.type.shape, divisors, batch_shape, 2, 1),
             "row": strides[-2],
             "col": strides[-1],
         }
@@ -502,7 +528,7 @@ def _operand_layouts(fused: FusedOp, att: Operation, batch_shape: list[int]) -> 
 
 def _mask_layout(args: list[Value], m: Value, batch_shape: list[int]) -> dict:
     """The mask's layout; it may have fewer than two dims (missing or unit dims broadcast)."""
-    idx, offset, strides = _layout(args, m, "mask")
+    idx, offset, strides, divisors = _layout(args, m, "mask")
     mshape = list(m.type.shape)
     full = [1] * (2 - min(2, len(mshape))) + mshape[-2:]
     fstr = [0] * (2 - min(2, len(strides))) + strides[-2:]
@@ -510,20 +536,22 @@ def _mask_layout(args: list[Value], m: Value, batch_shape: list[int]) -> dict:
         "ptr": f"in{idx}",
         "offset": offset,
         "batch": _batch_strides(mshape, strides, batch_shape, min(2, len(mshape))),
+        "div": _batch_strides(mshape, divisors, batch_shape, min(2, len(mshape)), 1),
         "row": 0 if full[0] == 1 else fstr[0],
         "col": 0 if full[1] == 1 else fstr[1],
     }
 
 
-def _batch_strides(shape, strides, batch_shape, tail: int) -> list[int]:
-    """The stride of each result batch dim in an operand of `shape` (broadcast dims: 0)."""
+def _batch_strides(shape, strides, batch_shape, tail: int, broadcast: int = 0) -> list[int]:
+    """The stride of each result batch dim in an operand of `shape` (broadcast dims:
+    `broadcast`, 0; with divisors for strides, 1)."""
     lead = shape[: len(shape) - tail]
     lead_strides = strides[: len(shape) - tail]
     pad = len(batch_shape) - len(lead)
     out = []
     for d in range(len(batch_shape)):
         j = d - pad
-        out.append(lead_strides[j] if j >= 0 and lead[j] != 1 else 0)
+        out.append(lead_strides[j] if j >= 0 and lead[j] != 1 else broadcast)
     return out
 
 
@@ -554,8 +582,11 @@ def _bases(ops: dict[str, dict], batch_shape: list[int]) -> dict:
         rest = f"({rest} / {n})"
 
     def base(o) -> str:
+        divs = o.get("div") or [1] * len(o["batch"])
         terms = [str(o["offset"])] + [
-            f"(long long) {c} * {s}" for c, s in zip(bcoords, o["batch"]) if s
+            f"(long long) {c if q == 1 else f'({c} / {q})'} * {s}"
+            for c, s, q in zip(bcoords, o["batch"], divs)
+            if s
         ]
         return " + ".join(terms)
 

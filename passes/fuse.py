@@ -59,7 +59,7 @@ from tgc.ir import Block, Operation, Region, Value
 from tgc.opdef import ELEMENTWISE, REDUCTION, TERMINATOR, VIEW
 from tgc.pass_manager import Pass, PassStatistics, option, register_pass
 from tgc.patterns import erase_dead_ops
-from tgc.views import is_unit_reshape, strided_layout
+from tgc.views import head_grouped_layout, is_unit_reshape, strided_layout
 
 MAX_KERNEL_INPUTS = 64
 
@@ -508,7 +508,8 @@ def reads_whole(op: Operation, v: Value) -> bool:
     own kernel: the attention kernel only loads). The planner's regions follow the same rule
     (planner/backends/cuda_kernels.py)."""
     if op.name == "hl.attention":
-        found = strided_layout(v)
+        # A grouped-query head repeat too: the kernel reads the cache's heads by index.
+        found = head_grouped_layout(v)
         if found is None:
             return True
         root = found[0].defining_op

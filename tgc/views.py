@@ -133,4 +133,44 @@ def is_unit_reshape(op: Operation) -> bool:
     return before == after
 
 
-__all__ = ["STRIDE_RULES", "is_unit_reshape", "reshape_strides", "strided_layout"]
+def head_grouped_layout(v: Value, stop: Callable[[Operation], bool] | None = None):
+    """(root, offset, strides, divisors) when `v` is a strided view (divisors all 1), or when
+    it repeats each head of a strided view for a group of heads, as grouped-query attention's
+    repeat_kv and enable_gqa write it: `reshape(broadcast(x))` with x [..., h, 1, s, d],
+    broadcast to [..., h, g, s, d], reshaped to [..., h * g, s, d]. Then dim -3 of `v` reads
+    x's head `i // g`: its stride is x's head stride and its divisor g, so a kernel reads the
+    un-expanded heads by index instead of a copy. Else None."""
+    found = strided_layout(v, stop)
+    if found is not None:
+        return (*found, [1] * v.type.rank)
+    reshape = v.defining_op
+    if reshape is None or reshape.name != "atomic.reshape" or v.type.rank < 3:
+        return None
+    wide = reshape.operands[0]
+    bcast = wide.defining_op
+    if bcast is None or bcast.name != "atomic.broadcast" or (stop is not None and stop(bcast)):
+        return None
+    x = bcast.operands[0]
+    if wide.type.rank != v.type.rank + 1:
+        return None
+    *lead, heads, group, seq, dim = wide.type.shape
+    if list(x.type.shape) != [*lead, heads, 1, seq, dim]:
+        return None
+    if list(v.type.shape) != [*lead, heads * group, seq, dim]:
+        return None
+    inner = strided_layout(x, stop)
+    if inner is None:
+        return None
+    root, offset, strides = inner
+    divisors = [1] * v.type.rank
+    divisors[-3] = group
+    return root, offset, [*strides[:-4], strides[-4], strides[-2], strides[-1]], divisors
+
+
+__all__ = [
+    "STRIDE_RULES",
+    "head_grouped_layout",
+    "is_unit_reshape",
+    "reshape_strides",
+    "strided_layout",
+]
