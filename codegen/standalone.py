@@ -112,7 +112,7 @@ class CublasGemm:
 
 @dataclass
 class CublasLt:
-    """out = epilogue(x @ w + bias [+ residual]) by cuBLASLt: `gemm` has the shape
+    """out = epilogue(x @ w [+ bias] [+ residual]) by cuBLASLt: `gemm` has the shape
     (runtime/cublaslt.py's `LtGemm`: dtype, m, n, k), `epilogue` is cuBLASLt's enumerator of
     its epilogue; `workspace` is scratch memory the library may use."""
 
@@ -120,13 +120,13 @@ class CublasLt:
     epilogue: int
     x: Buffer
     w: Buffer
-    bias: Buffer
+    bias: Buffer | None
     residual: Buffer | None
     out: Buffer
     workspace: Buffer
 
     def reads(self) -> list[Buffer]:
-        return [self.x, self.w, self.bias, *([self.residual] if self.residual else [])]
+        return [b for b in (self.x, self.w, self.bias, self.residual) if b is not None]
 
     def writes(self) -> list[Buffer]:
         return [self.out, self.workspace]
@@ -246,10 +246,12 @@ def _step_code(step: Step) -> str:
         )
     if isinstance(step, CublasLt):
         g = step.gemm
-        residual = _pointer(step.residual) if step.residual is not None else "NULL"
+        bias, residual = (
+            _pointer(b) if b is not None else "NULL" for b in (step.bias, step.residual)
+        )
         return _checked(
             f"tgc_lt_matmul({CUDA_DATA_TYPE[g.dtype]}, {g.m}, {g.n}, {g.k}, {step.epilogue}, "
-            f"{_pointer(step.x)}, {_pointer(step.w)}, {_pointer(step.bias)}, {residual}, "
+            f"{_pointer(step.x)}, {_pointer(step.w)}, {bias}, {residual}, "
             f"{_pointer(step.out)}, {_pointer(step.workspace)}, {step.workspace.nbytes}, stream)"
         )
     if isinstance(step, DeviceCopy):

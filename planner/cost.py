@@ -115,6 +115,7 @@ GPU_EFFICIENCY: dict[str, float] = {
     "cuda.cublaslt.linear": 0.8,
     "cuda.cublaslt.linear_gelu": 0.8,
     "cuda.cublaslt.linear_residual": 0.8,
+    "cuda.cublaslt.matmul_residual": 0.8,
     "torch-cuda.atomic.matmul": 0.8,
     "torch-cuda.hl.linear": 0.8,
     "cuda.matmul": 0.3,

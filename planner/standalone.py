@@ -268,7 +268,7 @@ class _ProgramWriter:
     def lt_gemm(self, call: CallOp) -> None:
         name = call.attr("callee")
         g = ck.lt_gemm(name, [v.type for v in call.operands], call.results[0].type)
-        x, w, bias, *residual = self.operands(call)
+        x, w, bias, residual = ck.lt_operands(name, self.operands(call))
         if self.workspace is None:
             self.workspace = self.program.buffer(
                 "scratch", TensorType.get((WORKSPACE_BYTES,), "i8")
@@ -280,7 +280,7 @@ class _ProgramWriter:
             x,
             w,
             bias,
-            residual[0] if residual else None,
+            residual,
             out,
             self.workspace,
         )

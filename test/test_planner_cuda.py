@@ -503,12 +503,12 @@ def _stand_in_region(op, inputs):
 
 def _lt_model(name: str, arrays: list, t) -> np.ndarray:
     """What a cuBLASLt kernel computes, in f32 (its accumulators) rounded once to the result."""
-    x, w, b, *r = (np.asarray(a, np.float32) for a in arrays)
-    y = np.matmul(x, w) + b
+    x, w, b, r = ck.lt_operands(name, [np.asarray(a, np.float32) for a in arrays])
+    y = np.matmul(x, w) + (b if b is not None else 0)
     if name.endswith("_gelu"):
         y = 0.5 * y * (1 + np.tanh(np.float32(0.7978846) * (y + np.float32(0.044715) * y**3)))
-    if r:
-        y = y + r[0]
+    if r is not None:
+        y = y + r
     return y.astype(t.dtype)
 
 
@@ -721,18 +721,21 @@ def test_a_gpt2_block_plans_its_linear_layers_as_cublaslt_calls_with_their_epilo
     assert rel_error(got, want) <= 2e-2
 
 
-def _linear_text(x: str, bias: str, dtype: str, then: str = "", n: int = 40) -> str:
-    """x @ w + bias (hl.linear) on x of shape `x`, w of (x's last dim) x n, then `then`: "gelu"
-    (tanh), "residual" (+ %r) or nothing."""
+def _linear_text(x: str, bias: str | None, dtype: str, then: str = "", n: int = 40) -> str:
+    """x @ w + bias (hl.linear; without a bias, atomic.matmul) on x of shape `x`, w of (x's
+    last dim) x n, then `then`: "gelu" (tanh), "residual" (+ %r) or nothing."""
     dims = x.split("x")
     rows, k = "x".join(dims[:-1]), dims[-1]
     xt, w = f"tensor<{x}x{dtype}>", f"tensor<{k}x{n}x{dtype}>"
     y, b = f"tensor<{rows}x{n}x{dtype}>", f"tensor<{bias}x{dtype}>"
-    args = f"%x: {xt}, %w: {w}, %b: {b}" + (f", %r: {y}" if then == "residual" else "")
-    lines = [
-        f"func.func @f({args}) -> {y} {{",
-        f"  %l = hl.linear %x, %w, %b : ({xt}, {w}, {b}) -> {y}",
-    ]
+    args = f"%x: {xt}, %w: {w}" + (f", %b: {b}" if bias else "")
+    args += f", %r: {y}" if then == "residual" else ""
+    product = (
+        f"hl.linear %x, %w, %b : ({xt}, {w}, {b})"
+        if bias
+        else f"atomic.matmul %x, %w : ({xt}, {w})"
+    )
+    lines = [f"func.func @f({args}) -> {y} {{", f"  %l = {product} -> {y}"]
     if then == "gelu":
         lines.append(f'  %y = hl.gelu %l {{approximate = "tanh"}} : ({y}) -> {y}')
     if then == "residual":
@@ -784,8 +787,9 @@ def test_gpt2s_spelled_out_gelu_after_a_reshaped_linear_runs_in_the_gemms_epilog
 
 
 def test_cublaslt_refuses_a_bias_that_is_not_one_per_column_and_gelu_in_f32(stand_in):
-    """A [rows, 40] "bias" is a matrix add, not cuBLASLt's bias vector; GELU in f32 would be
-    cuBLASLt's approximation where the program asks for f32 accuracy."""
+    """A [rows, 40] "bias" is a matrix add, not cuBLASLt's bias vector (the plan reads it as
+    the residual of the GEMM without a bias); GELU in f32 would be cuBLASLt's approximation
+    where the program asks for f32 accuracy."""
     kernel = KERNELS["cuda.cublaslt.linear"]
     from tgc.types import TensorType as TT
 
@@ -796,9 +800,40 @@ def test_cublaslt_refuses_a_bias_that_is_not_one_per_column_and_gelu_in_f32(stan
     assert "not f32" in gelu.constraints(([x, w, TT.get((40,), "f32")], [y]))
     on_device = _gpu_suite().on_device
     func, _ = _selected(on_device(_linear_text("15x24", "15x40", "f32")), "lower-hl", LT_CHEAP)
-    assert not any("cublaslt" in c for c in _callees(func))
+    assert _callees(func) == ["cuda.cublaslt.matmul_residual"]
     func, _ = _selected(on_device(_linear_text("15x24", "40", "f32", "gelu")), "lower-hl", LT_CHEAP)
     assert "cuda.cublaslt.linear_gelu" not in _callees(func)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("pipeline", ["", "lower-for-planning"])
+def test_a_product_without_bias_adds_its_residual_in_the_gemm(dtype, pipeline, stand_in):
+    """r + x @ w (Llama's attention output and down projections): one cuBLASLt call reading
+    the residual as the GEMM's C, no add kernel after it; it matches float64."""
+    text = _linear_text("3x5x24", None, dtype, "residual")
+    func, _ = _selected(_gpu_suite().on_device(text), pipeline, LT_CHEAP)
+    assert _callees(func) == ["cuda.cublaslt.matmul_residual"]
+    reference = tgc.parse(text).funcs[0]
+    inputs = random_inputs(reference, 2)
+    (want,) = run_function(reference, inputs, "f64")
+    (got,) = run_plan(func, inputs)
+    assert rel_error(got, want) <= (1e-6 if dtype == "f32" else 1e-2)
+
+
+def test_matmul_residual_refuses_a_broadcast_addend_and_reads_no_bias(stand_in):
+    """A [40] addend is a bias (hl.linear's kernels take it), not a residual; the kernel's
+    operands are x, w, r: no bias pointer, cuBLASLt's plain epilogue with beta = 1."""
+    from tgc.types import TensorType as TT
+
+    kernel = KERNELS["cuda.cublaslt.matmul_residual"]
+    x, w, y = TT.get((15, 24), "bf16"), TT.get((24, 40), "bf16"), TT.get((15, 40), "bf16")
+    assert kernel.constraints(([x, w, y], [y])) is None
+    assert "a residual of the result's shape" in kernel.constraints(
+        ([x, w, TT.get((40,), "bf16")], [y])
+    )
+    assert ck.lt_operands("cuda.cublaslt.matmul_residual", ["x", "w", "r"]) == ("x", "w", None, "r")
+    g = ck.lt_gemm("cuda.cublaslt.matmul_residual", [x, w, y], y)
+    assert (g.epilogue, g.accumulate) == ("none", True)
 
 
 def test_lt_gemm_takes_the_rows_of_every_leading_dim_and_the_epilogue_of_its_kernel():
@@ -988,7 +1023,7 @@ def test_each_cuda_kernel_on_the_gpu_within_its_stated_error(what, gpu_backends)
 LT_TOLERANCE = {"f32": 1e-5, "bf16": 1e-2, "f16": 2e-3}
 LT_GPU_CASES = [
     (then, dtype)
-    for then in ("", "gelu", "residual")
+    for then in ("", "gelu", "residual", "residual-no-bias")
     for dtype in ("f32", "bf16", "f16")
     if not (then == "gelu" and dtype == "f32")
 ]
@@ -999,8 +1034,14 @@ LT_GPU_CASES = [
 def test_each_cublaslt_kernel_on_the_gpu_matches_float64(then, dtype, gpu_backends):
     """Odd sizes (74 rows over two leading dims, K 72, N 40), fresh random inputs, each kernel
     the plan's only call; within the stated bound of float64."""
-    name = "cuda.cublaslt." + ("linear_" + then if then else "linear")
-    text = _linear_text("2x37x72", "40", dtype, then)
+    if then == "residual-no-bias":
+        name, text = (
+            "cuda.cublaslt.matmul_residual",
+            _linear_text("2x37x72", None, dtype, "residual"),
+        )
+    else:
+        name = "cuda.cublaslt." + ("linear_" + then if then else "linear")
+        text = _linear_text("2x37x72", "40", dtype, then)
     func, _ = _selected(_gpu_suite().on_device(text), "", LT_CHEAP, GPU_FAMILIES)
     assert _callees(func) == [name]
     reference = tgc.parse(text).funcs[0]

@@ -126,13 +126,16 @@ class HostModel:
         g = step.gemm
         x = self.flat(step.x, g.m * g.k).reshape(g.m, g.k).astype(np.float64)
         w = self.flat(step.w, g.k * g.n).reshape(g.k, g.n).astype(np.float64)
-        y = x @ w + self.flat(step.bias, g.n).astype(np.float64)
+        y = x @ w
+        if step.bias is not None:
+            y += self.flat(step.bias, g.n).astype(np.float64)
         if step.residual is not None:
             y += self.flat(step.residual, g.m * g.n).reshape(g.m, g.n).astype(np.float64)
         if step.epilogue == EPILOGUES["gelu_bias"]:
             y = 0.5 * y * (1 + np.tanh(math.sqrt(2 / math.pi) * (y + 0.044715 * y**3)))
         else:
-            assert step.epilogue == EPILOGUES["bias"]
+            # cuBLASLt's bias epilogue adds the vector; its plain one ("none") reads none
+            assert step.epilogue == EPILOGUES["bias" if step.bias is not None else "none"]
         self.write(step.out, y)
         self.write(step.workspace, np.full(16, 7, np.int8))  # the library's use of it
 
@@ -193,6 +196,23 @@ def test_the_gpt2_block_uses_every_kind_of_step_and_reuses_scratch_bytes():
     assert any(s.residual is not None for s in program.steps if isinstance(s, CublasLt))
     scratch = [b for b in program.buffers if b.kind == "scratch"]
     assert lay_out(program) < sum(-(-b.nbytes // 256) * 256 for b in scratch)
+
+
+def test_a_product_without_bias_adds_its_residual_in_cublaslts_gemm():
+    """Llama's down projection with its residual: x + (a @ w), no bias: the file's cuBLASLt
+    call passes NULL for the bias and the residual as C, and computes the float64 result."""
+    text = """func.func @down(%x: tensor<24x32xbf16>, %a: tensor<24x80xbf16>, %w: tensor<80x32xbf16>) -> tensor<24x32xbf16> {
+  %y = atomic.matmul %a, %w : (tensor<24x80xbf16>, tensor<80x32xbf16>) -> tensor<24x32xbf16>
+  %r = atomic.add %x, %y : (tensor<24x32xbf16>, tensor<24x32xbf16>) -> tensor<24x32xbf16>
+  func.return %r : tensor<24x32xbf16>
+}"""
+    func, program = planned(text)
+    (step,) = program.steps
+    assert isinstance(step, CublasLt) and step.bias is None and step.residual is not None
+    source = write_file([program], ["tgc_run_down"], module_names(), "down.tg")
+    (call,) = [line for line in source.splitlines() if "tgc_lt_matmul(CUDA_R_16BF" in line]
+    assert ", NULL, " in call  # the bias pointer; the residual's follows
+    assert_matches_float64(text, func, program, seed=5)
 
 
 RESULTS = """func.func @f(%x: tensor<4x64xf32>, %y: tensor<8x16xf32>) -> (tensor<2x64xf32>, tensor<2x64xf32>, tensor<4x64xf32>, tensor<8x16xf32>, tensor<8x16xf32>, tensor<3xf32>) {

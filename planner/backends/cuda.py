@@ -408,8 +408,8 @@ def _cublaslt():
 
 
 def _lt_runner(name: str, operand_types: list[TensorType], t: TensorType, loc=None):
-    """`run([x, w, b(, r)]) -> [y]` for the cuBLASLt kernel `name` writing a fresh result of
-    type `t`."""
+    """`run(operands) -> [y]` for the cuBLASLt kernel `name` (operands as `lt_operands` reads
+    them) writing a fresh result of type `t`."""
     g = planner_side.lt_gemm(name, operand_types, t)
     lt = _cublaslt()
     shape, dtype = t.shape, t.dtype
@@ -421,10 +421,8 @@ def _lt_runner(name: str, operand_types: list[TensorType], t: TensorType, loc=No
             # is); a foreign array may be a view that starts elsewhere
             raise TgcError(f"{name}: an operand is not 16-byte aligned", loc)
         out = DeviceArray.empty(shape, dtype)
-        x, w, b, *r = pointers
-        status = lt.matmul(
-            g, x, w, out.ptr, bias_ptr=b, c_ptr=r[0] if r else None, stream=_launch.handle
-        )
+        x, w, b, r = planner_side.lt_operands(name, pointers)
+        status = lt.matmul(g, x, w, out.ptr, bias_ptr=b, c_ptr=r, stream=_launch.handle)
         if status != 0:
             raise TgcError(f"{name} ({g.m}x{g.n}x{g.k}) failed with cuBLASLt status {status}", loc)
         return [out]

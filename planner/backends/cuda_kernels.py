@@ -785,6 +785,13 @@ func.func @linear_residual(%x: {_X}, %w: {_W}, %b: {_V}, %r: {_Y}) -> {_Y} {{
   func.return %y : {_Y}
 }}
 """
+MATMUL_RESIDUAL_TEXT = f"""
+func.func @matmul_residual(%x: {_X}, %w: {_W}, %r: {_Y}) -> {_Y} {{
+  %l = atomic.matmul %x, %w : ({_X}, {_W}) -> {_Y}
+  %y = atomic.add %r, %l : ({_Y}, {_Y}) -> {_Y}
+  func.return %y : {_Y}
+}}
+"""
 
 
 @dataclass(frozen=True)
@@ -797,6 +804,12 @@ class LtKernel:
     residual: bool
     dtypes: tuple[str, ...]
     doc: str
+
+    @property
+    def bias(self) -> bool:
+        """Whether the kernel reads a bias vector (its third operand): every epilogue but
+        "none" adds one."""
+        return self.epilogue != "none"
 
 
 LT_KERNELS = {
@@ -822,7 +835,27 @@ LT_KERNELS = {
         ("f32", "f16", "bf16"),
         "r + (x @ w + b) by cuBLASLt: the residual r read as the GEMM's C (beta = 1)",
     ),
+    # A layer without a bias (Llama's attention output and MLP down projections) adds its
+    # residual in the GEMM too: the add kernel after a plain GEMM reads and writes the whole
+    # result once more
+    "cuda.cublaslt.matmul_residual": LtKernel(
+        MATMUL_RESIDUAL_TEXT,
+        "none",
+        True,
+        ("f32", "f16", "bf16"),
+        "r + x @ w by cuBLASLt: the residual r read as the GEMM's C (beta = 1)",
+    ),
 }
+
+
+def lt_operands(kernel_name: str, operands: list) -> tuple:
+    """(x, w, bias or None, residual or None) of the operands of cuBLASLt kernel
+    `kernel_name`, in its order: x, w, then the bias where it reads one, then the residual
+    where it reads one."""
+    spec = LT_KERNELS[kernel_name]
+    x, w, *rest = operands
+    bias = rest.pop(0) if spec.bias else None
+    return x, w, bias, rest[0] if spec.residual else None
 
 
 def lt_gemm(kernel_name: str, operand_types: list[TensorType], result_type: TensorType) -> LtGemm:
@@ -835,12 +868,11 @@ def lt_gemm(kernel_name: str, operand_types: list[TensorType], result_type: Tens
 
 
 def _lt_constraint(kernel_name: str):
-    spec = LT_KERNELS[kernel_name]
-    residual, dtypes = spec.residual, spec.dtypes
+    dtypes = LT_KERNELS[kernel_name].dtypes
 
     def constraint(types) -> str | None:
         operands, (y,) = types
-        x, w, b = operands[:3]
+        x, w, b, r = lt_operands(kernel_name, operands)
         if any(t.num_elements == 0 for t in [*operands, y]):
             return "runs no tensor without elements"
         if y.element_type not in dtypes:
@@ -849,9 +881,9 @@ def _lt_constraint(kernel_name: str):
             return "needs every operand of the result's element type"
         if x.rank < 2 or w.rank != 2:
             return "needs x of rank 2 or more (its rows one matrix) and a matrix w"
-        if b.shape != (w.shape[1],):
+        if b is not None and b.shape != (w.shape[1],):
             return f"needs a bias of {w.shape[1]} elements, one per output column, not {b}"
-        if residual and operands[3].shape != y.shape:
+        if r is not None and r.shape != y.shape:
             return "needs a residual of the result's shape"
         return None
 
