@@ -9,9 +9,10 @@ skeletons (matmul.py builds it and calls `generate_wgmma`).
 
 The copies are cp.async rather than TMA: a tensor map would be a 128-byte kernel argument made
 on the host (cuTensorMapEncodeTiled) for every operand, which neither the planner's executor
-nor the standalone `.cu` passes today; cp.async needs nothing but the pointers. The producer
-waits for its own copies (cp.async.wait_group, `stages` - 2 k steps behind) and fences them to
-the async proxy before it announces a stage, as wgmma reads through that proxy.
+nor the standalone `.cu` passes today; cp.async needs nothing but the pointers. Each producer
+thread's copies arrive on the stage's full barrier when they land
+(cp.async.mbarrier.arrive.noinc); the consumers fence to the async proxy (wgmma reads through
+it) after waiting there.
 
 Parameters: `block_m` 128 or 256, `block_n` 64 to 256 in steps of 64 (B as [k][n] is kept in
 blocks of 64 columns; at most 128 accumulators a consumer thread: block_m * block_n <=
@@ -149,7 +150,6 @@ def generate_wgmma(
         bn=bn,
         mw_count=bm // 128,
         stages=stages,
-        lag=stages - 2,
         tiles=tiles,
         shared_bytes=shared,
         grid_m=grid_m,

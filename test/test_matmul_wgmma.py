@@ -196,12 +196,13 @@ def _run_poisoned(kernel, inputs: list[np.ndarray], out: np.ndarray) -> np.ndarr
     from tgc.runtime.cuda_compile import load_kernels
 
     (fn,) = load_kernels([kernel])
-    device = [cuda.to_device(np.ascontiguousarray(x)) for x in inputs]
-    poisoned = np.full(out.shape, np.nan, dtype=out.dtype)
+    # As bytes: PyCUDA's buffers take no bf16 (ml_dtypes) arrays.
+    device = [cuda.to_device(np.ascontiguousarray(x).view(np.uint8)) for x in inputs]
+    poisoned = np.full(out.shape, np.nan, dtype=out.dtype).view(np.uint8)
     d_out = cuda.to_device(poisoned)
     fn(*device, d_out, block=kernel.block, grid=kernel.grid, shared=kernel.shared_bytes)
     cuda.Context.synchronize()
-    return cuda.from_device_like(d_out, poisoned)
+    return cuda.from_device_like(d_out, poisoned).view(out.dtype)
 
 
 @pytest.mark.cuda
