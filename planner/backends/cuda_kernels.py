@@ -339,6 +339,7 @@ TUNABLE: dict[str, dict[str, tuple]] = {
         "thread_n": (2, 4, 8),
         "tensor_cores": (False, True),
         "stages": (2, 3, 4),  # the tensor-core skeleton's cp.async pipeline
+        "wgmma": (False, True),  # the Hopper skeleton (sm_90), default there where it fits
     },
     "conv": {"block_m": (64, 128), "block_n": (32, 64, 128), "block_k": (16, 32)},
     "attention": {
