@@ -24,6 +24,8 @@ head and one of `splits` ranges of the cache; the grid is about one wave of the 
   One kernel, no second launch and no scratch the caller allocates: the scratch and counters
   are module globals sized from the static shapes (`__device__` arrays), so the kernel is not
   reentrant across streams (a plan runs its kernels on one stream).
+- `stages` (2 to 4, default 4): the ring's buffers per warp; fewer leave room for two blocks
+  an SM at head dim 128.
 - `splits` (template parameter, swept by tuning) defaults to the count that fills about one
   wave of `SM_COUNT[arch]` SMs at the blocks per SM the shared memory allows, with at least one
   key tile per warp per split.
@@ -76,11 +78,11 @@ def decode_by_default(att: Operation, ops: dict[str, dict], common: dict) -> boo
     return common["seq_k"] >= MIN_KEYS and decode_fits(att, ops, common) is None
 
 
-def _layout(d: int, dv: int) -> tuple[int, int]:
+def _layout(d: int, dv: int, stages: int) -> tuple[int, int]:
     """(keys per warp tile, shared bytes per block): 16 keys above head dim 64 (a warp's ring
     of 4 tiles is then 35 KB), else 32."""
     bn = 16 if max(d, dv) > 64 else 32
-    ring = WARPS * STAGES * bn * ((d + 8) + (dv + 8)) * 2
+    ring = WARPS * stages * bn * ((d + 8) + (dv + 8)) * 2
     q = MAX_ROWS * (d + 8) * 2
     # The warps' merge reuses the ring: (max, sum) and O of each warp's 16 rows, f32.
     merge = WARPS * MAX_ROWS * (dv + 2) * 4
@@ -115,7 +117,10 @@ def decode_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
     group = group_of(ops)
     rows = group * sq
     nb = common["nb"] // group  # key-value heads x batch
-    bn, shared_bytes = _layout(d, dv)
+    stages = params.get("stages", STAGES)
+    if stages not in (2, 3, 4) or isinstance(stages, bool):
+        raise TgcError(f"attention template parameters: decode takes stages 2, 3 or 4, not {stages!r}")
+    bn, shared_bytes = _layout(d, dv, stages)
     tiles = -(-sk // bn)
     sms = SM_COUNT.get(params.get("arch") or "", 132)
     per_sm = max(1, min(SHARED_PER_SM // shared_bytes, 2048 // (32 * WARPS)))
@@ -137,14 +142,14 @@ def decode_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
         nkv=nb,
         bn=bn,
         warps=WARPS,
-        stages=STAGES,
+        stages=stages,
         splits=splits,
         per_split=per_split,
         shared_bytes=shared_bytes,
         # Tiles from here on need the bounds or causal checks.
         edge_from=sk - (sq - 1 if common["causal"] else 0),
     )
-    chosen = {"decode": True, "splits": splits, "tensor_cores": True}
+    chosen = {"decode": True, "splits": splits, "tensor_cores": True, "stages": stages}
     return source, (nb * splits, 1, 1), (32 * WARPS, 1, 1), shared_bytes, chosen
 
 

@@ -99,6 +99,9 @@ def test_the_grid_is_key_value_heads_times_splits_and_splits_is_a_parameter():
     for bad in (0, True, "4"):
         with pytest.raises(TgcError, match="splits must be a positive integer"):
             generate_kernel(fused, {"splits": bad})
+    with pytest.raises(TgcError, match="stages 2, 3 or 4"):
+        generate_kernel(fused, {"stages": 5})
+    assert generate_kernel(fused, {"stages": 2}).shared_bytes < k.shared_bytes
     f32 = attention_region(heads_text(1, 2, 4, 2049, 64, 64, "f32", layout="flat"))
     with pytest.raises(TgcError, match="decode needs bf16/f16"):
         generate_kernel(f32, {"decode": True})
@@ -177,7 +180,9 @@ def launch_twice(text: str, params: dict, seed: int):
     k = generate_kernel(fused, params)
     (fn,) = load_kernels([k])
     (out_type,) = ref.funcs[0].function_type.results
-    bufs = [cuda.to_device(np.ascontiguousarray(x)) for x in inputs]
+    # bf16 as its bits: PyCUDA's buffer protocol does not take ml_dtypes' bfloat16
+    raw = [x.view(np.uint16) if x.dtype.itemsize == 2 else x for x in inputs]
+    bufs = [cuda.to_device(np.ascontiguousarray(x)) for x in raw]
     out = cuda.mem_alloc(out_type.nbytes)
     results = []
     for _ in range(2):
@@ -202,6 +207,7 @@ GPU_CASES = [
     (heads_text(2, 3, 5, 2049, 80, 80, "bf16", True, False, "flat"), {"splits": 9}),
     (gqa_text(2, 8, 2, 1, 2049, 128, "bf16"), {}),
     (gqa_text(1, 8, 2, 2, 1000, 64, "f16", causal=True), {"splits": 5}),
+    (heads_text(1, 8, 4, 2049, 128, 128, "bf16", layout="flat"), {"stages": 3, "splits": 3}),
     (gqa_text(3, 4, 1, 1, 777, 64, "bf16", mask=True), {}),
 ]
 
@@ -225,8 +231,10 @@ def test_decode_attention_matches_float64(case):
 def test_grouped_kv_prefill_reads_the_cache_by_index(params):
     """Many queries (the flash-attention kernels), k and v repeated per group: the kernel reads
     head h // 4 of the un-expanded cache (planned and run by the executor)."""
+    from tgc.planner import load_backends
     from tgc.planner.backends import cuda_kernels as ck
 
+    load_backends(("cuda",), required=True)
     if params.get("wgmma") and ck.TARGET["arch"] != "sm_90":
         pytest.skip("wgmma needs sm_90")
     got, want, kernels = run_gpu(gqa_text(2, 8, 2, 100, 100, 64, "bf16", causal=True), 7, params=params)
