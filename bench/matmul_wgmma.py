@@ -139,7 +139,7 @@ def measure(case: Case, params: dict, inputs, want) -> tuple[float, float, dict]
     import numpy as np
     import torch
 
-    kernel, fn = tgc_kernel(case, params)
+    kernel, fn = tgc_kernel(case, {"wgmma": True, **params})
     out_dtype = torch.float32 if case.epilogue == "residual_cast" else inputs[0].dtype
     out = torch.full((case.m, case.n), float("nan"), device="cuda", dtype=out_dtype)
     stream = torch.cuda.current_stream()

@@ -6,8 +6,8 @@ Two skeletons:
   of C in the compute type (f32 for f16/bf16), from tiles of A and B in shared memory. Template
   parameters: `block_m`, `block_n`, `block_k` (the tile of C a block computes and the depth of
   one shared-memory step), `thread_m`, `thread_n`.
-- `matmul_wgmma.cu.j2`, with the template parameter `wgmma` (default true on sm_90 where it
-  fits): Hopper's wgmma, warp-specialised and persistent (codegen/matmul_wgmma.py).
+- `matmul_wgmma.cu.j2`, with the template parameter `wgmma` (sm_90; a planner option, not yet
+  a default): Hopper's wgmma, warp-specialised and persistent (codegen/matmul_wgmma.py).
 - `matmul_tc.cu.j2`, with the template parameter `tensor_cores` (default true where it fits):
   bf16/f16 on tensor cores, as the attention kernel's (codegen/attention.py): 8 warps (2x4, 4x2
   for a tile taller than wide), each a part of C of 16x8 `mma.sync` accumulator tiles in f32

@@ -1,5 +1,5 @@
 """The Hopper skeleton of the matmul template (`matmul_wgmma.cu.j2`, template parameter
-`wgmma`, default true on sm_90 where it fits): wgmma with f32 accumulators, warp-specialised
+`wgmma`, sm_90 only, not yet a default: `WGMMA_DEFAULT_ARCHS`): wgmma with f32 accumulators, warp-specialised
 (one producer warpgroup copying 128-byte-swizzled A and B tiles with cp.async into a
 `stages`-deep ring of shared memory under full/empty mbarriers, two consumer warpgroups each
 computing half of a `block_m` x `block_n` tile), and a persistent grid of at most `sms`
@@ -30,6 +30,12 @@ from tgc.codegen.render import KernelSource, is_gpu_arch, render
 from tgc.diagnostics import TgcError
 
 WGMMA_ARCHS = ("sm_90",)  # the GPUs whose own features (sm_90a) the skeleton needs
+# The GPUs where it is the default: none yet. On an H200 (bench/results/matmul_wgmma-*.md) it
+# ran 4096^3 bf16 at 316 TFLOP/s against the mma.sync skeleton's 345 and cuBLAS's 808, and no
+# measured shape faster than mma.sync: cp.async issues 16 bytes an instruction where a TMA
+# copy would move a whole tile. The planner tries it (tunable `wgmma`) and keeps it where it
+# measures faster.
+WGMMA_DEFAULT_ARCHS: tuple[str, ...] = ()
 WGMMA_TYPES = ("bf16", "f16")
 WGMMA_BLOCK_M, WGMMA_BLOCK_N = (128, 256), (64, 128, 192, 256)
 WGMMA_MAX_TILE = 128 * 256  # 128 f32 accumulators per consumer thread
@@ -58,13 +64,13 @@ def wgmma_misfit(elem: str, transpose_a: bool, tb: bool, n: int, k: int) -> str 
 
 
 def wgmma_by_default(params: dict, fits: bool) -> bool:
-    """The skeleton is the default on the GPUs it is for, where it fits."""
+    """Whether the skeleton is the default: on `WGMMA_DEFAULT_ARCHS`, where it fits."""
     arch = params.get("arch")
     if arch is not None and not is_gpu_arch(arch):
         raise TgcError(
             f"matmul template parameters: arch names a GPU as nvcc does (sm_90), not {arch!r}"
         )
-    return fits and arch in WGMMA_ARCHS
+    return fits and arch in WGMMA_DEFAULT_ARCHS
 
 
 def stage_bytes(bm: int, bn: int) -> int:
