@@ -251,6 +251,7 @@ def _step_code(step: Step) -> str:
         )
         return _checked(
             f"tgc_lt_matmul({CUDA_DATA_TYPE[g.dtype]}, {g.m}, {g.n}, {g.k}, {step.epilogue}, "
+            f"{int(g.transpose_b)}, "
             f"{_pointer(step.x)}, {_pointer(step.w)}, {bias}, {residual}, "
             f"{_pointer(step.out)}, {_pointer(step.workspace)}, {step.workspace.nbytes}, stream)"
         )

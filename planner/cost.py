@@ -112,10 +112,11 @@ GPU_DEVICES: dict[str, Device] = {
 # on products (attention and matmuls); every other kernel: 1.
 GPU_EFFICIENCY: dict[str, float] = {
     "cuda.cublas.gemm": 0.8,
-    "cuda.cublaslt.linear": 0.8,
-    "cuda.cublaslt.linear_gelu": 0.8,
-    "cuda.cublaslt.linear_residual": 0.8,
-    "cuda.cublaslt.matmul_residual": 0.8,
+    **{
+        f"cuda.cublaslt.{form}{layout}": 0.8
+        for form in ("linear", "linear_gelu", "linear_residual", "matmul_residual")
+        for layout in ("", "_wt")
+    },
     "torch-cuda.atomic.matmul": 0.8,
     "torch-cuda.hl.linear": 0.8,
     "cuda.matmul": 0.3,

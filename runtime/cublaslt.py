@@ -11,8 +11,9 @@ the activation cost no pass over memory. C (with beta = 1) is a residual added i
 kernel.
 
 As in runtime/cublas.py, the row-major product is computed as the column-major one
-D^T = B^T A^T: cuBLASLt's "A" is our B (N x K column-major, leading dimension N), its "B" is
-our A, and a bias of length N is a vector over the rows of the column-major D^T, as cuBLASLt
+D^T = B^T A^T: cuBLASLt's "A" is our B (N x K column-major, leading dimension N; where B is
+stored transposed, N x K row-major as PyTorch's nn.Linear keeps its weight, it is K x N
+column-major with leading dimension K, read with op T), its "B" is our A, and a bias of length N is a vector over the rows of the column-major D^T, as cuBLASLt
 wants it. The library's descriptors and its choice of algorithm (its heuristic, asked for once
 per distinct GEMM, with the workspace the caller gives) are kept per `LtGemm`, so a call does no
 more on the host than `cublasLtMatmul` itself.
@@ -25,7 +26,7 @@ import os
 from dataclasses import dataclass
 
 from tgc.diagnostics import TgcError
-from tgc.runtime.cublas import COMPUTE_32F, CUBLAS_OP_N, CUDA_TYPE, cublas
+from tgc.runtime.cublas import COMPUTE_32F, CUBLAS_OP_N, CUBLAS_OP_T, CUDA_TYPE, cublas
 
 # cublasLt.h's enumerators (cublasLtMatmulDescAttributes_t, cublasLtEpilogue_t,
 # cublasLtMatmulPreferenceAttributes_t).
@@ -52,6 +53,7 @@ class LtGemm:
     k: int
     epilogue: str  # a key of EPILOGUES
     accumulate: bool = False  # D = ... + C (beta = 1), C a matrix like D
+    transpose_b: bool = False  # B stored N x K (its transpose), as nn.Linear's weight
 
 
 class _Prepared:
@@ -62,12 +64,16 @@ class _Prepared:
         dtype = CUDA_TYPE[g.dtype]
         self.desc = p()
         lt.check(lib.cublasLtMatmulDescCreate(ctypes.byref(self.desc), COMPUTE_32F, 0), "desc")
-        op_n = ctypes.c_int32(CUBLAS_OP_N)
-        for attr in (DESC_TRANSA, DESC_TRANSB):
-            lt.set_desc(self.desc, attr, op_n)
+        op_a = ctypes.c_int32(CUBLAS_OP_T if g.transpose_b else CUBLAS_OP_N)
+        lt.set_desc(self.desc, DESC_TRANSA, op_a)
+        lt.set_desc(self.desc, DESC_TRANSB, ctypes.c_int32(CUBLAS_OP_N))
         lt.set_desc(self.desc, DESC_EPILOGUE, ctypes.c_uint32(EPILOGUES[g.epilogue]))
-        # Column-major: "A" is our B (n x k, ld n), "B" our A (k x m, ld k), D^T is n x m.
-        self.a_layout = lt.layout(dtype, g.n, g.k, g.n)
+        # Column-major: "A" is our B (n x k, ld n; transposed: k x n, ld k, read with op T),
+        # "B" our A (k x m, ld k), D^T is n x m.
+        if g.transpose_b:
+            self.a_layout = lt.layout(dtype, g.k, g.n, g.k)
+        else:
+            self.a_layout = lt.layout(dtype, g.n, g.k, g.n)
         self.b_layout = lt.layout(dtype, g.k, g.m, g.k)
         self.d_layout = lt.layout(dtype, g.n, g.m, g.n)
         if g.epilogue != "none":

@@ -504,8 +504,9 @@ def _stand_in_region(op, inputs):
 def _lt_model(name: str, arrays: list, t) -> np.ndarray:
     """What a cuBLASLt kernel computes, in f32 (its accumulators) rounded once to the result."""
     x, w, b, r = ck.lt_operands(name, [np.asarray(a, np.float32) for a in arrays])
+    w = w.T if ck.LT_KERNELS[name].transposed_w else w
     y = np.matmul(x, w) + (b if b is not None else 0)
-    if name.endswith("_gelu"):
+    if ck.LT_KERNELS[name].epilogue == "gelu_bias":
         y = 0.5 * y * (1 + np.tanh(np.float32(0.7978846) * (y + np.float32(0.044715) * y**3)))
     if r is not None:
         y = y + r
@@ -721,21 +722,31 @@ def test_a_gpt2_block_plans_its_linear_layers_as_cublaslt_calls_with_their_epilo
     assert rel_error(got, want) <= 2e-2
 
 
-def _linear_text(x: str, bias: str | None, dtype: str, then: str = "", n: int = 40) -> str:
+def _linear_text(
+    x: str, bias: str | None, dtype: str, then: str = "", n: int = 40, transposed: bool = False
+) -> str:
     """x @ w + bias (hl.linear; without a bias, atomic.matmul) on x of shape `x`, w of (x's
-    last dim) x n, then `then`: "gelu" (tanh), "residual" (+ %r) or nothing."""
+    last dim) x n, then `then`: "gelu" (tanh), "residual" (+ %r) or nothing. `transposed`: w
+    is n x k, as torch.export writes nn.Linear (a matmul with transpose_b, the bias added)."""
     dims = x.split("x")
     rows, k = "x".join(dims[:-1]), dims[-1]
-    xt, w = f"tensor<{x}x{dtype}>", f"tensor<{k}x{n}x{dtype}>"
+    xt, w = (
+        f"tensor<{x}x{dtype}>",
+        f"tensor<{n}x{k}x{dtype}>" if transposed else f"tensor<{k}x{n}x{dtype}>",
+    )
     y, b = f"tensor<{rows}x{n}x{dtype}>", f"tensor<{bias}x{dtype}>"
     args = f"%x: {xt}, %w: {w}" + (f", %b: {b}" if bias else "")
     args += f", %r: {y}" if then == "residual" else ""
-    product = (
-        f"hl.linear %x, %w, %b : ({xt}, {w}, {b})"
-        if bias
-        else f"atomic.matmul %x, %w : ({xt}, {w})"
-    )
-    lines = [f"func.func @f({args}) -> {y} {{", f"  %l = {product} -> {y}"]
+    lines = [f"func.func @f({args}) -> {y} {{"]
+    if transposed and bias:
+        lines.append(f"  %p = atomic.matmul %x, %w {{transpose_b = true}} : ({xt}, {w}) -> {y}")
+        lines.append(f"  %l = atomic.add %p, %b : ({y}, {b}) -> {y}")
+    elif transposed:
+        lines.append(f"  %l = atomic.matmul %x, %w {{transpose_b = true}} : ({xt}, {w}) -> {y}")
+    elif bias:
+        lines.append(f"  %l = hl.linear %x, %w, %b : ({xt}, {w}, {b}) -> {y}")
+    else:
+        lines.append(f"  %l = atomic.matmul %x, %w : ({xt}, {w}) -> {y}")
     if then == "gelu":
         lines.append(f'  %y = hl.gelu %l {{approximate = "tanh"}} : ({y}) -> {y}')
     if then == "residual":
@@ -818,6 +829,49 @@ def test_a_product_without_bias_adds_its_residual_in_the_gemm(dtype, pipeline, s
     (want,) = run_function(reference, inputs, "f64")
     (got,) = run_plan(func, inputs)
     assert rel_error(got, want) <= (1e-6 if dtype == "f32" else 1e-2)
+
+
+@pytest.mark.parametrize("pipeline", ["", "lower-for-planning"])
+@pytest.mark.parametrize(
+    ("dtype", "bias", "then", "name"),
+    [
+        ("f32", "40", "", "cuda.cublaslt.linear_wt"),
+        ("bf16", "40", "gelu", "cuda.cublaslt.linear_gelu_wt"),
+        ("f32", "40", "residual", "cuda.cublaslt.linear_residual_wt"),
+        ("bf16", None, "residual", "cuda.cublaslt.matmul_residual_wt"),
+    ],
+)
+def test_a_linear_layer_with_pytorchs_weight_layout_runs_as_one_cublaslt_call(
+    dtype, bias, then, name, pipeline, stand_in
+):
+    """nn.Linear as torch.export writes it (w stored n x k, a matmul with transpose_b, the bias
+    added after it): the twin of each cuBLASLt kernel that reads w with op T, one call, no add
+    or GELU kernel left; it matches float64."""
+    text = _linear_text("3x5x24", bias, dtype, then, transposed=True)
+    func, _ = _selected(_gpu_suite().on_device(text), pipeline, LT_CHEAP)
+    assert _callees(func) == [name]
+    reference = tgc.parse(text).funcs[0]
+    inputs = random_inputs(reference, 4)
+    (want,) = run_function(reference, inputs, "f64")
+    (got,) = run_plan(func, inputs)
+    assert rel_error(got, want) <= (1e-6 if dtype == "f32" else 1e-2)
+
+
+def test_lt_gemm_of_a_transposed_weight_reads_it_with_op_t():
+    from tgc.types import TensorType as TT
+
+    x, w, y = TT.get((3, 5, 24), "bf16"), TT.get((40, 24), "bf16"), TT.get((3, 5, 40), "bf16")
+    g = ck.lt_gemm("cuda.cublaslt.matmul_residual_wt", [x, w, y], y)
+    assert (g.m, g.n, g.k, g.epilogue, g.accumulate, g.transpose_b) == (
+        15,
+        40,
+        24,
+        "none",
+        True,
+        True,
+    )
+    kernel = ck.LT_KERNELS["cuda.cublaslt.linear_wt"]
+    assert kernel.transposed_w and "transpose_b = true" in kernel.reference
 
 
 def test_matmul_residual_refuses_a_broadcast_addend_and_reads_no_bias(stand_in):
@@ -1022,26 +1076,27 @@ def test_each_cuda_kernel_on_the_gpu_within_its_stated_error(what, gpu_backends)
 # The issue's bounds for 16-bit results (normwise, against float64); f32: cuBLAS's sums.
 LT_TOLERANCE = {"f32": 1e-5, "bf16": 1e-2, "f16": 2e-3}
 LT_GPU_CASES = [
-    (then, dtype)
+    (then, dtype, transposed)
     for then in ("", "gelu", "residual", "residual-no-bias")
     for dtype in ("f32", "bf16", "f16")
+    for transposed in (False, True)
     if not (then == "gelu" and dtype == "f32")
 ]
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("then, dtype", LT_GPU_CASES)
-def test_each_cublaslt_kernel_on_the_gpu_matches_float64(then, dtype, gpu_backends):
+@pytest.mark.parametrize("then, dtype, transposed", LT_GPU_CASES)
+def test_each_cublaslt_kernel_on_the_gpu_matches_float64(then, dtype, transposed, gpu_backends):
     """Odd sizes (74 rows over two leading dims, K 72, N 40), fresh random inputs, each kernel
-    the plan's only call; within the stated bound of float64."""
+    the plan's only call, w stored k x n and (transposed, as nn.Linear's) n x k; within the
+    stated bound of float64."""
+    layout = "_wt" if transposed else ""
     if then == "residual-no-bias":
-        name, text = (
-            "cuda.cublaslt.matmul_residual",
-            _linear_text("2x37x72", None, dtype, "residual"),
-        )
+        name = "cuda.cublaslt.matmul_residual" + layout
+        text = _linear_text("2x37x72", None, dtype, "residual", transposed=transposed)
     else:
-        name = "cuda.cublaslt." + ("linear_" + then if then else "linear")
-        text = _linear_text("2x37x72", "40", dtype, then)
+        name = "cuda.cublaslt." + ("linear_" + then if then else "linear") + layout
+        text = _linear_text("2x37x72", "40", dtype, then, transposed=transposed)
     func, _ = _selected(_gpu_suite().on_device(text), "", LT_CHEAP, GPU_FAMILIES)
     assert _callees(func) == [name]
     reference = tgc.parse(text).funcs[0]

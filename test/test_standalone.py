@@ -125,7 +125,10 @@ class HostModel:
     def CublasLt(self, step: CublasLt) -> None:
         g = step.gemm
         x = self.flat(step.x, g.m * g.k).reshape(g.m, g.k).astype(np.float64)
-        w = self.flat(step.w, g.k * g.n).reshape(g.k, g.n).astype(np.float64)
+        if g.transpose_b:  # stored n x k, as nn.Linear's weight
+            w = self.flat(step.w, g.k * g.n).reshape(g.n, g.k).T.astype(np.float64)
+        else:
+            w = self.flat(step.w, g.k * g.n).reshape(g.k, g.n).astype(np.float64)
         y = x @ w
         if step.bias is not None:
             y += self.flat(step.bias, g.n).astype(np.float64)
@@ -198,20 +201,25 @@ def test_the_gpt2_block_uses_every_kind_of_step_and_reuses_scratch_bytes():
     assert lay_out(program) < sum(-(-b.nbytes // 256) * 256 for b in scratch)
 
 
-def test_a_product_without_bias_adds_its_residual_in_cublaslts_gemm():
-    """Llama's down projection with its residual: x + (a @ w), no bias: the file's cuBLASLt
-    call passes NULL for the bias and the residual as C, and computes the float64 result."""
-    text = """func.func @down(%x: tensor<24x32xbf16>, %a: tensor<24x80xbf16>, %w: tensor<80x32xbf16>) -> tensor<24x32xbf16> {
-  %y = atomic.matmul %a, %w : (tensor<24x80xbf16>, tensor<80x32xbf16>) -> tensor<24x32xbf16>
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_product_without_bias_adds_its_residual_in_cublaslts_gemm(transposed):
+    """Llama's down projection with its residual: x + (a @ w), no bias, w stored k x n or (as
+    torch.export writes nn.Linear) n x k: the file's cuBLASLt call passes NULL for the bias,
+    the residual as C and whether w is transposed, and computes the float64 result."""
+    w, attrs = ("32x80", " {transpose_b = true}") if transposed else ("80x32", "")
+    text = f"""func.func @down(%x: tensor<24x32xbf16>, %a: tensor<24x80xbf16>, %w: tensor<{w}xbf16>) -> tensor<24x32xbf16> {{
+  %y = atomic.matmul %a, %w{attrs} : (tensor<24x80xbf16>, tensor<{w}xbf16>) -> tensor<24x32xbf16>
   %r = atomic.add %x, %y : (tensor<24x32xbf16>, tensor<24x32xbf16>) -> tensor<24x32xbf16>
   func.return %r : tensor<24x32xbf16>
-}"""
+}}"""
     func, program = planned(text)
     (step,) = program.steps
     assert isinstance(step, CublasLt) and step.bias is None and step.residual is not None
+    assert step.gemm.transpose_b is transposed
     source = write_file([program], ["tgc_run_down"], module_names(), "down.tg")
     (call,) = [line for line in source.splitlines() if "tgc_lt_matmul(CUDA_R_16BF" in line]
-    assert ", NULL, " in call  # the bias pointer; the residual's follows
+    # the epilogue, whether w is transposed, x and w, then NULL for the bias
+    assert f"24, 32, 80, 1, {int(transposed)}, " in call and ", NULL, " in call
     assert_matches_float64(text, func, program, seed=5)
 
 

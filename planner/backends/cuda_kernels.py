@@ -765,46 +765,46 @@ VIEW_KERNELS = {SPLIT_VIEW: split_view_kernel, RESHAPE_VIEW: reshape_view_kernel
 # Reference graphs (their types only make them parse). Each is matched as written and lowered,
 # so it applies both to a program that keeps hl.linear and to one lowered for planning.
 _X, _W, _V, _Y = "tensor<4x8xf32>", "tensor<8x6xf32>", "tensor<6xf32>", "tensor<4x6xf32>"
-_LINEAR = f"%l = hl.linear %x, %w, %b : ({_X}, {_W}, {_V}) -> {_Y}"
-LINEAR_TEXT = f"""
-func.func @linear(%x: {_X}, %w: {_W}, %b: {_V}) -> {_Y} {{
-  {_LINEAR}
-  func.return %l : {_Y}
-}}
-"""
-LINEAR_GELU_TEXT = f"""
-func.func @linear_gelu(%x: {_X}, %w: {_W}, %b: {_V}) -> {_Y} {{
-  {_LINEAR}
-  %y = hl.gelu %l {{approximate = "tanh"}} : ({_Y}) -> {_Y}
-  func.return %y : {_Y}
-}}
-"""
-LINEAR_RESIDUAL_TEXT = f"""
-func.func @linear_residual(%x: {_X}, %w: {_W}, %b: {_V}, %r: {_Y}) -> {_Y} {{
-  {_LINEAR}
-  %y = atomic.add %r, %l : ({_Y}, {_Y}) -> {_Y}
-  func.return %y : {_Y}
-}}
-"""
-MATMUL_RESIDUAL_TEXT = f"""
-func.func @matmul_residual(%x: {_X}, %w: {_W}, %r: {_Y}) -> {_Y} {{
-  %l = atomic.matmul %x, %w : ({_X}, {_W}) -> {_Y}
-  %y = atomic.add %r, %l : ({_Y}, {_Y}) -> {_Y}
-  func.return %y : {_Y}
-}}
-"""
+_W_T = "tensor<6x8xf32>"  # w stored transposed, n x k
+
+
+def _lt_reference(bias: bool, then: str = "", transposed: bool = False) -> str:
+    """x @ w (+ b where `bias`), then `then`: "gelu" (tanh) or "residual" (r + ...). Where
+    `transposed`, w is stored n x k, as PyTorch's nn.Linear keeps its weight and torch.export
+    writes its product (`atomic.matmul {transpose_b = true}`, the bias added after it); else
+    the product with a bias is hl.linear."""
+    w = _W_T if transposed else _W
+    args = ["%x: " + _X, "%w: " + w] + (["%b: " + _V] if bias else [])
+    args += ["%r: " + _Y] if then == "residual" else []
+    if transposed:
+        lines = [f"%p = atomic.matmul %x, %w {{transpose_b = true}} : ({_X}, {w}) -> {_Y}"]
+        if bias:
+            lines.append(f"%l = atomic.add %p, %b : ({_Y}, {_V}) -> {_Y}")
+    elif bias:
+        lines = [f"%l = hl.linear %x, %w, %b : ({_X}, {w}, {_V}) -> {_Y}"]
+    else:
+        lines = [f"%l = atomic.matmul %x, %w : ({_X}, {w}) -> {_Y}"]
+    product = "%l" if bias or not transposed else "%p"
+    if then == "gelu":
+        lines.append(f'%y = hl.gelu {product} {{approximate = "tanh"}} : ({_Y}) -> {_Y}')
+    elif then == "residual":
+        lines.append(f"%y = atomic.add %r, {product} : ({_Y}, {_Y}) -> {_Y}")
+    result = "%y" if then else product
+    body = "".join(f"  {line}\n" for line in lines)
+    return f"func.func @lt({', '.join(args)}) -> {_Y} {{\n{body}  func.return {result} : {_Y}\n}}\n"
 
 
 @dataclass(frozen=True)
 class LtKernel:
     """What defines one cuBLASLt kernel: the graph it computes, its epilogue, whether it reads
-    a residual as the GEMM's C, the element types it takes."""
+    a residual as the GEMM's C, whether w is stored transposed, the element types it takes."""
 
     reference: str
     epilogue: str  # runtime/cublaslt.py's EPILOGUES
     residual: bool
     dtypes: tuple[str, ...]
     doc: str
+    transposed_w: bool = False
 
     @property
     def bias(self) -> bool:
@@ -813,39 +813,51 @@ class LtKernel:
         return self.epilogue != "none"
 
 
-LT_KERNELS = {
-    "cuda.cublaslt.linear": LtKernel(
-        LINEAR_TEXT,
-        "bias",
-        False,
-        ("f32", "f16", "bf16"),
-        "x @ w + b (hl.linear) by cuBLASLt, the bias added in the GEMM's epilogue",
-    ),
-    "cuda.cublaslt.linear_gelu": LtKernel(
-        LINEAR_GELU_TEXT,
-        "gelu_bias",
-        False,
-        # cuBLASLt's GELU epilogue is within f16/bf16 rounding of the formula, not within f32's
-        ("f16", "bf16"),
-        "gelu_tanh(x @ w + b) by cuBLASLt, bias and GELU in the GEMM's epilogue",
-    ),
-    "cuda.cublaslt.linear_residual": LtKernel(
-        LINEAR_RESIDUAL_TEXT,
-        "bias",
+_ALL = ("f32", "f16", "bf16")
+# cuBLASLt's GELU epilogue is within f16/bf16 rounding of the formula, not within f32's
+_16_BIT = ("f16", "bf16")
+# name: (bias, then, epilogue, element types, what it computes)
+_LT_FORMS = {
+    "linear": (True, "", "bias", _ALL, "x @ w + b, the bias added in the GEMM's epilogue"),
+    "linear_gelu": (
         True,
-        ("f32", "f16", "bf16"),
-        "r + (x @ w + b) by cuBLASLt: the residual r read as the GEMM's C (beta = 1)",
+        "gelu",
+        "gelu_bias",
+        _16_BIT,
+        "gelu_tanh(x @ w + b), bias and GELU in the GEMM's epilogue",
     ),
-    # A layer without a bias (Llama's attention output and MLP down projections) adds its
+    "linear_residual": (
+        True,
+        "residual",
+        "bias",
+        _ALL,
+        "r + (x @ w + b): the residual r read as the GEMM's C (beta = 1)",
+    ),
+    # A layer without a bias (Llama's attention output and down projections) adds its
     # residual in the GEMM too: the add kernel after a plain GEMM reads and writes the whole
     # result once more
-    "cuda.cublaslt.matmul_residual": LtKernel(
-        MATMUL_RESIDUAL_TEXT,
+    "matmul_residual": (
+        False,
+        "residual",
         "none",
-        True,
-        ("f32", "f16", "bf16"),
-        "r + x @ w by cuBLASLt: the residual r read as the GEMM's C (beta = 1)",
+        _ALL,
+        "r + x @ w: the residual r read as the GEMM's C (beta = 1)",
     ),
+}
+# Each form twice: w stored k x n, and (`<name>_wt`) n x k, as models imported from PyTorch
+# keep it (cuBLASLt reads it with op T; transposing it once instead would keep two copies of
+# every weight)
+LT_KERNELS = {
+    f"cuda.cublaslt.{form}{'_wt' if transposed else ''}": LtKernel(
+        _lt_reference(bias, then, transposed),
+        epilogue,
+        then == "residual",
+        dtypes,
+        f"{doc} by cuBLASLt" + (", w stored transposed (n x k)" if transposed else ""),
+        transposed,
+    )
+    for transposed in (False, True)
+    for form, (bias, then, epilogue, dtypes, doc) in _LT_FORMS.items()
 }
 
 
@@ -863,9 +875,12 @@ def lt_gemm(kernel_name: str, operand_types: list[TensorType], result_type: Tens
     """The cuBLASLt call of kernel `kernel_name` on these types (its constraint accepted them):
     x's leading dims are the GEMM's rows (x is contiguous)."""
     spec = LT_KERNELS[kernel_name]
-    x, w = operand_types[0], operand_types[1]
+    x = operand_types[0]
     m = x.num_elements // x.shape[-1]
-    return LtGemm(result_type.element_type, m, w.shape[1], w.shape[0], spec.epilogue, spec.residual)
+    n, k = result_type.shape[-1], x.shape[-1]
+    return LtGemm(
+        result_type.element_type, m, n, k, spec.epilogue, spec.residual, spec.transposed_w
+    )
 
 
 def _lt_constraint(kernel_name: str):
@@ -882,8 +897,8 @@ def _lt_constraint(kernel_name: str):
             return "needs every operand of the result's element type"
         if x.rank < 2 or w.rank != 2:
             return "needs x of rank 2 or more (its rows one matrix) and a matrix w"
-        if b is not None and b.shape != (w.shape[1],):
-            return f"needs a bias of {w.shape[1]} elements, one per output column, not {b}"
+        if b is not None and b.shape != (y.shape[-1],):
+            return f"needs a bias of {y.shape[-1]} elements, one per output column, not {b}"
         if r is not None and r.shape != y.shape:
             return "needs a residual of the result's shape"
         return None
