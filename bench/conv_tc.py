@@ -194,6 +194,7 @@ def measure(layer: Layer, params: dict, modes: set[str]) -> Row:
     conv_ms = time_ms(lambda: F.conv2d(x, w, b, layer.stride, layer.pad), stream)
     compile_ms = None
     if "compile" in modes:
+        torch._dynamo.reset()  # one compile per layer: no recompile limit, no eager fallback
         compiled = torch.compile(eager)
         compiled(*inputs)
         compile_ms = time_ms(lambda: compiled(*inputs), stream)

@@ -311,7 +311,7 @@ def check_on_gpu(text: str, params: dict | None = None, seed: int = 0) -> None:
     (got,) = run_poisoned(fused_conv(text), inputs, params)
     got = got.astype(np.float64)
     assert not np.isnan(got).any(), f"{np.isnan(got).sum()} elements NaN (never written)"
-    elem = ref.funcs[0].body.ops[0].results[0].type.element_type
+    elem = next(iter(ref.funcs[0].body.ops)).results[0].type.element_type
     tol = TOLERANCE[elem]
     scale = max(float(np.max(np.abs(want))), 1.0)
     np.testing.assert_allclose(got, want.astype(np.float64), atol=tol * scale, rtol=tol)
