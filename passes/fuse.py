@@ -3,7 +3,12 @@
 Three kinds of kernel (the `template` attribute of the region):
 
 - `elementwise`: a chain of elementwise ops over one iteration shape; operands of other shapes
-  are read through numpy broadcasting (index arithmetic, never a materialised broadcast).
+  are read through numpy broadcasting (index arithmetic, never a materialised broadcast). A
+  `concat` joins as an elementwise op of its result's shape, and an elementwise group whose
+  values only that concat reads (a concat operand's producers, of the operand's shape) joins
+  with it: the kernel computes them inside the concat's branch for that operand, at the
+  positions the branch covers. Llama's rotary embedding, `x * cos + concat(-x2, x1) * sin`,
+  is one kernel so.
 - `row_reduction`: reductions over a suffix of the dims (the "row", e.g. the last axis), with the
   elementwise ops before them (prologue), between them and after them (epilogue): softmax,
   log_softmax, layernorm and rmsnorm after `lower-hl` each become one kernel. Values in such a
@@ -132,6 +137,21 @@ def _compatible(a: Group, b: Group) -> Group | None:
     if b.kind == "row_reduction":
         return b if b.accepts_shape(a.space) else None
     return a if a.space == b.space else None
+
+
+def _concat_branch(home: Group, g: Group, concat: Operation) -> Group | None:
+    """`home` when `concat` (just made or joined into `home`, an elementwise group) is the only
+    reader outside `g` of `g`'s values, `g` being an elementwise group: the kernel computes `g`
+    in the concat's branch for its operand (module doc), so nothing of `g` need be written out.
+    Else None."""
+    if concat.name != "atomic.concat" or home.kind != "elementwise" or g.kind != "elementwise":
+        return None
+    members = set(g.ops)
+    for op in g.ops:
+        for r in op.results:
+            if any(u is not concat and u not in members for u in r.users()):
+                return None
+    return home
 
 
 # Groups of one product (a matmul, a convolution) and its epilogue: two never share a kernel,
@@ -357,7 +377,7 @@ class _Fuser:
             group = Group("attention", op.results[0].type.shape)
         elif (k := reduced_suffix(op)) is not None:
             group = Group("row_reduction", op.operands[0].type.shape, k)
-        elif is_elementwise(op):
+        elif is_elementwise(op) or op.name == "atomic.concat":
             group = Group("elementwise", op.results[0].type.shape)
         else:
             return None
@@ -380,7 +400,7 @@ class _Fuser:
                 return False
             return group.kind == "elementwise" or group.ncols == k
         shape = op.results[0].type.shape if len(op.results) == 1 else None
-        if is_elementwise(op):
+        if is_elementwise(op) or op.name == "atomic.concat":
             return group.accepts_shape(shape)
         if group.kind != "row_reduction" or shape is None:
             return False
@@ -445,7 +465,7 @@ class _Fuser:
             for g in candidates:
                 if g is home or g not in self.groups:
                     continue
-                merged = _compatible(home, g)
+                merged = _compatible(home, g) or _concat_branch(home, g, op)
                 if (
                     merged is None
                     or _feeds_matmul(home, g, self.group_of)

@@ -214,6 +214,27 @@ func.func @f(%a: tensor<5x7xf32>, %b: tensor<3x7xf32>, %idx: tensor<4xi32>) -> (
     check(text)
 
 
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_rotary_embedding_is_one_kernel_computing_the_negation_in_the_concat_branch(dtype):
+    """Llama's rotary embedding on 8 heads of 77 positions, head dim 64: the concat, the
+    negation only it reads and the products around it are one generated kernel (fuse's concat
+    branches), matching float64."""
+    x, half, cs = t((2, 8, 77, 64), dtype), t((2, 8, 77, 32), dtype), t((77, 64), dtype)
+    text = f"""
+func.func @rotary(%x: {x}, %cos: {cs}, %sin: {cs}) -> {x} {{
+  %x1 = atomic.slice %x {{start = [0, 0, 0, 0], step = [1, 1, 1, 1], stop = [2, 8, 77, 32]}} : ({x}) -> {half}
+  %x2 = atomic.slice %x {{start = [0, 0, 0, 32], step = [1, 1, 1, 1], stop = [2, 8, 77, 64]}} : ({x}) -> {half}
+  %n = atomic.neg %x2 : ({half}) -> {half}
+  %r = atomic.concat %n, %x1 {{axis = 3}} : ({half}, {half}) -> {x}
+  %a = atomic.mul %x, %cos : ({x}, {cs}) -> {x}
+  %b = atomic.mul %r, %sin : ({x}, {cs}) -> {x}
+  %y = atomic.add %a, %b : ({x}, {x}) -> {x}
+  func.return %y : {x}
+}}"""
+    func = check(text, seed=3)
+    assert callees(func) == ["cuda.elementwise"]
+
+
 # -- row reductions --------------------------------------------------------------------------------
 
 ROW_SIZES = [1, 3, 31, 32, 33, 100, 768, 1024, 1025, 3000, 4096, 5001, 70000]
