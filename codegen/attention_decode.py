@@ -69,7 +69,10 @@ def decode_fits(att: Operation, ops: dict[str, dict], common: dict) -> str | Non
     rows = group * common["seq_q"]
     if rows > MAX_ROWS:
         return f"{rows} query rows per key-value head (at most {MAX_ROWS})"
-    if any(ops[n]["div"] != [1] * len(ops[n]["div"]) for n in ("q",) + (("mask",) if "mask" in ops else ())):
+    if any(
+        ops[n]["div"] != [1] * len(ops[n]["div"])
+        for n in ("q",) + (("mask",) if "mask" in ops else ())
+    ):
         return "q or the mask is read with a head divisor"
     return None
 
@@ -119,17 +122,23 @@ def decode_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
     nb = common["nb"] // group  # key-value heads x batch
     stages = params.get("stages", STAGES)
     if stages not in (2, 3, 4) or isinstance(stages, bool):
-        raise TgcError(f"attention template parameters: decode takes stages 2, 3 or 4, not {stages!r}")
+        raise TgcError(
+            f"attention template parameters: decode takes stages 2, 3 or 4, not {stages!r}"
+        )
     bn, shared_bytes = _layout(d, dv, stages)
     tiles = -(-sk // bn)
     sms = SM_COUNT.get(params.get("arch") or "", 132)
     per_sm = max(1, min(SHARED_PER_SM // shared_bytes, 2048 // (32 * WARPS)))
     splits = params.get("splits", default_splits(nb, tiles, per_sm, sms))
     if not isinstance(splits, int) or isinstance(splits, bool) or splits < 1:
-        raise TgcError(f"attention template parameters: splits must be a positive integer, not {splits!r}")
+        raise TgcError(
+            f"attention template parameters: splits must be a positive integer, not {splits!r}"
+        )
     # The last block's merge keeps a weight per row and split in the warps' O buffer.
     if rows * splits > WARPS * MAX_ROWS * dv:
-        raise TgcError(f"attention template parameters: at most {WARPS * MAX_ROWS * dv // rows} splits here, not {splits}")
+        raise TgcError(
+            f"attention template parameters: at most {WARPS * MAX_ROWS * dv // rows} splits here, not {splits}"
+        )
     per_split = -(-tiles // min(splits, tiles))  # tiles per split
     splits = -(-tiles // per_split)  # none empty
     batch = _kv_batch(ops, common["batch_shape"], group)
@@ -169,7 +178,9 @@ def _kv_batch(ops: dict[str, dict], batch_shape: list[int], group: int) -> dict:
         strides = list(o["batch"])
         if strides:
             strides[-1] *= scale_last
-        terms = [str(o["offset"])] + [f"(long long) {c} * {s}" for c, s in zip(coords, strides) if s]
+        terms = [str(o["offset"])] + [
+            f"(long long) {c} * {s}" for c, s in zip(coords, strides) if s
+        ]
         return " + ".join(terms)
 
     out = {

@@ -64,7 +64,7 @@ from tgc.ir import Block, Operation, Region, Value
 from tgc.opdef import ELEMENTWISE, REDUCTION, TERMINATOR, VIEW
 from tgc.pass_manager import Pass, PassStatistics, option, register_pass
 from tgc.patterns import erase_dead_ops
-from tgc.views import head_grouped_layout, is_unit_reshape, strided_layout
+from tgc.views import head_grouped_layout, is_unit_reshape
 
 MAX_KERNEL_INPUTS = 64
 

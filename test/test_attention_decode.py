@@ -150,7 +150,9 @@ def test_decode_kernels_compile_for_sm_90_without_spills(tmp_path):
         (gqa_text(2, 8, 2, 1, 1000, 64, "bf16", mask=True), {}),
         (heads_text(2, 3, 2, 300, 32, 128, "f16", True, True, "flat"), {}),
     ]
-    kernels = [generate_kernel(attention_region(text), {"arch": "sm_90", **p}) for text, p in variants]
+    kernels = [
+        generate_kernel(attention_region(text), {"arch": "sm_90", **p}) for text, p in variants
+    ]
     assert all(k.params["decode"] for k in kernels)
     flags = ["-cubin", "-arch=sm_90", "-O3", "-std=c++17", "-Xptxas", "-v"]
     results = compile_each(tmp_path, prelude(), [(k.name, k.source) for k in kernels], flags)
@@ -237,7 +239,9 @@ def test_grouped_kv_prefill_reads_the_cache_by_index(params):
     load_backends(("cuda",), required=True)
     if params.get("wgmma") and ck.TARGET["arch"] != "sm_90":
         pytest.skip("wgmma needs sm_90")
-    got, want, kernels = run_gpu(gqa_text(2, 8, 2, 100, 100, 64, "bf16", causal=True), 7, params=params)
+    got, want, kernels = run_gpu(
+        gqa_text(2, 8, 2, 100, 100, 64, "bf16", causal=True), 7, params=params
+    )
     assert [k.params.get("tensor_cores") for k in kernels] == [True]
     assert not np.isnan(got.astype(np.float64)).any()
     assert rel_frobenius(got, want) < REL_ERROR["bf16"]
