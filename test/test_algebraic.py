@@ -337,14 +337,14 @@ def test_pass_with_params_preserves_results(seed):
 def test_random_graphs_do_get_rewritten():
     """The differential test above is not vacuous: the pass rewrites most random graphs."""
     counts = {}
-    for seed in range(60):
+    for seed in range(30):
         graph = RandomGraph(1000 + seed)
         func = graph.build(RandomGraph.TEMPLATES, int(graph.rng.integers(2, 9)))
         pm = PassManager.from_text("algebraic")
         pm.run(func.parent_op)
         for key, n in pm.statistics[0][1].counters.items():
             counts[key] = counts.get(key, 0) + n
-    assert sum(counts.values()) >= 60
+    assert sum(counts.values()) >= 30
     assert {"distribute-matmul-left", "merge-shared-matmuls", "reorder-matmul-chain"} <= set(counts)
 
 

@@ -380,19 +380,14 @@ def test_a_kernel_that_needs_sm_90a_is_built_for_it_and_refused_elsewhere():
     assert info.value.loc is not None
 
 
+# Each parameter at least once, at both head dims, causal and masked (a covering set: every
+# case costs seconds of ptxas in the suite)
 WGMMA_COMPILED = [
     (heads_text(2, 3, 100, 130, 64, 64, "bf16", True, False, "heads"), {}),
-    (heads_text(2, 3, 1000, 1000, 64, 64, "bf16", False, True, "heads"), {}),
-    (heads_text(2, 3, 1000, 1000, 64, 64, "bf16", True, False, "heads"), {"block_n": 128}),
     (heads_text(2, 3, 1000, 1000, 128, 128, "f16", False, True, "heads"), {}),
     (heads_text(2, 3, 1000, 1000, 128, 128, "f16", True, False, "heads"), {"block_n": 128}),
     (heads_text(2, 2, 700, 700, 64, 64, "bf16", True, False, "qkv"), {"overlap": False}),
     (heads_text(2, 3, 1000, 1000, 64, 64, "bf16", True, True, "heads"), {"pingpong": True}),
-    (
-        heads_text(2, 3, 1000, 1000, 64, 64, "bf16", False, False, "heads"),
-        {"pingpong": True, "block_n": 128},
-    ),
-    (heads_text(2, 3, 1000, 1000, 128, 128, "f16", True, False, "heads"), {"pingpong": True}),
     (
         heads_text(2, 3, 1000, 1000, 128, 128, "f16", False, True, "heads"),
         {"pingpong": True, "block_n": 128},
@@ -400,10 +395,6 @@ WGMMA_COMPILED = [
     (
         heads_text(2, 3, 1000, 1000, 64, 64, "bf16", True, False, "heads"),
         {"q_in_registers": True},
-    ),
-    (
-        heads_text(2, 3, 1000, 1000, 128, 128, "f16", False, True, "heads"),
-        {"q_in_registers": True, "pingpong": True},
     ),
     (heads_text(2, 3, 1000, 1000, 64, 64, "bf16", True, False, "heads"), {"swizzle": True}),
     (
@@ -518,14 +509,15 @@ COMPILED = [
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_generated_kernels_compile(tmp_path):
-    """Each case's tensor-core kernel for sm_80 and sm_90 (one nvcc run per arch)."""
+    """Each case's tensor-core kernel for sm_80, the first for sm_90 too (one nvcc run per
+    arch: the source is the same for both)."""
     kernels = []
-    for dtype, d, dv, causal, mask, layout in COMPILED:
+    for i, (dtype, d, dv, causal, mask, layout) in enumerate(COMPILED):
         k = attention_kernel(
             heads_text(2, 3, 100, 130 if dv == d else 100, d, dv, dtype, causal, mask, layout)
         )
         assert k.params["tensor_cores"]
-        kernels += [(k, ("-cubin", f"-arch={arch}")) for arch in ("sm_80", "sm_90")]
+        kernels += [(k, ("-cubin", f"-arch={arch}")) for arch in ("sm_80", "sm_90")[: 2 - bool(i)]]
     compile_kernels(tmp_path, kernels)
 
 
@@ -559,17 +551,19 @@ def test_standalone_file_for_sm_90_compiles_with_its_wgmma_kernels(tmp_path):
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_bench_dry_run_generates_and_compiles():
-    """bench/attention_tc.py --dry-run: every kernel of the benchmark generated and compiled,
-    no GPU needed."""
+    """bench/attention_tc.py --dry-run, the causal bf16 cases (both shapes): generated and
+    compiled, no GPU needed. (Its other kernels are the same templates at other types and
+    masks, which test_generated_kernels_compile and the wgmma test compile.)"""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "attention_tc.py"), "--dry-run", "--arch", "sm_90"],
+        [sys.executable, str(ROOT / "bench" / "attention_tc.py"), "--dry-run", "--arch", "sm_90"]
+        + ["--only", "bf16,causal"],
         capture_output=True,
         text=True,
         check=False,
         env=dict(os.environ, PATH=f"{Path(NVCC).parent}:{os.environ.get('PATH', '')}"),
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert proc.stdout.count("compiled") == 8, proc.stdout
+    assert proc.stdout.count("compiled") == 2, proc.stdout
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
