@@ -18,6 +18,14 @@ bench/results/attention_tc-<device>-<date>.md.
 needs no GPU: generates every kernel and compiles it with nvcc (a CPU test runs this).
 `--params rows_per_warp=1,q_in_registers=true` passes template parameters to the kernel.
 
+    python3 bench/attention_tc.py --grid [--only D72,...] [--dry-run]
+
+runs issue 24's grid instead: bf16, 32 query heads, head dims 64, 72, 80, 96, 128 and 256,
+sequences of 512, 2048 and 8192 positions (batch 16, 4 and 1: 8k tokens each), causal and
+full, and at head dims 64 and 128 grouped-query attention over 4 key-value heads (8:1), each
+repeated as Hugging Face's `repeat_kv` writes it (SDPA takes them with `enable_gqa=True`).
+The report's kernel column says where tgc's kernel is the exact f32 one (no tensor cores).
+
     python3 bench/attention_tc.py --decode [--dry-run]
 
 times decode attention instead (issue 24, item 2): one new token per sequence against a KV
@@ -62,18 +70,45 @@ class Case:
     d: int
     causal: bool
     dtype: str
+    kv_heads: int = 0  # fewer key-value heads than query heads (grouped-query); 0: h
 
     @property
     def name(self) -> str:
         mode = "causal" if self.causal else "full"
-        return f"B{self.b} H{self.h} S{self.s} D{self.d} {mode} {self.dtype}"
+        heads = f"H{self.h}/{self.kv_heads} GQA" if self.kv_heads else f"H{self.h}"
+        return f"B{self.b} {heads} S{self.s} D{self.d} {mode} {self.dtype}"
 
     @property
     def flops(self) -> float:
         return attention_flops(self.b, self.h, self.s, self.d, self.causal)
 
     def text(self) -> str:
-        return attention_text(self.b, self.h, self.s, self.d, self.causal, self.dtype)
+        if not self.kv_heads:
+            return attention_text(self.b, self.h, self.s, self.d, self.causal, self.dtype)
+        return gqa_text(self.b, self.h, self.kv_heads, self.s, self.d, self.causal, self.dtype)
+
+
+def gqa_text(b: int, h: int, kv: int, s: int, d: int, causal: bool, dtype: str) -> str:
+    """`hl.attention` of h query heads over kv key-value heads, each repeated h // kv times as
+    Hugging Face's `repeat_kv` writes it (reshape, broadcast, reshape): the kernels read the
+    repeated heads by index, never a copy."""
+    g = h // kv
+    q, c = f"tensor<{b}x{h}x{s}x{d}x{dtype}>", f"tensor<{b}x{kv}x{s}x{d}x{dtype}>"
+    one, many = f"tensor<{b}x{kv}x1x{s}x{d}x{dtype}>", f"tensor<{b}x{kv}x{g}x{s}x{d}x{dtype}>"
+    lines = [f"func.func @attention(%q: {q}, %k: {c}, %v: {c}) -> {q} {{"]
+    for x in "kv":
+        lines += [
+            f"  %{x}1 = atomic.reshape %{x} : ({c}) -> {one}",
+            f"  %{x}g = atomic.broadcast %{x}1 : ({one}) -> {many}",
+            f"  %{x}h = atomic.reshape %{x}g : ({many}) -> {q}",
+        ]
+    attrs = " {causal = true}" if causal else ""
+    lines += [
+        f"  %y = hl.attention %q, %kh, %vh{attrs} : ({q}, {q}, {q}) -> {q}",
+        f"  func.return %y : {q}",
+        "}",
+    ]
+    return "\n".join(lines)
 
 
 @dataclass
@@ -124,6 +159,24 @@ def cases(only: set[str]) -> list[Case]:
         for (b, h, s, d) in SHAPES
         for causal in (True, False)
         for dtype in ("bf16", "f16")
+    ]
+    return [c for c in found if all(word in c.name.split() for word in only)]
+
+
+# Issue 24's grid: head dims, sequence lengths (each batch making 8k tokens), 32 query heads,
+# and grouped-query attention 8:1 at the head dims of Llama-family models
+GRID_HEAD_DIMS = (64, 72, 80, 96, 128, 256)
+GRID_SEQUENCES = ((16, 512), (4, 2048), (1, 8192))
+GRID_HEADS, GRID_GQA_KV_HEADS = 32, 4
+
+
+def grid_cases(only: set[str]) -> list[Case]:
+    found = [
+        Case(b, GRID_HEADS, s, d, causal, "bf16", kv)
+        for d in GRID_HEAD_DIMS
+        for kv in ((0, GRID_GQA_KV_HEADS) if d in (64, 128) else (0,))
+        for b, s in GRID_SEQUENCES
+        for causal in (True, False)
     ]
     return [c for c in found if all(word in c.name.split() for word in only)]
 
@@ -214,19 +267,24 @@ def measure(case: Case, params: dict) -> Row:
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[case.dtype]
     gen = torch.Generator(device="cuda").manual_seed(0)
     shape = (case.b, case.h, case.s, case.d)
-    q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
+    kv_shape = (case.b, case.kv_heads or case.h, case.s, case.d)
+    q = torch.randn(shape, device="cuda", dtype=dtype, generator=gen)
+    k, v = (torch.randn(kv_shape, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    gqa = bool(case.kv_heads)
     func = generated_plan(case.text(), params, ck.TARGET["arch"])
     (kernel,) = kernels_of(case, params, ck.TARGET["arch"])
     program = PlannedFunction(func)
     stream = torch.cuda.current_stream()
-    want = F.scaled_dot_product_attention(q, k, v, is_causal=case.causal)
+
+    def sdpa():
+        return F.scaled_dot_product_attention(q, k, v, is_causal=case.causal, enable_gqa=gqa)
+
+    want = sdpa()
     torch.cuda.synchronize()
     (out,) = program([q, k, v])
     error = rel_frobenius(checked_result(out), want)
     tgc_ms = time_ms(lambda: program([q, k, v]), stream)
-    sdpa_ms = time_ms(
-        lambda: F.scaled_dot_product_attention(q, k, v, is_causal=case.causal), stream
-    )
+    sdpa_ms = time_ms(sdpa, stream)
     return Row(
         case, tgc_ms, sdpa_ms, error, kernel.shared_bytes, bool(kernel.params.get("tensor_cores"))
     )
@@ -317,9 +375,11 @@ def report_decode(rows: list[Row], device: str, commit: str, out: Path, bandwidt
     return path
 
 
-def report(rows: list[Row], device: str, commit: str, out: Path, params: dict) -> Path:
+def report(
+    rows: list[Row], device: str, commit: str, out: Path, params: dict, stem: str = "attention_tc"
+) -> Path:
     title = "tgc tensor-core attention vs SDPA"
-    path, lines = _report_start(out, "attention_tc", title, device, commit)
+    path, lines = _report_start(out, stem, title, device, commit)
     lines += [
         "- method: `bench/attention_tc.py`; q, k, v N(0, 1), (B, H, S, D) contiguous; medians of 30",
         "  repetitions timed with CUDA events after 3 warm-ups (`gpu_suite.time_ms`); SDPA is",
@@ -362,10 +422,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--params", default="", help="template parameters, k=v,k=v")
     ap.add_argument("--decode", action="store_true", help="the decode cases (module doc)")
+    ap.add_argument("--grid", action="store_true", help="issue 24's grid of cases (module doc)")
     args = ap.parse_args(argv)
     params = parse_params(args.params)
     only = set(filter(None, args.only.split(",")))
-    selected = decode_cases(only) if args.decode else cases(only)
+    if args.decode and args.grid:
+        ap.error("--decode and --grid are two sets of cases: give one")
+    selected = (decode_cases if args.decode else grid_cases if args.grid else cases)(only)
     if not selected:
         print("no case matches --only", file=sys.stderr)
         return 2
@@ -400,7 +463,8 @@ def main(argv=None) -> int:
             f"rel. error {row.error:.1e}",
             flush=True,
         )
-    path = report(rows, device, args.commit, Path(args.out), params)
+    stem = "attention_grid" if args.grid else "attention_tc"
+    path = report(rows, device, args.commit, Path(args.out), params, stem)
     print(f"wrote {path}")
     return 0
 

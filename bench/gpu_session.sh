@@ -10,6 +10,8 @@
 #                                               # torch.compile(backend="tgc") beside eager
 #   STAGE=attention  bash bench/gpu_session.sh  # bench/attention_tc.py: tgc's attention kernels
 #                                               # against SDPA, prefill shapes and decode
+#   STAGE=grid       bash bench/gpu_session.sh  # bench/attention_tc.py --grid: issue 24's grid
+#                                               # of head dims, lengths and GQA beside SDPA
 #   STAGE=autotune   bash bench/gpu_session.sh  # the same two beside max-autotune-no-cudagraphs
 #                                               # alone (its compile of GPT-2 took 117 s)
 #   STAGE=generate   bash bench/gpu_session.sh  # bench/generate.py: a 1.1 B Llama's generate(),
@@ -133,6 +135,11 @@ attention)
     >"$out/attention-decode.txt" 2>&1
   echo "attention_tc --decode -> exit $?"
   ;;
+grid)
+  timeout -k 15 560 python3 bench/attention_tc.py --grid --commit "$commit" --out "$out" \
+    >"$out/attention-grid.txt" 2>&1
+  echo "attention_tc --grid -> exit $?"
+  ;;
 autotune)
   model --only gpt2 --dtypes bf16 --modes max-autotune-no-cudagraphs
   model --only llama --dtypes bf16 --modes max-autotune-no-cudagraphs
@@ -152,7 +159,7 @@ bert)
     test/test_bench_real_models.py
   ;;
 *)
-  echo "STAGE must be tests, cuda, models, backend, attention, autotune, generate," \
+  echo "STAGE must be tests, cuda, models, backend, attention, grid, autotune, generate," \
     "generate16, more, vision-f32, vision-b1 or bert" >&2
   exit 2
   ;;

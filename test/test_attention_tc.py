@@ -583,6 +583,54 @@ def test_bench_decode_dry_run_generates_and_compiles_a_gqa_decode_kernel():
     assert "decode B1 H32/8 S2048 D64 bf16: compiled for sm_90" in proc.stdout
 
 
+def _bench():
+    sys.path.insert(0, str(ROOT / "bench"))
+    import attention_tc
+
+    return attention_tc
+
+
+def test_the_bench_grid_covers_the_issues_head_dims_and_grouped_query_attention():
+    """--grid: bf16 at head dims 64, 72, 80, 96, 128 and 256, three sequence lengths of 8k
+    tokens, causal and full; grouped-query 8:1 at 64 and 128; --only selects by words."""
+    bench = _bench()
+    grid = bench.grid_cases(set())
+    assert {c.d for c in grid} == {64, 72, 80, 96, 128, 256}
+    assert {(c.b * c.s, c.dtype) for c in grid} == {(8192, "bf16")}
+    assert {c.d for c in grid if c.kv_heads} == {64, 128}
+    assert len(grid) == 6 * 3 * 2 + 2 * 3 * 2
+    (one,) = bench.grid_cases({"GQA", "S2048", "D128", "full"})
+    assert one.name == "B4 H32/4 GQA S2048 D128 full bf16"
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_grouped_query_text_of_the_bench_is_sdpas_enable_gqa(causal):
+    """The grid's grouped-query text (k and v repeated as repeat_kv writes it) computes what
+    SDPA with enable_gqa computes: query head h reads key-value head h // group; small sizes
+    against a float64 loop."""
+    text = _bench().gqa_text(2, 6, 2, 5, 8, causal, "f64")
+    module = parse_module(text)
+    verify(module)
+    q, k, v = random_inputs(module.funcs[0], 7)
+    (got,) = run_function(module.funcs[0], [q, k, v], "f64")
+    want = np.empty_like(got)
+    for b in range(2):
+        for h in range(6):
+            scores = q[b, h] @ k[b, h // 3].T / np.sqrt(8)
+            if causal:
+                scores = np.where(np.triu(np.ones((5, 5), bool), 1), -np.inf, scores)
+            p = np.exp(scores - scores.max(-1, keepdims=True))
+            want[b, h] = (p / p.sum(-1, keepdims=True)) @ v[b, h // 3]
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_the_bench_takes_one_set_of_cases(capsys):
+    with pytest.raises(SystemExit) as info:
+        _bench().main(["--grid", "--decode", "--dry-run"])
+    assert info.value.code == 2
+    assert "--decode and --grid are two sets of cases: give one" in capsys.readouterr().err
+
+
 # -- on the GPU ------------------------------------------------------------------------------------
 
 
