@@ -49,6 +49,10 @@ SHARED_PER_SM = 227 * 1024  # bytes a block may take on sm_80/sm_90
 SM_COUNT = {"sm_80": 108, "sm_86": 84, "sm_89": 128, "sm_90": 132}
 # Fewer keys than this: the flash-attention kernels' one block per head is as good.
 MIN_KEYS = 256
+# The module globals the kernel defines, named after its own symbol (format strings): whoever
+# allocates the symbol reserves these with it (codegen/kernels.py SYMBOL_FORMS), so no other
+# kernel or function of the translation unit can be given one of them.
+GLOBALS = {"part": "{}_part", "part_ml": "{}_part_ml", "done": "{}_done"}
 
 
 def group_of(ops: dict[str, dict]) -> int:
@@ -155,6 +159,7 @@ def decode_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
         splits=splits,
         per_split=per_split,
         shared_bytes=shared_bytes,
+        **{key: form.format(common["name"]) for key, form in GLOBALS.items()},
         # Tiles from here on need the bounds or causal checks.
         edge_from=sk - (sq - 1 if common["causal"] else 0),
     )

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from tgc.codegen.attention import generate_attention
+from tgc.codegen.attention_decode import GLOBALS as DECODE_GLOBALS
 from tgc.codegen.conv import generate_conv
 from tgc.codegen.cuda_ops import literal
 from tgc.codegen.elementwise import generate_elementwise
@@ -29,6 +30,10 @@ from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import FusedOp
 
 Generator = Callable[[FusedOp, dict, str], KernelSource]
+
+# The other symbols a kernel may define from its own (format strings): a translation unit's
+# NameAllocator reserves them with every kernel symbol it hands out.
+SYMBOL_FORMS: tuple[str, ...] = tuple(DECODE_GLOBALS.values())
 
 # template name -> generator(op, params, symbol); "generic" regions pick one by their ops.
 GENERATORS: dict[str, Generator] = {
@@ -72,6 +77,7 @@ def _located_at(op: FusedOp) -> Iterator[None]:
 
 __all__ = [
     "GENERATORS",
+    "SYMBOL_FORMS",
     "KernelSource",
     "c_identifier",
     "generate_kernel",

@@ -39,7 +39,7 @@ import numpy as np
 
 from tgc.builtin import FuncOp, ModuleOp
 from tgc.codegen.compact import compact_rows_kernel
-from tgc.codegen.kernels import generate_kernel, module_names
+from tgc.codegen.kernels import SYMBOL_FORMS, generate_kernel, module_names
 from tgc.codegen.names import NameAllocator
 from tgc.codegen.standalone import (
     Buffer,
@@ -231,7 +231,7 @@ class _ProgramWriter:
         name = kernel_name(self.func, call)
         fused = ck.fused_from_block(call.body, [r.type for r in call.results], kind, name, call.loc)
         params = {**({"arch": self.arch} if self.arch else {}), **ck.call_params(call)}
-        kernel = generate_kernel(fused, params, self.names.allocate(name))
+        kernel = generate_kernel(fused, params, self.names.allocate(name, forms=SYMBOL_FORMS))
         outs = [self.scratch(r) for r in call.results]
         self.program.steps.append(Launch(kernel, self.operands(call) + outs))
 

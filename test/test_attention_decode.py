@@ -23,7 +23,8 @@ from nvcc_batch import compile_each
 from test_attention_tc import REL_ERROR, attention_region, heads_text, rel_frobenius, run_gpu, t
 
 from tgc.codegen.attention_decode import default_splits
-from tgc.codegen.kernels import generate_kernel
+from tgc.codegen.kernels import SYMBOL_FORMS, generate_kernel
+from tgc.codegen.names import NameAllocator
 from tgc.codegen.render import prelude
 from tgc.diagnostics import TgcError
 from tgc.parser import parse_module
@@ -105,6 +106,21 @@ def test_the_grid_is_key_value_heads_times_splits_and_splits_is_a_parameter():
     f32 = attention_region(heads_text(1, 2, 4, 2049, 64, 64, "f32", layout="flat"))
     with pytest.raises(TgcError, match="decode needs bf16/f16"):
         generate_kernel(f32, {"decode": True})
+
+
+def test_the_kernels_module_globals_are_reserved_with_its_symbol():
+    """The scratch and counter arrays are named after the kernel's symbol; an allocator that
+    hands out the symbol reserves those names too, so another kernel or function of the same
+    translation unit named like one of them gets another name."""
+    names = NameAllocator()
+    symbol = names.allocate("att", forms=SYMBOL_FORMS)
+    fused = attention_region(heads_text(2, 3, 4, 2049, 64, 64, layout="flat"))
+    k = generate_kernel(fused, {"splits": 4}, symbol)
+    declared = set(re.findall(r"^__device__ [\w ]+ (\w+)\[", k.source, re.MULTILINE))
+    assert declared == {form.format(symbol) for form in SYMBOL_FORMS}
+    assert {names.allocate(f"att{suffix}") for suffix in ("_part", "_part_ml", "_done")}.isdisjoint(
+        declared
+    )
 
 
 @pytest.mark.parametrize(

@@ -70,7 +70,7 @@ from tgc.attributes import attribute_key
 from tgc.builtin import FuncOp, ReturnOp
 from tgc.codegen.cuda_ops import REDUCE_CODE, has_code
 from tgc.codegen.emitter import VIEW_INDEX_MAPS
-from tgc.codegen.kernels import generate_kernel, module_names
+from tgc.codegen.kernels import SYMBOL_FORMS, generate_kernel, module_names
 from tgc.codegen.names import c_identifier
 from tgc.cuda_target import CONV_OPS, GEMM_TYPES, attention_supported, conv_misfit, cublas_can_run
 from tgc.diagnostics import TgcError
@@ -299,7 +299,7 @@ def call_params(op: Operation) -> dict:
 
 def kernel_symbol(fused: FusedOp) -> str:
     """A C symbol for the kernel of `fused`, compiled as its own translation unit."""
-    return module_names().allocate(str(fused.attr("name")))
+    return module_names().allocate(str(fused.attr("name")), forms=SYMBOL_FORMS)
 
 
 # -- the kernels of regions, made once per distinct region -----------------------------------------
