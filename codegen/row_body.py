@@ -69,7 +69,7 @@ class RowBody:
         self.ptrs = ptrs
         self.keep_operands = keep_operands
         self.em = Emitter(ptrs)
-        self.cache_regs = {a: f"x{op.body.args.index(a)}" for a in launch.cached_args}
+        self.cache_regs = {a: f"x{i}" for i, a in enumerate(launch.cached_args)}
         self.smem: list[dict] = []
         self.smem_names: dict[tuple, str] = {}
         self.kept: dict[Value, str] = {}  # reduction operand -> its register array
@@ -304,18 +304,34 @@ class RowBody:
 
     def _full_outputs(self, outs: list[str]) -> tuple[list[dict], str]:
         """Full-row outputs: element l of vector register o<j>, stored by the template."""
-        em, op = self.em, self.op
+        em, op, layout = self.em, self.op, self.layout
         yields = yields_of(op)
         em.push()
+        self._hook_reshaped_rows()
         infos = []
         for j in self.layout.full_yields:
             element_type = op.results[j].type.element_type
-            val = store_value(em.value(yields[j], self.layout.full_coords), element_type)
+            coords = layout.full_coords_of(yields[j].type.shape)
+            val = store_value(em.value(yields[j], coords), element_type)
             em.emit(f"o{j}.v[l] = {val};")
             infos.append({"storage": STORAGE_CTYPE[element_type], "reg": f"o{j}", "ptr": outs[j]})
         body = em.take(8)
         em.pop()
         return infos, body
+
+    def _hook_reshaped_rows(self) -> None:
+        """A reshape of the full rows to other dims, read at (r, c) in its shape, is the rows
+        at (r, c): so its values come from the registers that hold the row (the index
+        arithmetic of the reshape, which would get there too, would load them again)."""
+        em, layout = self.em, self.layout
+        for inner in self.op.body.ops:
+            if inner.name != "atomic.reshape" or inner.operands[0].type.shape != layout.full:
+                continue
+            (result,), operand = inner.results, inner.operands[0]
+            at = layout.full_coords_of(result.type.shape)
+            em.hooks[result] = lambda c, at=at, operand=operand: (
+                em.value(operand, layout.full_coords) if c == at else None
+            )
 
     def _row_outputs(self, outs: list[str]) -> str:
         """Per-row outputs, stored at r."""

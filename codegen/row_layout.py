@@ -37,8 +37,19 @@ class RowLayout:
     col_coords: Coords
     full_coords: Coords
     full_args: list[Value]  # inputs of the full shape, read along rows (suffix only)
-    full_yields: list[int]  # outputs of the full shape
+    # a reshape to the full shape of an input of its elements -> that input: read as a full
+    # input from the input's memory (a group norm's [n, c, h, w] seen as its rows)
+    read_through: dict[Value, Value]
+    full_yields: list[int]  # outputs of the full shape, or of its elements reshaped (suffix)
     row_yields: list[int]  # outputs with one value per row
+
+    def full_coords_of(self, shape: tuple[int, ...]) -> Coords:
+        """The coordinates of row r, column c in a value of `shape`: the full shape, or (suffix
+        only) another shape of its elements in the same order, where element (r, c) is the
+        one at r * ncols + c."""
+        if shape == self.full:
+            return self.full_coords
+        return canon(shape, delinearize(f"(r * {self.ncols} + c)", shape))
 
     def scalar_coords(self, shape: tuple[int, ...]) -> Coords:
         """The coordinates of row r in a per-row value of `shape` (row_shape or keep_shape)."""
@@ -84,7 +95,13 @@ def row_layout(op: FusedOp, reductions: list[Operation]) -> RowLayout:
     for d, c in zip(red_axes, col_coords):
         coords[d] = c
     yields = yields_of(op)
-    full_yields = [j for j, y in enumerate(yields) if y.type.shape == full]
+    # A reshape keeps the elements' order: with the reduced axes last, the elements of row r
+    # are r * ncols + c in a reshaped value too (fuse groups a group norm's affine so)
+    full_yields = [
+        j
+        for j, y in enumerate(yields)
+        if y.type.shape == full or (suffix and math.prod(y.type.shape) == math.prod(full))
+    ]
     row_yields = [j for j in range(len(yields)) if j not in full_yields]
     nrows = math.prod(row_shape)
     for j in row_yields:
@@ -94,6 +111,16 @@ def row_layout(op: FusedOp, reductions: list[Operation]) -> RowLayout:
                 f"nor one value per row",
                 op.loc,
             )
+    numel = math.prod(full)
+    read_through = {
+        inner.results[0]: inner.operands[0]
+        for inner in op.body.ops
+        if suffix
+        and inner.name == "atomic.reshape"
+        and inner.results[0].type.shape == full
+        and inner.operands[0] in op.body.args
+        and math.prod(inner.operands[0].type.shape) == numel
+    }
     return RowLayout(
         full=full,
         red_axes=red_axes,
@@ -107,7 +134,10 @@ def row_layout(op: FusedOp, reductions: list[Operation]) -> RowLayout:
         row_coords=row_coords,
         col_coords=col_coords,
         full_coords=canon(full, tuple(coords)),
-        full_args=[a for a in op.body.args if a.type.shape == full] if suffix else [],
+        full_args=[a for a in op.body.args if a.type.shape == full] + list(read_through)
+        if suffix
+        else [],
+        read_through=read_through,
         full_yields=full_yields,
         row_yields=row_yields,
     )

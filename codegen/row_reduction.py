@@ -34,6 +34,7 @@ def generate_row_reduction(op: FusedOp, params: dict, symbol: str) -> KernelSour
     decls, ptrs, outs = params_decl(op)
     reductions = reductions_of(op)
     layout = row_layout(op, reductions)
+    ptrs.update({v: ptrs[a] for v, a in layout.read_through.items()})
     launch = row_launch(op, layout, params)
     plan = plan_passes(op, reductions, params.setdefault("merge_passes", False))
     keep = params.setdefault("keep_in_registers", True)

@@ -13,7 +13,10 @@ Three kinds of kernel (the `template` attribute of the region):
   elementwise ops before them (prologue), between them and after them (epilogue): softmax,
   log_softmax, layernorm and rmsnorm after `lower-hl` each become one kernel. Values in such a
   region are full rows (the reduced operand's shape) or one value per row (the reduction's
-  result, with or without kept unit dims).
+  result, with or without kept unit dims), or full rows reshaped to other dims and the
+  elementwise ops on those: a group norm's rows of [n, groups, c/groups * h * w] reshaped back
+  to [n, c, h, w] for its per-channel affine (and the SiLU after it) are the same elements in
+  the same order, so the kernel computes them as it computes the rows and writes them there.
 - `matmul`: one `atomic.matmul` and the elementwise ops on its result (bias, activation, scale,
   residual add): the epilogue runs on the accumulator before it is stored.
 - `conv`: one convolution the implicit-GEMM CUDA kernel runs (`conv_misfit`) and the
@@ -53,6 +56,7 @@ order of the function's ops is a topological order of the new graph.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
@@ -109,6 +113,9 @@ class Group:
     space: tuple[int, ...]  # the full iteration shape
     ncols: int = 0  # row_reduction: how many trailing dims are reduced
     ops: list[Operation] = field(default_factory=list)
+    # row_reduction: other shapes its full rows were reshaped to in it (a group norm's rows of
+    # [n, groups, c/groups * h * w] back to [n, c, h, w]): the same elements in the same order
+    reshaped: set[tuple[int, ...]] = field(default_factory=set)
 
     def row_shapes(self) -> tuple[tuple[int, ...], ...]:
         """Shapes a value of a row_reduction group may have: a full row, or one per row."""
@@ -117,8 +124,20 @@ class Group:
 
     def accepts_shape(self, shape: tuple[int, ...]) -> bool:
         if self.kind == "row_reduction":
-            return shape in self.row_shapes()
+            return shape in self.row_shapes() or shape in self.reshaped
         return shape == self.space
+
+    def relabels_rows(self, op: Operation) -> bool:
+        """Is `op` a reshape of this row_reduction group's full rows to other dims (the same
+        elements in the same order, so the kernel writes them where it writes the rows)?"""
+        if self.kind != "row_reduction" or op.name != "atomic.reshape":
+            return False
+        src, dst = op.operands[0].type.shape, op.results[0].type.shape
+        return (
+            (src == self.space or src in self.reshaped)
+            and dst != self.space
+            and (math.prod(dst) == math.prod(self.space))
+        )
 
 
 def _compatible(a: Group, b: Group) -> Group | None:
@@ -409,7 +428,7 @@ class _Fuser:
             return False
         if op.name == "atomic.broadcast" or is_unit_reshape(op):
             return group.accepts_shape(shape)
-        return False
+        return group.relabels_rows(op)
 
     @staticmethod
     def extends_attention_output(group: Group, op: Operation) -> bool:
@@ -426,6 +445,8 @@ class _Fuser:
     def join(self, group: Group, op: Operation) -> None:
         if (k := reduced_suffix(op)) is not None and group.kind == "elementwise":
             group.kind, group.ncols = "row_reduction", k
+        if group.relabels_rows(op):
+            group.reshaped.add(op.results[0].type.shape)
         group.ops.append(op)
         self.group_of[op] = group
         self.node_of[group] = self.units.contract(self.node_of[group], self.node_of.pop(op))
@@ -434,6 +455,7 @@ class _Fuser:
         for op in other.ops:
             self.group_of[op] = keep
         keep.ops += other.ops
+        keep.reshaped |= other.reshaped
         del self.groups[other]
         self.node_of[keep] = self.units.contract(self.node_of[keep], self.node_of.pop(other))
 

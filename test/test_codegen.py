@@ -141,6 +141,18 @@ def test_the_examples_library_file_compiles_with_nvcc(tmp_path):
     nvcc_compiles(src)
 
 
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_a_group_norm_with_its_affine_and_silu_in_one_kernel_compiles_with_nvcc(tmp_path):
+    """The row reduction whose output is its rows reshaped back to [n, c, h, w], with the
+    per-channel affine and the SiLU on them (test/lit/emit-cuda/group-norm.tg shows the code)."""
+    module = parse_module((ROOT / "test" / "lit" / "emit-cuda" / "group-norm.tg").read_text())
+    PassManager.from_text("lower-for-planning").run(module)
+    src = tmp_path / "gn.cu"
+    src.write_text(emit_standalone_cuda(module, "gn", libraries=False))
+    assert src.read_text().count("__global__") == 1
+    nvcc_compiles(src)
+
+
 def rounding_chain(e: str) -> str:
     """A fused chain of floor, ceil, round and both mods (a broadcast divisor) on element type
     `e`; integers take the mods only (rounding is float-only)."""

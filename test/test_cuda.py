@@ -235,6 +235,26 @@ func.func @rotary(%x: {x}, %cos: {cs}, %sin: {cs}) -> {x} {{
     assert callees(func) == ["cuda.elementwise"]
 
 
+GROUP_NORMS = [(3, 12, 7, 9, 4), (2, 64, 40, 40, 8)]  # n, c, h, w, groups: rows of 189, 12800
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("n,c,h,w,groups", GROUP_NORMS)
+def test_group_norm_with_its_affine_and_silu_is_one_kernel(n, c, h, w, groups, dtype):
+    """The reduction over each group's rows, the reshape back to [n, c, h, w], the affine per
+    channel and the SiLU: one generated kernel (a warp per row, and a block per row), matching
+    float64."""
+    x, v = t((n, c, h, w), dtype), t((c,), dtype)
+    text = f"""
+func.func @gn(%x: {x}, %g: {v}, %b: {v}) -> {x} {{
+  %y = hl.group_norm %x, %g, %b {{groups = {groups}, eps = 1.0e-05}} : ({x}, {v}, {v}) -> {x}
+  %s = hl.silu %y : ({x}) -> {x}
+  func.return %s : {x}
+}}"""
+    func = check(text, seed=5, library=False)
+    assert callees(func) == ["cuda.row_reduction"]
+
+
 # -- row reductions --------------------------------------------------------------------------------
 
 ROW_SIZES = [1, 3, 31, 32, 33, 100, 768, 1024, 1025, 3000, 4096, 5001, 70000]
