@@ -28,6 +28,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+# bench/ is on the path only now
+from attention_tc import parse_params  # noqa: E402
+from gpu_suite import device_slug  # noqa: E402
+
 
 @dataclass(frozen=True)
 class Layer:
@@ -215,10 +219,6 @@ def measure(layer: Layer, params: dict, modes: set[str]) -> Row:
     return Row(layer, dict(k.params), tgc_ms, eager_ms, compile_ms, conv_ms, tgc_err, eager_err)
 
 
-def device_slug(device: str) -> str:
-    return device.replace(" ", "-").replace("/", "-")
-
-
 def report(rows: list[Row], device: str, commit: str, out: Path, modes: set[str]) -> Path:
     today = datetime.date.today().isoformat()
     out.mkdir(parents=True, exist_ok=True)
@@ -259,14 +259,6 @@ def report(rows: list[Row], device: str, commit: str, out: Path, modes: set[str]
     lines.append("")
     path.write_text("\n".join(lines))
     return path
-
-
-def parse_params(text: str) -> dict:
-    out = {}
-    for item in filter(None, text.split(",")):
-        key, value = item.split("=")
-        out[key] = int(value)
-    return out
 
 
 def main(argv=None) -> int:
