@@ -5,7 +5,7 @@ the score matrix never in memory). Two skeletons:
 - `attention_tc.cu.j2`, on tensor cores, for bf16 and f16 whose q, k and v rows are contiguous
   and 16-byte aligned (column stride 1; offset, row and batch strides multiples of 8 elements;
   the base pointers are checked at run time, and unaligned ones take plain loads) with head
-  dims d and d_v multiples of 16 up to 128: 4 warps of 32 query rows each (template parameter
+  dims d and d_v multiples of 8 up to 128 (padded to 16 in shared memory with zeros): 4 warps of 32 query rows each (template parameter
   `rows_per_warp` 1 gives 16), K/V tiles of 64 keys double-buffered through cp.async, ldmatrix
   feeding mma.sync m16n8k16 with f32 accumulators, online softmax in f32, P rounded to the
   element type in registers for P V (as every tensor-core flash attention does); q's fragments
@@ -79,7 +79,7 @@ def generate_attention(fused: FusedOp, params: dict, symbol: str) -> KernelSourc
         make = _decode_kernel
     elif params.get("wgmma", _wgmma_by_default(att, ops, common, params)):
         make = _wgmma_kernel
-    elif _tensor_core_fits(att, ops):
+    elif _tensor_core_fits(att, ops, TC_HEAD_DIM_STEP):
         make = _tensor_core_kernel
     else:
         make = _f32_kernel
@@ -192,18 +192,23 @@ TC_TYPES = {
 TC_WARPS = 4
 TC_BLOCK_N = 64  # keys per shared-memory tile
 TC_MAX_HEAD_DIM = 128
+# Head dims the mma.sync kernel takes: multiples of 8 (one 16-byte copy), padded to the mma's
+# k step of 16 in shared memory with zero columns (72, as some models have, runs as 80)
+TC_HEAD_DIM_STEP = 8
 TC_ALIGN = 8  # elements in 16 bytes: the unit of cp.async
 
 
-def _tensor_core_fits(att: Operation, ops: dict[str, dict]) -> bool:
-    """bf16/f16, head dims multiples of 16 up to 128, and q, k, v rows that 16-byte copies can
-    move: column stride 1, offset and every other stride a multiple of 8 elements (the base
-    pointers' alignment is checked at run time)."""
+def _tensor_core_fits(att: Operation, ops: dict[str, dict], head_dim_step: int = 16) -> bool:
+    """bf16/f16, head dims multiples of `head_dim_step` up to 128, and q, k, v rows that
+    16-byte copies can move: column stride 1, offset and every other stride a multiple of 8
+    elements (the base pointers' alignment is checked at run time). The mma.sync kernel takes
+    head dims in steps of 8 (`TC_HEAD_DIM_STEP`: it pads them to 16 in shared memory); the
+    decode kernel steps of 16."""
     q, _, v, *_ = att.operands
     d, dv = q.type.shape[-1], v.type.shape[-1]
     if q.type.element_type not in TC_TYPES:
         return False
-    if any(x % 16 or x > TC_MAX_HEAD_DIM for x in (d, dv)):
+    if any(x % head_dim_step or x > TC_MAX_HEAD_DIM for x in (d, dv)):
         return False
     for name in ("q", "k", "v"):
         o = ops[name]
@@ -247,8 +252,9 @@ def _tensor_core_kernel(att: Operation, ops: dict[str, dict], common: dict, para
     group = _head_group(common, params)
     bm = 16 * rows * warps
     nq = (common["seq_q"] + bm - 1) // bm
-    # Q [bm][d + 8], K [2][bn][d + 8], V [2][bn][dv + 8], 2-byte elements.
-    shared_bytes = 2 * (bm * (d + 8) + 2 * bn * (d + 8) + 2 * bn * (dv + 8))
+    dp, dvp = -(-d // 16) * 16, -(-dv // 16) * 16  # padded to the mma's k step
+    # Q [bm][dp + 8], K [2][bn][dp + 8], V [2][bn][dvp + 8], 2-byte elements.
+    shared_bytes = 2 * (bm * (dp + 8) + 2 * bn * (dp + 8) + 2 * bn * (dvp + 8))
     source = render(
         "attention_tc.cu.j2",
         **common,
@@ -262,6 +268,8 @@ def _tensor_core_kernel(att: Operation, ops: dict[str, dict], common: dict, para
         shared_bytes=shared_bytes,
         q_in_registers=q_in_registers,
         group=group,
+        dp=dp,
+        dvp=dvp,
     )
     grid = (common["nb"] * nq, 1, 1)
     block = (32 * warps, 1, 1)

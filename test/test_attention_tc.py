@@ -149,11 +149,12 @@ CHOICES = [
     ("f16", 128, 128, "heads", True),
     ("bf16", 64, 64, "qkv", True),
     ("f16", 64, 64, "flat", True),
-    ("bf16", 80, 80, "flat", True),  # any multiple of 16 up to 128
+    ("bf16", 80, 80, "flat", True),  # any multiple of 8 up to 128
     ("bf16", 32, 128, "flat", True),  # d != d_v
     ("f32", 64, 64, "heads", False),  # f32 stays exact
-    ("bf16", 72, 72, "flat", False),  # not a multiple of 16
-    ("f16", 64, 40, "flat", False),
+    ("bf16", 72, 72, "flat", True),  # padded to 80
+    ("f16", 64, 40, "flat", True),  # d_v padded to 48
+    ("bf16", 68, 68, "flat", False),  # not a multiple of 8: rows are no 16-byte copies
     ("bf16", 64, 64, "q_transposed", False),  # column stride != 1
     ("f16", 64, 64, "q_offset4", False),  # offset not a multiple of 8 elements
 ]
@@ -170,7 +171,9 @@ def test_tensor_core_kernel_is_chosen_exactly_where_it_fits(dtype, d, dv, layout
         assert "cp.async.cg.shared.global" in k.source and "ldmatrix" in k.source
         bm = k.params["block_m"]
         assert bm in (64, 128, 256) and k.grid == (2 * 3 * -(-100 // bm), 1, 1)
-        assert k.shared_bytes == 2 * (bm * (d + 8) + 2 * 64 * (d + 8) + 2 * 64 * (dv + 8))
+        dp, dvp = -(-d // 16) * 16, -(-dv // 16) * 16  # padded to the mma's k step
+        assert k.shared_bytes == 2 * (bm * (dp + 8) + 2 * 64 * (dp + 8) + 2 * 64 * (dvp + 8))
+        assert ("pad columns" in k.source) == ((dp, dvp) != (d, dv))
 
 
 def test_mma_type_follows_the_element_type():
@@ -504,6 +507,7 @@ COMPILED = [
     ("bf16", 64, 64, True, False, "heads"),
     ("f16", 128, 128, False, True, "heads"),
     ("bf16", 80, 48, True, True, "flat"),
+    ("bf16", 72, 40, True, False, "heads"),  # both head dims padded in shared memory
 ]
 
 
@@ -676,6 +680,8 @@ SHAPES = [
     (1, 2, 1, 200, 128, 128, "heads"),  # one query against a cache
     (2, 2, 200, 200, 64, 64, "qkv"),  # GPT-2's split of one projection
     (1, 2, 130, 97, 32, 128, "flat"),  # d != d_v, more queries than keys (not causal)
+    (2, 2, 150, 150, 72, 72, "heads"),  # head dims padded to 80 (not yet run on a GPU)
+    (1, 3, 77, 120, 64, 40, "flat"),  # d_v padded to 48 (not yet run on a GPU)
 ]
 
 
