@@ -266,6 +266,42 @@ def test_decode_compiled_once_for_every_token_and_prefill_once_per_prompt_length
     assert counters["stats"]["unique_graphs"] == 3, dict(counters["stats"])
 
 
+def test_the_decode_steps_attention_reads_the_grouped_cache_by_index(monkeypatch):
+    """What the GPU's attention kernels get from a decode step (4 query heads over 2 key-value
+    heads, a static cache): after lower-for-planning, one query row per head against the
+    whole cache with its additive mask, k and v the cache's heads repeated as repeat_kv writes
+    it, which the kernels read by index (`head_grouped_layout`: the head dim's divisor is the
+    group, 2), never a copy."""
+    import tgc.dynamo.graph as graph
+    from tgc.parser import parse_module
+    from tgc.pass_manager import PassManager
+    from tgc.views import head_grouped_layout
+
+    imported = []  # each graph's module as imported (the backend then plans it in place)
+
+    def keep(gm, args, statics):
+        found = lower_graph(gm, args, statics)
+        imported.append(str(found.module))
+        return found
+
+    lower_graph = graph.lower_graph
+    monkeypatch.setattr(graph, "lower_graph", keep)
+    generate(compiled(tiny_llama()), prompt(9, seed=1), 2)
+    decode = []
+    for text in imported:
+        module = parse_module(text)
+        PassManager.from_text("lower-for-planning").run(module)
+        for op in module.funcs[0].walk():
+            if op.name == "hl.attention" and op.operands[0].type.shape[-2] == 1:
+                decode.append(op)
+    assert decode, "no decode attention was compiled"
+    for att in decode:
+        assert len(att.operands) == 4, "the decode step's attention lost its cache mask"
+        for kv in att.operands[1:3]:
+            found = head_grouped_layout(kv)
+            assert found is not None and found[3][-3] == 2, kv.type
+
+
 @pytest.mark.cuda
 def test_decode_pieces_reading_a_cpu_scalar_run_in_tgc_on_the_gpu():
     """A StaticCache layer keeps `cumulative_length` as a 0-d CPU tensor that each layer's piece
