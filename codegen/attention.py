@@ -5,9 +5,10 @@ the score matrix never in memory). Two skeletons:
 - `attention_tc.cu.j2`, on tensor cores, for bf16 and f16 whose q, k and v rows are contiguous
   and 16-byte aligned (column stride 1; offset, row and batch strides multiples of 8 elements;
   the base pointers are checked at run time, and unaligned ones take plain loads) with head
-  dims d and d_v multiples of 8 up to 128 (padded to 16 in shared memory with zeros): 4 warps of 32 query rows each (template parameter
-  `rows_per_warp` 1 gives 16), K/V tiles of 64 keys double-buffered through cp.async, ldmatrix
-  feeding mma.sync m16n8k16 with f32 accumulators, online softmax in f32, P rounded to the
+  dims d and d_v multiples of 8 up to 256 (padded to 16 in shared memory with zeros): 4 warps
+  of 32 query rows each (template parameter `rows_per_warp` 1 gives 16; above head dim 128 one
+  slice a warp and tiles of 32 keys), K/V tiles of 64 keys double-buffered through cp.async,
+  ldmatrix feeding mma.sync m16n8k16 with f32 accumulators, online softmax in f32, P rounded to the
   element type in registers for P V (as every tensor-core flash attention does); q's fragments
   stay in registers up to head dim 64 (`q_in_registers`). Needs sm_80 or later (below, the
   kernel traps).
@@ -37,7 +38,11 @@ import numpy as np
 from tgc.codegen.attention_decode import decode_by_default, decode_kernel
 from tgc.codegen.cuda_ops import STORAGE_CTYPE
 from tgc.codegen.render import KernelSource, is_gpu_arch, kernel_label, render
-from tgc.cuda_target import attention_supported
+
+# The head dims the mma.sync kernel takes: multiples of 8 (one 16-byte copy), padded to the
+# mma's k step of 16 in shared memory with zero columns (72, as some models have, runs as 80),
+# up to 256; the decode kernel's: multiples of 16 up to 128 (MAX_HEAD_DIM)
+from tgc.cuda_target import MAX_HEAD_DIM, TC_HEAD_DIM_STEP, TC_MAX_HEAD_DIM, attention_supported
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import FusedOp
 from tgc.ir import Operation, Value
@@ -79,8 +84,13 @@ def generate_attention(fused: FusedOp, params: dict, symbol: str) -> KernelSourc
         make = _decode_kernel
     elif params.get("wgmma", _wgmma_by_default(att, ops, common, params)):
         make = _wgmma_kernel
-    elif _tensor_core_fits(att, ops, TC_HEAD_DIM_STEP):
+    elif _tensor_core_fits(att, ops, TC_HEAD_DIM_STEP, TC_MAX_HEAD_DIM):
         make = _tensor_core_kernel
+    elif max(common["d"], common["dv"]) > MAX_HEAD_DIM:
+        raise TgcError(
+            f"attention with head dims over {MAX_HEAD_DIM} runs only on the tensor-core kernel: "
+            "bf16/f16, head dims in steps of 8, q, k and v rows of 16-byte copies"
+        )
     else:
         make = _f32_kernel
     source, grid, block, shared_bytes, template_params = make(att, ops, common, params)
@@ -191,24 +201,22 @@ TC_TYPES = {
 }
 TC_WARPS = 4
 TC_BLOCK_N = 64  # keys per shared-memory tile
-TC_MAX_HEAD_DIM = 128
-# Head dims the mma.sync kernel takes: multiples of 8 (one 16-byte copy), padded to the mma's
-# k step of 16 in shared memory with zero columns (72, as some models have, runs as 80)
-TC_HEAD_DIM_STEP = 8
 TC_ALIGN = 8  # elements in 16 bytes: the unit of cp.async
 
 
-def _tensor_core_fits(att: Operation, ops: dict[str, dict], head_dim_step: int = 16) -> bool:
-    """bf16/f16, head dims multiples of `head_dim_step` up to 128, and q, k, v rows that
+def _tensor_core_fits(
+    att: Operation, ops: dict[str, dict], head_dim_step: int = 16, most: int = MAX_HEAD_DIM
+) -> bool:
+    """bf16/f16, head dims multiples of `head_dim_step` up to `most`, and q, k, v rows that
     16-byte copies can move: column stride 1, offset and every other stride a multiple of 8
     elements (the base pointers' alignment is checked at run time). The mma.sync kernel takes
-    head dims in steps of 8 (`TC_HEAD_DIM_STEP`: it pads them to 16 in shared memory); the
-    decode kernel steps of 16."""
+    head dims in steps of 8 up to 256 (it pads them to 16 in shared memory); the decode and
+    wgmma kernels steps of 16 up to 128."""
     q, _, v, *_ = att.operands
     d, dv = q.type.shape[-1], v.type.shape[-1]
     if q.type.element_type not in TC_TYPES:
         return False
-    if any(x % head_dim_step or x > TC_MAX_HEAD_DIM for x in (d, dv)):
+    if any(x % head_dim_step or x > most for x in (d, dv)):
         return False
     for name in ("q", "k", "v"):
         o = ops[name]
@@ -228,9 +236,12 @@ def _tc_layout(d: int, dv: int, params: dict) -> tuple[int, bool, int, int]:
     but 13% slower in the GPT-2 block's (B8 H12 S1024 D64), so it is left to tuning.
     Template parameters `rows_per_warp` (1 or 2), `q_in_registers`, `block_n` (32, 64 or 128)
     and `warps` (4 or 8) override the defaults."""
-    rows = params.get("rows_per_warp", 2)
+    # Above head dim 128 one 16-row slice a warp (o's accumulators alone are 128 registers a
+    # thread at 256) and tiles of 32 keys (135 KB of shared memory at 256, within an A100's)
+    wide = max(d, dv) > 128
+    rows = params.get("rows_per_warp", 1 if wide else 2)
     q_in_registers = params.get("q_in_registers", max(d, dv) <= 64)
-    bn = params.get("block_n", TC_BLOCK_N)
+    bn = params.get("block_n", TC_BLOCK_N // 2 if wide else TC_BLOCK_N)
     warps = params.get("warps", 8 if max(d, dv) > 64 else TC_WARPS)
     if rows not in (1, 2) or not isinstance(q_in_registers, bool):
         raise TgcError(

@@ -155,6 +155,8 @@ CHOICES = [
     ("bf16", 72, 72, "flat", True),  # padded to 80
     ("f16", 64, 40, "flat", True),  # d_v padded to 48
     ("bf16", 68, 68, "flat", False),  # not a multiple of 8: rows are no 16-byte copies
+    ("bf16", 256, 256, "flat", True),  # up to 256 (one slice a warp, tiles of 32 keys)
+    ("f16", 160, 88, "flat", True),
     ("bf16", 64, 64, "q_transposed", False),  # column stride != 1
     ("f16", 64, 64, "q_offset4", False),  # offset not a multiple of 8 elements
 ]
@@ -170,10 +172,32 @@ def test_tensor_core_kernel_is_chosen_exactly_where_it_fits(dtype, d, dv, layout
     if tc:
         assert "cp.async.cg.shared.global" in k.source and "ldmatrix" in k.source
         bm = k.params["block_m"]
-        assert bm in (64, 128, 256) and k.grid == (2 * 3 * -(-100 // bm), 1, 1)
+        assert bm in (128, 256) if max(d, dv) <= 128 else k.params["rows_per_warp"] == 1
+        assert k.grid == (2 * 3 * -(-100 // bm), 1, 1)
         dp, dvp = -(-d // 16) * 16, -(-dv // 16) * 16  # padded to the mma's k step
-        assert k.shared_bytes == 2 * (bm * (dp + 8) + 2 * 64 * (dp + 8) + 2 * 64 * (dvp + 8))
+        bn = k.params["block_n"]
+        assert bn == (32 if max(d, dv) > 128 else 64)
+        assert k.shared_bytes == 2 * (bm * (dp + 8) + 2 * bn * (dp + 8) + 2 * bn * (dvp + 8))
         assert ("pad columns" in k.source) == ((dp, dvp) != (d, dv))
+
+
+def test_a_head_dim_over_128_the_tensor_cores_cannot_take_is_a_refusal():
+    """Head dim 160 in bf16 with q transposed (rows that are no 16-byte copies): the f32 kernel
+    stops at 128, so the generator refuses the attention region with its reason, the planner
+    has no such option, and the plan runs the decomposition (on the GPU, SDPA is one too)."""
+    text = heads_text(2, 3, 100, 100, 160, 160, "bf16", True, False, "q_transposed")
+    module = parse_module(text)
+    PassManager.from_text("lower-for-planning").run(module)
+    (att,) = [op for op in module.funcs[0].body.ops if op.name == "hl.attention"]
+    with ck.planning_kernels(None):
+        region = ck.region_of("attention", [att])
+        assert ck.region_kernel(region) is None  # no option the planner could pick
+        func = ck.region_function(region)
+        results = list(func.function_type.results)
+        fused = ck.fused_from_block(func.body, results, "attention", "att", func.loc)
+    with pytest.raises(TgcError, match="head dims over 128 runs only on the tensor-core kernel"):
+        generate_kernel(fused)
+    assert "attention" not in [o.attr("template") for o in regions(planned(text))]
 
 
 def test_mma_type_follows_the_element_type():
@@ -508,6 +532,7 @@ COMPILED = [
     ("f16", 128, 128, False, True, "heads"),
     ("bf16", 80, 48, True, True, "flat"),
     ("bf16", 72, 40, True, False, "heads"),  # both head dims padded in shared memory
+    ("bf16", 256, 256, False, True, "heads"),  # one slice a warp, tiles of 32 keys
 ]
 
 
@@ -682,6 +707,7 @@ SHAPES = [
     (1, 2, 130, 97, 32, 128, "flat"),  # d != d_v, more queries than keys (not causal)
     (2, 2, 150, 150, 72, 72, "heads"),  # head dims padded to 80 (not yet run on a GPU)
     (1, 3, 77, 120, 64, 40, "flat"),  # d_v padded to 48 (not yet run on a GPU)
+    (1, 2, 100, 130, 256, 256, "heads"),  # head dim 256 (not yet run on a GPU)
 ]
 
 

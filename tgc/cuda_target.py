@@ -3,7 +3,8 @@ planner's CUDA backend all decide with. They live here, below all three, so that
 generation imports no pass (docs/architecture.md, Layers).
 
 - `attention_supported(op)`: the fused attention kernel (template `attention`) runs this
-  `hl.attention` (f32/bf16/f16, head dims <= 128, no empty dim);
+  `hl.attention` (f32/bf16/f16, head dims <= 128, bf16/f16 head dims in steps of 8 up to 256,
+  no empty dim);
 - `cublas_can_run(op)`: cuBLAS runs this `atomic.matmul` (each operand batched like the result
   or unbatched; float element types);
 - `conv_misfit(op)`: why the generated implicit-GEMM convolution (template `conv`) does not
@@ -17,7 +18,11 @@ from __future__ import annotations
 from tgc.ir import Operation
 
 ATTENTION_TYPES = ("f32", "bf16", "f16")
-MAX_HEAD_DIM = 128
+MAX_HEAD_DIM = 128  # the exact f32 kernel's
+# The tensor-core kernel's: bf16/f16 head dims in steps of 8 (one 16-byte copy) up to 256
+TC_TYPES = ("bf16", "f16")
+TC_HEAD_DIM_STEP = 8
+TC_MAX_HEAD_DIM = 256
 GEMM_TYPES = ("f32", "f64", "f16", "bf16")
 CONV_OPS = ("hl.conv1d", "hl.conv2d", "hl.conv3d")
 CONV_TYPES = ("bf16", "f16")
@@ -27,11 +32,15 @@ CONV_MIN_GROUP_CHANNELS = 8
 
 
 def attention_supported(op: Operation) -> bool:
-    """Can the fused kernel run this `hl.attention`? f32/bf16/f16, head dims <= 128."""
+    """Can the fused kernel run this `hl.attention`? f32/bf16/f16, head dims <= 128; bf16/f16
+    head dims in steps of 8 up to 256 (the tensor-core kernel's: where q, k or v rows are no
+    16-byte copies the generator refuses such a region and the planner keeps another kernel)."""
     q, k, v = (x.type for x in op.operands[:3])
     if q.element_type not in ATTENTION_TYPES:
         return False
-    if q.shape[-1] > MAX_HEAD_DIM or v.shape[-1] > MAX_HEAD_DIM:
+    d, dv = q.shape[-1], v.shape[-1]
+    tensor_cores = q.element_type in TC_TYPES and d % TC_HEAD_DIM_STEP == dv % TC_HEAD_DIM_STEP == 0
+    if max(d, dv) > (TC_MAX_HEAD_DIM if tensor_cores else MAX_HEAD_DIM):
         return False
     if min(q.shape[-1], v.shape[-1], q.shape[-2], k.shape[-2]) < 1:
         return False
@@ -81,6 +90,9 @@ __all__ = [
     "CONV_TYPES",
     "GEMM_TYPES",
     "MAX_HEAD_DIM",
+    "TC_HEAD_DIM_STEP",
+    "TC_MAX_HEAD_DIM",
+    "TC_TYPES",
     "attention_supported",
     "conv_misfit",
     "cublas_can_run",
