@@ -4,6 +4,9 @@
 #
 #   STAGE=tests      bash bench/gpu_session.sh  # the GPU tests but test_cuda.py (about 4 min)
 #   STAGE=cuda       bash bench/gpu_session.sh  # test_cuda.py (over 150 s on an H200)
+#   STAGE=kernels    bash bench/gpu_session.sh  # the GPU tests of the kernels alone: attention
+#                                               # (every head dim, decode), the rotary and group
+#                                               # norm fusions, cuBLASLt, the convolution
 #   STAGE=models     bash bench/gpu_session.sh  # GPT-2 small and the Llama-style model, bf16,
 #                                               # beside eager, compile and reduce-overhead
 #   STAGE=backend    bash bench/gpu_session.sh  # GPT-2 and the Llama-style model, bf16, through
@@ -111,6 +114,11 @@ tests)
 cuda)
   pytest_gpu cuda 520 test/test_cuda.py
   ;;
+kernels)
+  pytest_gpu attention 300 test/test_attention_tc.py test/test_attention_decode.py
+  pytest_gpu fusions 200 test/test_cuda.py -k "rotary or group_norm or concat"
+  pytest_gpu epilogues 200 test/test_planner_cuda.py test/test_conv_tc.py -k "cublaslt or conv"
+  ;;
 models)
   model --only gpt2 --dtypes bf16 --profile --modes eager,default,reduce-overhead
   model --only llama --dtypes bf16 --profile --modes eager,default,reduce-overhead
@@ -159,7 +167,7 @@ bert)
     test/test_bench_real_models.py
   ;;
 *)
-  echo "STAGE must be tests, cuda, models, backend, attention, grid, autotune, generate," \
+  echo "STAGE must be tests, cuda, kernels, models, backend, attention, grid, autotune, generate," \
     "generate16, more, vision-f32, vision-b1 or bert" >&2
   exit 2
   ;;
