@@ -41,7 +41,6 @@ issue asks 85% on these caches.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import subprocess
 import sys
@@ -56,7 +55,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 # bench/ is on the path only now; the shapes and texts are gpu_suite's attention rows'.
 from gpu_suite import ATTENTION_SHAPES as SHAPES  # noqa: E402
-from gpu_suite import attention_flops, attention_text, device_slug, tflops  # noqa: E402
+from gpu_suite import attention_flops, attention_text, report_start, tflops  # noqa: E402
 
 DECODE_HEADS, DECODE_KV_HEADS = 32, 8
 DECODE_CACHES = (2048, 8192, 32768)
@@ -339,21 +338,9 @@ def measure_decode(case: DecodeCase, params: dict) -> Row:
     )
 
 
-def _report_start(out: Path, stem: str, title: str, device: str, commit: str):
-    """(the report's path, its title and first line): out/<stem>-<device>-<date>.md."""
-    today = datetime.date.today().isoformat()
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{stem}-{device_slug(device)}-{today}.md"
-    return path, [
-        f"# {title}: {device}, {today}",
-        "",
-        f"- device: {device}; date: {today}; commit: {commit}",
-    ]
-
-
 def report_decode(rows: list[Row], device: str, commit: str, out: Path, bandwidth: float) -> Path:
     title = "Decode attention, tgc's generated kernel vs SDPA"
-    path, lines = _report_start(out, "attention_decode", title, device, commit)
+    path, lines = report_start(out, "attention_decode", title, device, commit)
     lines += [
         "- method: `bench/attention_tc.py --decode` (its doc); medians of 30 repetitions timed",
         "  with CUDA events after 3 warm-ups (`gpu_suite.time_ms`)",
@@ -379,7 +366,7 @@ def report(
     rows: list[Row], device: str, commit: str, out: Path, params: dict, stem: str = "attention_tc"
 ) -> Path:
     title = "tgc tensor-core attention vs SDPA"
-    path, lines = _report_start(out, stem, title, device, commit)
+    path, lines = report_start(out, stem, title, device, commit)
     lines += [
         "- method: `bench/attention_tc.py`; q, k, v N(0, 1), (B, H, S, D) contiguous; medians of 30",
         "  repetitions timed with CUDA events after 3 warm-ups (`gpu_suite.time_ms`); SDPA is",

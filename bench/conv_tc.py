@@ -17,7 +17,6 @@ eager PyTorch's side by side. Writes <out>/conv-<device>-<date>.md.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import subprocess
 import sys
@@ -30,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # bench/ is on the path only now
 from attention_tc import parse_params  # noqa: E402
-from gpu_suite import device_slug  # noqa: E402
+from gpu_suite import report_start  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -220,17 +219,13 @@ def measure(layer: Layer, params: dict, modes: set[str]) -> Row:
 
 
 def report(rows: list[Row], device: str, commit: str, out: Path, modes: set[str]) -> Path:
-    today = datetime.date.today().isoformat()
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"conv-{device_slug(device)}-{today}.md"
+    title = "Generated implicit-GEMM convolution + epilogue against cuDNN"
+    path, lines = report_start(out, "conv", title, device, commit)
 
     def ms(v):
         return "-" if v is None else f"{v:.4f}"
 
-    lines = [
-        f"# Generated implicit-GEMM convolution + epilogue against cuDNN: {device}, {today}",
-        "",
-        f"- device: {device}; date: {today}; commit: {commit}",
+    lines += [
         "- bf16, batch 8; `python3 bench/conv_tc.py` (its docstring has the method). tgc: the "
         "generated kernel (conv, bias and epilogue in one launch). eager: `F.conv2d` (cuDNN) "
         "then the epilogue as PyTorch ops. compile: `torch.compile` of that, default mode"

@@ -1049,6 +1049,19 @@ def device_slug(device: str) -> str:
     return device.replace(" ", "-").replace("/", "-")
 
 
+def report_start(out: Path, stem: str, title: str, device: str, commit: str):
+    """(a benchmark report's path, out/<stem>-<device>-<date>.md, the folder made; its title
+    and device line)."""
+    today = datetime.date.today().isoformat()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{stem}-{device_slug(device)}-{today}.md"
+    return path, [
+        f"# {title}: {device}, {today}",
+        "",
+        f"- device: {device}; date: {today}; commit: {commit}",
+    ]
+
+
 def element_types(results) -> str:
     """The method line's element types: fp32, unless a row names bf16 or f16."""
     low = sorted({r.dtype for r in results} - {"f32"}, key=DTYPES.index)

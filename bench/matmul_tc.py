@@ -17,7 +17,6 @@ the median. Writes bench/results/matmul_tc-<device>-<date>.md.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from attention_tc import parse_params  # noqa: E402
-from gpu_suite import device_slug, tflops  # noqa: E402
+from gpu_suite import report_start, tflops  # noqa: E402
 
 # (m, k, n): a square GEMM and the GPT-2 block's four (batch 8 x 1024 tokens).
 SHAPES = [(4096, 4096, 4096), (8192, 768, 2304), (8192, 768, 768), (8192, 768, 3072),
@@ -89,11 +88,9 @@ def main(argv=None) -> int:
 
     device = torch.cuda.get_device_name()
     tc_params = {"tensor_cores": True, **parse_params(args.params)}
-    today = datetime.date.today().isoformat()
-    lines = [
-        f"# tgc's generated matmul template vs torch.mm: {device}, {today}",
-        "",
-        f"- device: {device}; date: {today}; commit: {args.commit}",
+    title = "tgc's generated matmul template vs torch.mm"
+    path, lines = report_start(Path(args.out), "matmul_tc", title, device, args.commit)
+    lines += [
         "- method: `bench/matmul_tc.py`; C = A @ B row-major, N(0, 1) inputs; planned on tgc's",
         "  generated kernels alone (no cuBLAS); medians of 30 CUDA-event timings after 3 warm-ups; error: max",
         "  |tgc - torch.mm| / max |torch.mm|",
@@ -122,9 +119,6 @@ def main(argv=None) -> int:
         )
         print(line, flush=True)
         lines.append(line)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"matmul_tc-{device_slug(device)}-{today}.md"
     path.write_text("\n".join(lines) + "\n")
     print(f"wrote {path}")
     return 0

@@ -18,7 +18,6 @@ max |reference|). Times are medians of 30 CUDA-event timings after 3 warm-ups
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from gpu_suite import device_slug, tflops, time_ms  # noqa: E402
+from gpu_suite import report_start, tflops, time_ms  # noqa: E402
 
 # (m, k, n): a square GEMM, GPT-2's four linear layers (8 x 1024 tokens), a wide one.
 SHAPES = [(4096, 4096, 4096), (8192, 768, 3072), (8192, 3072, 768), (8192, 768, 2304),
@@ -208,11 +207,10 @@ def main(argv=None) -> int:
 
     plain, fused = cases(args.only)
     device = torch.cuda.get_device_name()
-    today = datetime.date.today().isoformat()
-    lines = [
-        f"# tgc's Hopper matmul skeleton (wgmma) vs cuBLAS: {device}, {today}",
-        "",
-        f"- device: {device}; date: {today}; commit: {args.commit}; torch {torch.__version__}",
+    title = "tgc's Hopper matmul skeleton (wgmma) vs cuBLAS"
+    path, lines = report_start(Path(args.out), "matmul_wgmma", title, device, args.commit)
+    lines[-1] += f"; torch {torch.__version__}"
+    lines += [
         "- method: `bench/matmul_wgmma.py`; C = A @ B row-major (A N(0, 1), B N(0, 1/k)); tgc's",
         "  region kernel launched directly (PyCUDA, PyTorch's stream); medians of 30 CUDA-event",
         "  timings after 3 warm-ups; error: max |tgc - torch (f64 of its result)| / max |torch|",
@@ -275,9 +273,6 @@ def main(argv=None) -> int:
         )
         print(line, flush=True)
         lines.append(line)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"matmul_wgmma-{device_slug(device)}-{today}.md"
     path.write_text("\n".join(lines) + "\n")
     print(f"wrote {path}")
     return 0
