@@ -146,10 +146,15 @@ class DecodeCase:
         )
 
 
+def named(found: list, only: set[str]) -> list:
+    """The cases of `found` whose names hold every word of `only`."""
+    return [c for c in found if all(word in c.name.split() for word in only)]
+
+
 def decode_cases(only: set[str]) -> list[DecodeCase]:
     found = [DecodeCase(b, s, d) for b in (1, 16) for s in DECODE_CACHES for d in (64, 128)]
     found += [DecodeCase(b, DECODE_CACHES[-1], d, "f16") for b in (1, 16) for d in (64, 128)]
-    return [c for c in found if all(word in c.name.split() for word in only)]
+    return named(found, only)
 
 
 def cases(only: set[str]) -> list[Case]:
@@ -159,7 +164,7 @@ def cases(only: set[str]) -> list[Case]:
         for causal in (True, False)
         for dtype in ("bf16", "f16")
     ]
-    return [c for c in found if all(word in c.name.split() for word in only)]
+    return named(found, only)
 
 
 # Issue 24's grid: head dims, sequence lengths (each batch making 8k tokens), 32 query heads,
@@ -177,7 +182,7 @@ def grid_cases(only: set[str]) -> list[Case]:
         for b, s in GRID_SEQUENCES
         for causal in (True, False)
     ]
-    return [c for c in found if all(word in c.name.split() for word in only)]
+    return named(found, only)
 
 
 def kernels_of(case: Case, params: dict | None = None, arch: str | None = None):

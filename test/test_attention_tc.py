@@ -578,38 +578,36 @@ def test_standalone_file_for_sm_90_compiles_with_its_wgmma_kernels(tmp_path):
     nvcc(tmp_path, source, "-gencode=arch=compute_90a,code=sm_90a", "-DTGC_STANDALONE_MAIN")
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-def test_bench_dry_run_generates_and_compiles():
-    """bench/attention_tc.py --dry-run, the causal bf16 cases (both shapes): generated and
-    compiled, no GPU needed. (Its other kernels are the same templates at other types and
-    masks, which test_generated_kernels_compile and the wgmma test compile.)"""
+def bench_dry_run(*args: str) -> str:
+    """bench/attention_tc.py --dry-run with `args` (nvcc on its PATH); its output, after it
+    succeeded."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "attention_tc.py"), "--dry-run", "--arch", "sm_90"]
-        + ["--only", "bf16,causal"],
+        [sys.executable, str(ROOT / "bench" / "attention_tc.py"), "--dry-run", *args],
         capture_output=True,
         text=True,
         check=False,
         env=dict(os.environ, PATH=f"{Path(NVCC).parent}:{os.environ.get('PATH', '')}"),
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert proc.stdout.count("compiled") == 2, proc.stdout
+    return proc.stdout
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_bench_dry_run_generates_and_compiles():
+    """bench/attention_tc.py --dry-run, the causal bf16 cases (both shapes): generated and
+    compiled, no GPU needed. (Its other kernels are the same templates at other types and
+    masks, which test_generated_kernels_compile and the wgmma test compile.)"""
+    out = bench_dry_run("--arch", "sm_90", "--only", "bf16,causal")
+    assert out.count("compiled") == 2, out
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_bench_decode_dry_run_generates_and_compiles_a_gqa_decode_kernel():
     """bench/attention_tc.py --decode --dry-run, one case (batch 1, a 2k cache, head dim 64):
     the grouped query heads as query rows of their key-value head, generated and compiled."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "attention_tc.py"), "--decode", "--dry-run"]
-        + ["--only", "B1,S2048,D64"],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=dict(os.environ, PATH=f"{Path(NVCC).parent}:{os.environ.get('PATH', '')}"),
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert proc.stdout.count("compiled") == 1
-    assert "decode B1 H32/8 S2048 D64 bf16: compiled for sm_90" in proc.stdout
+    out = bench_dry_run("--decode", "--only", "B1,S2048,D64")
+    assert out.count("compiled") == 1
+    assert "decode B1 H32/8 S2048 D64 bf16: compiled for sm_90" in out
 
 
 def _bench():
