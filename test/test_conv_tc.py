@@ -333,28 +333,8 @@ def test_conv_tiles_match_float64(params):
 def test_the_route_plans_and_checks_a_conv_block(tmp_path):
     """tgc-run --backend cuda --check on a conv + bias + SiLU + residual block: the planner
     measures the generated kernel beside cuDNN's and the decomposition, and the plan matches."""
-    import subprocess
-    import sys
+    from test_cuda import route_check
 
     path = tmp_path / "block.tg"
     path.write_text(case_text(CASES[5]))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tgc.tools.run",
-            str(path),
-            "--backend",
-            "cuda",
-            "--check",
-            "--measure-budget",
-            "2",
-            "--db",
-            str(tmp_path / "m.sqlite"),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "check: result 0 ok" in proc.stdout
+    route_check(path, tmp_path)

@@ -395,32 +395,26 @@ def test_generated_matmul_tile_parameters():
 # -- examples, the executor, the standalone file ---------------------------------------------------
 
 
-@pytest.mark.parametrize("pipeline", [[], ["-p", "optimize"]])
-@pytest.mark.parametrize("name", EXAMPLES)
-def test_tgc_run_cuda_check(name, pipeline, tmp_path):
-    """The GPU route (planner/route.py) on what lower-for-planning makes, and on what a user's
-    -p makes (attention lowered), measuring briefly into a database of the test's own."""
+def route_check(path: Path, tmp_path: Path, *extra: str) -> None:
+    """`tgc-run --backend cuda --check` on `path` (with `extra` options), measuring briefly into
+    a database of the test's own: it succeeds and its result matches float64."""
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tgc.tools.run",
-            str(ROOT / "examples" / name),
-            "--backend",
-            "cuda",
-            "--check",
-            "--measure-budget",
-            "2",
-            "--db",
-            str(tmp_path / "m.sqlite"),
-            *pipeline,
-        ],
+        [sys.executable, "-m", "tgc.tools.run", str(path), "--backend", "cuda", "--check"]
+        + ["--measure-budget", "2", "--db", str(tmp_path / "m.sqlite"), *extra],
         capture_output=True,
         text=True,
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "check: result 0 ok" in proc.stdout
+
+
+@pytest.mark.parametrize("pipeline", [[], ["-p", "optimize"]])
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_tgc_run_cuda_check(name, pipeline, tmp_path):
+    """The GPU route (planner/route.py) on what lower-for-planning makes, and on what a user's
+    -p makes (attention lowered), measuring briefly into a database of the test's own."""
+    route_check(ROOT / "examples" / name, tmp_path, *pipeline)
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
