@@ -42,7 +42,13 @@ from tgc.codegen.render import KernelSource, is_gpu_arch, kernel_label, render
 # The head dims the mma.sync kernel takes: multiples of 8 (one 16-byte copy), padded to the
 # mma's k step of 16 in shared memory with zero columns (72, as some models have, runs as 80),
 # up to 256; the decode kernel's: multiples of 16 up to 128 (MAX_HEAD_DIM)
-from tgc.cuda_target import MAX_HEAD_DIM, TC_HEAD_DIM_STEP, TC_MAX_HEAD_DIM, attention_supported
+from tgc.cuda_target import (
+    MAX_HEAD_DIM,
+    TC_HEAD_DIM_STEP,
+    TC_MAX_HEAD_DIM,
+    TC_TYPES,
+    attention_supported,
+)
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import FusedOp
 from tgc.ir import Operation, Value
@@ -195,7 +201,8 @@ def _f32_kernel(att: Operation, ops: dict[str, dict], common: dict, params: dict
 
 # -- the tensor-core kernel ------------------------------------------------------------------------
 
-TC_TYPES = {
+# element type (cuda_target.TC_TYPES) -> mma operand type, pair type, pair packing
+TC_PTX = {
     "bf16": ("bf16", "__nv_bfloat162", "__floats2bfloat162_rn"),
     "f16": ("f16", "__half2", "__floats2half2_rn"),
 }
@@ -323,7 +330,7 @@ def _tensor_core_arguments(att: Operation, ops: dict[str, dict], common: dict) -
     mma operand type and pair packing, the scale, the softmax's exp2 factor, the output's
     paired stores."""
     elem = att.operands[0].type.element_type
-    ptx_type, t2, pack2 = TC_TYPES[elem]
+    ptx_type, t2, pack2 = TC_PTX[elem]
     scale = att.scale()
     # Without a mask, a positive scale commutes with the max: scores stay unscaled and the scale
     # joins log2 e in the FMA before exp2.
