@@ -95,12 +95,13 @@ def row_layout(op: FusedOp, reductions: list[Operation]) -> RowLayout:
     for d, c in zip(red_axes, col_coords):
         coords[d] = c
     yields = yields_of(op)
+    numel = math.prod(full)
     # A reshape keeps the elements' order: with the reduced axes last, the elements of row r
     # are r * ncols + c in a reshaped value too (fuse groups a group norm's affine so)
     full_yields = [
         j
         for j, y in enumerate(yields)
-        if y.type.shape == full or (suffix and math.prod(y.type.shape) == math.prod(full))
+        if y.type.shape == full or (suffix and math.prod(y.type.shape) == numel)
     ]
     row_yields = [j for j in range(len(yields)) if j not in full_yields]
     nrows = math.prod(row_shape)
@@ -111,7 +112,6 @@ def row_layout(op: FusedOp, reductions: list[Operation]) -> RowLayout:
                 f"nor one value per row",
                 op.loc,
             )
-    numel = math.prod(full)
     read_through = {
         inner.results[0]: inner.operands[0]
         for inner in op.body.ops
