@@ -241,15 +241,21 @@ def _tc_layout(d: int, dv: int, params: dict) -> tuple[int, bool, int, int]:
     above (measured on an H100, bench/results/attention_tc-tiles-*.md: 1% and 9% faster at
     head dim 128). One slice in 8 warps was 8% faster for causal attention at B8 H16 S2048 D64
     but 13% slower in the GPT-2 block's (B8 H12 S1024 D64), so it is left to tuning.
+    Head dims 72 to 96 take 4 warps too: on an H200 (2026-11-28,
+    bench/results/attention_tile-sweep-*.md) 7-10% faster than 8 at D72 and D96, B4 H32 S2048.
     Template parameters `rows_per_warp` (1 or 2), `q_in_registers`, `block_n` (32, 64 or 128)
     and `warps` (4 or 8) override the defaults."""
     # Above head dim 128 one 16-row slice a warp (o's accumulators alone are 128 registers a
-    # thread at 256) and tiles of 32 keys (135 KB of shared memory at 256, within an A100's)
-    wide = max(d, dv) > 128
+    # thread at 256) and tiles of 32 keys (135 KB of shared memory at 256, within an A100's
+    # 163 KB); on sm_90, whose blocks may take 227 KB, tiles of 64 keys (200 KB at 256: 13%
+    # faster at D256 B4 H32 S2048 on an H200, bench/results/attention_tile-sweep-*.md)
+    widest = max(d, dv)
+    wide = widest > 128
     rows = params.get("rows_per_warp", 1 if wide else 2)
-    q_in_registers = params.get("q_in_registers", max(d, dv) <= 64)
-    bn = params.get("block_n", TC_BLOCK_N // 2 if wide else TC_BLOCK_N)
-    warps = params.get("warps", 8 if max(d, dv) > 64 else TC_WARPS)
+    q_in_registers = params.get("q_in_registers", widest <= 64)
+    hopper = params.get("arch") in WGMMA_ARCHS
+    bn = params.get("block_n", TC_BLOCK_N // 2 if wide and not hopper else TC_BLOCK_N)
+    warps = params.get("warps", 8 if widest > 96 else TC_WARPS)
     if rows not in (1, 2) or not isinstance(q_in_registers, bool):
         raise TgcError(
             f"attention template parameters: rows_per_warp must be 1 or 2 and q_in_registers "
@@ -380,7 +386,11 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
             "attention template parameters: wgmma needs bf16/f16 operands the tensor-core kernel "
             f"takes and head dims d = d_v of 64 or 128 (got {elem}, {d} and {dv})"
         )
-    bn = params.get("block_n", 64)
+    # Head dim 128 by default in 128-key tiles with ping-pong: on an H200 (2026-11-28,
+    # bench/results/attention_tile-sweep-*.md) 15% faster than 64-key tiles without it at
+    # B4 H32 S2048 (72% of SDPA's speed against 62%, causal) and 10% at B16 H32 S512.
+    wide = d == 128
+    bn = params.get("block_n", 128 if wide else 64)
     if bn not in (64, 128):
         raise TgcError(f"attention template parameters: wgmma takes block_n 64 or 128, not {bn!r}")
     overlap = params.get("overlap", True)
@@ -388,7 +398,7 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
         raise TgcError(
             f"attention template parameters: overlap must be true or false, not {overlap!r}"
         )
-    pingpong = params.get("pingpong", False)
+    pingpong = params.get("pingpong", wide)
     if not isinstance(pingpong, bool):
         raise TgcError(
             f"attention template parameters: pingpong must be true or false, not {pingpong!r}"

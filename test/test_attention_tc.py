@@ -222,14 +222,31 @@ def test_template_parameters_choose_rows_per_warp_and_q_registers():
 
 
 @pytest.mark.parametrize(
-    "d, causal, rows, warps",
-    [(64, False, 2, 4), (64, True, 2, 4), (128, False, 2, 8), (128, True, 2, 8)],
+    "d, causal, arch, rows, warps, block_n",
+    [
+        (64, False, None, 2, 4, 64),
+        (64, True, None, 2, 4, 64),
+        (72, True, "sm_90", 2, 4, 64),
+        (96, False, None, 2, 4, 64),
+        (128, False, None, 2, 8, 64),
+        (128, True, "sm_80", 2, 8, 64),
+        (256, True, None, 1, 8, 32),
+        (256, False, "sm_80", 1, 8, 32),
+        (256, False, "sm_90", 1, 8, 64),
+    ],
 )
-def test_the_default_block_shape_is_the_fastest_measured_for_its_head_dim(d, causal, rows, warps):
-    """bench/results/attention_tc-tiles-*.md: 4 warps of 32 queries up to head dim 64, 8 warps
-    of 32 queries above."""
-    k = attention_kernel(heads_text(1, 2, 65, 65, d, d, "bf16", causal))
-    assert (k.params["rows_per_warp"], k.params["warps"], k.params["block_n"]) == (rows, warps, 64)
+def test_the_default_block_shape_is_the_fastest_measured_for_its_head_dim(
+    d, causal, arch, rows, warps, block_n
+):
+    """bench/results/attention_tc-tiles-*.md and attention_tile-sweep-*.md: 4 warps of 32
+    queries up to head dim 96, 8 warps of 32 queries up to 128, 8 warps of 16 queries above in
+    tiles of 64 keys where sm_90's shared memory holds them, else 32 (the mma.sync kernel)."""
+    k = generate_kernel(
+        attention_region(heads_text(1, 2, 65, 65, d, d, "bf16", causal)),
+        {"wgmma": False, **({"arch": arch} if arch else {})},
+    )
+    shape = (k.params["rows_per_warp"], k.params["warps"], k.params["block_n"])
+    assert shape == (rows, warps, block_n)
     assert k.block == (32 * warps, 1, 1) and k.params["block_m"] == 16 * rows * warps
 
 
@@ -284,7 +301,20 @@ def test_wgmma_is_off_by_default_and_a_parameter_turns_it_on():
     k128 = generate_kernel(
         attention_region(heads_text(1, 2, 65, 65, 128, 128, "f16")), {"wgmma": True}
     )
-    assert k128.params["block_n"] == 64 and "m64n128k16.f32.f16.f16" in k128.source
+    # head dim 128: 128-key tiles, the warpgroups in ping-pong, Q from shared memory (measured
+    # fastest on an H200, bench/results/attention_tile-sweep-*.md); parameters override them
+    assert (k128.params["block_n"], k128.params["pingpong"], k128.params["q_in_registers"]) == (
+        128,
+        True,
+        False,
+    )
+    assert "m64n128k16.f32.f16.f16" in k128.source and "bar.arrive" in k128.source
+    assert k128.shared_bytes == 2 * (128 * 128 + 6 * 128 * 128) + 16 + 1024
+    plain128 = generate_kernel(
+        attention_region(heads_text(1, 2, 65, 65, 128, 128, "f16")),
+        {"wgmma": True, "block_n": 64, "pingpong": False},
+    )
+    assert (plain128.params["block_n"], plain128.params["q_in_registers"]) == (64, True)
 
 
 @pytest.mark.parametrize(
@@ -299,14 +329,16 @@ def test_wgmma_is_off_by_default_and_a_parameter_turns_it_on():
     ],
 )
 def test_the_wgmma_kernel_is_the_default_for_sm_90_where_it_runs(text, arch, wgmma):
-    """`arch`: on sm_90 the wgmma kernel (swizzled, Q in registers) unless it cannot run the
+    """`arch`: on sm_90 the wgmma kernel (swizzled) unless it cannot run the
     region; elsewhere, or with no arch, the portable kernels; `wgmma` still overrides."""
     fused = attention_region(text)
     k = generate_kernel(fused, {"arch": arch} if arch else {})
     assert k.params.get("wgmma", False) is wgmma
     assert ("wgmma.mma_async" in k.source) is wgmma
     if wgmma:
-        assert k.params["swizzle"] and k.params["q_in_registers"] and k.arch_features == "sm_90a"
+        assert k.params["swizzle"] and k.arch_features == "sm_90a"
+        # Q in registers but with ping-pong, the default at head dim 128
+        assert k.params["q_in_registers"] is not k.params["pingpong"]
         assert not generate_kernel(fused, {"arch": arch, "wgmma": False}).params["wgmma"]
 
 
