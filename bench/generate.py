@@ -380,6 +380,9 @@ def run_mode(row: Row, model, ids, args, reference, sync) -> object:
         if new > 1 and decode_ms > 0:
             row.step_ms = decode_ms / (new - 1)
             row.tokens_per_s = row.batch * (new - 1) / (decode_ms / 1e3)
+        if args.profile:
+            row.running = "profile"
+            profile_generate(model, ids, args, f"{row.mode}-b{row.batch}")
         tokens = out[:, prompt:].cpu()
         if reference is not None:
             agree(row, tokens, reference)
@@ -411,6 +414,27 @@ def run_mode(row: Row, model, ids, args, reference, sync) -> object:
         restore_forward(model)
         reset_compilers()
         gc.collect()
+
+
+def profile_generate(model, ids, args, name: str) -> None:
+    """One more generate() of `--new-tokens` under cProfile (`--profile DIR`): where the host's
+    time goes, by own and by cumulative time, to DIR/profile-generate-<mode>-b<batch>.txt. At
+    batch 1 every mode's decode step is host-bound (bench/results/generate-*)."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    generate(model, ids, args.new_tokens, args.prompt + args.new_tokens)
+    profiler.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    for order in ("tottime", "cumulative"):
+        stats.sort_stats(order).print_stats(45)
+    folder = Path(args.profile)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"profile-generate-{name}.txt").write_text(text.getvalue())
 
 
 def run_isolated(row: Row, args, reference: Path | None, work: Path) -> Path | None:
@@ -453,7 +477,8 @@ def child_flags(args) -> list[str]:
     flags += ["--dtype", args.dtype, "--reps", str(args.reps), "--commit", commit_of(args.commit)]
     for name, value in asdict(args.size).items():
         flags += ["--" + name.replace("_", "-"), str(value)]
-    for flag, value in (("--measure-budget", args.measure_budget), ("--db", args.db)):
+    options = (("--measure-budget", args.measure_budget), ("--db", args.db))
+    for flag, value in (*options, ("--profile", args.profile)):
         if value is not None:
             flags += [flag, str(value)]
     return flags
@@ -673,6 +698,9 @@ def parse(argv: list[str] | None):
         "--measure-budget", type=float, default=None, help="tgc's option, seconds (its default 30)"
     )
     ap.add_argument("--db", default=None, help="tgc's measurement database (its default)")
+    ap.add_argument(
+        "--profile", default=None, help="folder: one more generate() per mode under cProfile"
+    )
     ap.add_argument(
         "--isolate",
         action=argparse.BooleanOptionalAction,

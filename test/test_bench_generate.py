@@ -56,7 +56,9 @@ def _run(tmp_path: Path) -> tuple[dict, str]:
 
 
 def test_dry_run_tgc_tokens_are_eagers(tmp_path, capsys):
-    assert bench.main(["--dry-run", "--out", str(tmp_path), "--reps", "2"]) == 0
+    profiles = tmp_path / "profiles"
+    argv = ["--dry-run", "--out", str(tmp_path), "--reps", "2", "--profile", str(profiles)]
+    assert bench.main(argv) == 0
     run, md = _run(tmp_path)
     rows = {r["mode"]: r for r in run["rows"]}
     assert list(rows) == ["eager", "tgc"]
@@ -74,6 +76,10 @@ def test_dry_run_tgc_tokens_are_eagers(tmp_path, capsys):
     assert run["device"] == "cpu (dry run)" and run["new_tokens"] == 4 and run["prompt"] == 8
     assert "| 1 | tgc |" in md and "100.0% (4/4)" in md and "| 2 / 0 | 6 of 6 |" in md
     assert "| 1 | tgc |" in capsys.readouterr().out  # the table is printed too
+    # --profile: one more generate() per mode under cProfile, tgc's executor in tgc's
+    tgc_profile = (profiles / "profile-generate-tgc-b1.txt").read_text()
+    assert "Ordered by: cumulative time" in tgc_profile and "planner/executor.py" in tgc_profile
+    assert "planner/executor.py" not in (profiles / "profile-generate-eager-b1.txt").read_text()
 
 
 def test_a_failing_mode_is_a_note_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
