@@ -398,7 +398,7 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
         raise TgcError(
             f"attention template parameters: overlap must be true or false, not {overlap!r}"
         )
-    pingpong = params.get("pingpong", wide)
+    pingpong = params.get("pingpong", wide and overlap is True)  # ping-pong needs overlap
     if not isinstance(pingpong, bool):
         raise TgcError(
             f"attention template parameters: pingpong must be true or false, not {pingpong!r}"

@@ -315,6 +315,11 @@ def test_wgmma_is_off_by_default_and_a_parameter_turns_it_on():
         {"wgmma": True, "block_n": 64, "pingpong": False},
     )
     assert (plain128.params["block_n"], plain128.params["q_in_registers"]) == (64, True)
+    serial128 = generate_kernel(
+        attention_region(heads_text(1, 2, 65, 65, 128, 128, "f16")),
+        {"wgmma": True, "overlap": False},
+    )
+    assert not serial128.params["pingpong"]  # ping-pong needs overlap: off without it
 
 
 @pytest.mark.parametrize(
