@@ -24,6 +24,7 @@ transformers = pytest.importorskip(
 )
 
 from tgc.dynamo import coverage, reset_coverage  # noqa: E402
+from tgc.dynamo.split import _CountingWrites as CountingWrites  # noqa: E402
 
 # float32 plans against the float64 model over two layers (a few ulp per op, softmax and
 # rmsnorm over 64 values): as test_dynamo_backend's Hugging Face models
@@ -132,9 +133,14 @@ class CacheWrite(torch.nn.Module):
         return self.keys.sum(-1) * 2
 
 
-def test_index_copy_and_index_put_write_rows_as_eager():
+def test_index_copy_and_index_put_write_rows_as_eager(monkeypatch):
+    from tgc.dynamo import split
+
+    counted = []  # the write pieces' node-by-node runs, which count the bytes written
+    monkeypatch.setattr(split, "_CountingWrites", lambda m: counted.append(m) or CountingWrites(m))
     model, twin = CacheWrite(), CacheWrite()
     run = torch.compile(model, backend="tgc", options={"compare_eager": False})
+    written = []
     for step, (pos, where) in enumerate([([5, 1], [-1]), ([0, 6], [2]), ([3, 3], [-8])]):
         k = torch.randn(2, 3, 2, 4, generator=torch.Generator().manual_seed(step))
         v = torch.randn(2, 3, 1, 4, generator=torch.Generator().manual_seed(10 + step))
@@ -144,8 +150,13 @@ def test_index_copy_and_index_put_write_rows_as_eager():
         # rows are copied, not computed: exactly eager's (a repeated index: the last wins)
         assert torch.equal(model.keys, twin.keys)
         assert_close(got, want, 1e-6)
+        written.append(coverage().bytes_written)
     tally = coverage()
     assert tally.graphs >= 1 and tally.graphs_in_tgc == tally.graphs, tally
+    # the bytes counted on the first call at these shapes, node by node, and again on each
+    # later call, which runs the piece's own code
+    assert len(counted) == 1
+    assert written[0] > 0 and written[2] - written[1] == written[1] - written[0] == written[0]
 
 
 # -- generate() --------------------------------------------------------------------------------
