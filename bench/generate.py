@@ -28,6 +28,9 @@ measure_budget and db only where the flags give them), `default` (`torch.compile
 Inductor) and `reduce-overhead` (`mode="reduce-overhead"`, CUDA graphs; each call starts a new
 CUDA-graph step and copies its output tensors, as tgc's backend does), each compiled as the
 Hugging Face docs compile for a static cache: `model.forward` replaced, `generate()` unchanged.
+Asked for by name: `tgc-pieces` (tgc without whole-call replays) and `hf-compile`
+(transformers' own compile of the decode step, `disable_compile=False`: its CompileConfig,
+reduce-overhead with fullgraph; the prefill runs eagerly).
 Dynamo is reset (`torch._dynamo.reset()`, its counters cleared, tgc's tally cleared) before each
 mode and batch, so each compiles from scratch. tgc runs right after eager by default, so a run
 cut off by its time limit loses torch.compile's rows rather than tgc's.
@@ -106,7 +109,10 @@ from real_models import commit_of  # noqa: E402  (bench/ is on the path only now
 
 MODES = ("eager", "tgc", "default", "reduce-overhead")
 # tgc with whole_graphs off (each piece of a split graph replayed on its own): asked for by name
-EXTRA_MODES = ("tgc-pieces",)
+# transformers' own compile of the decode step (generate()'s auto-compile for a static cache:
+# its CompileConfig, mode="reduce-overhead", fullgraph): reduce-overhead as Hugging Face runs it,
+# since `reduce-overhead` here (model.forward compiled by us) died of SIGSEGV on an H200
+EXTRA_MODES = ("tgc-pieces", "hf-compile")
 DRY_MODES = ("eager", "tgc")
 # memory bandwidth in bytes/s by a substring of torch.cuda.get_device_name(), the first match
 BANDWIDTH = (("H200", 4.8e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12))
@@ -222,9 +228,10 @@ def static_cache(model, length: int) -> dict:
     return {"past_key_values": cache}
 
 
-def generate(model, ids, new_tokens: int, cache_len: int):
+def generate(model, ids, new_tokens: int, cache_len: int, auto_compile: bool = False):
     """Greedy generate() of exactly `new_tokens` tokens into a fresh static cache of `cache_len`
-    positions; the sequences (prompt and new tokens)."""
+    positions; the sequences (prompt and new tokens). `auto_compile`: transformers compiles the
+    decode step itself (mode `hf-compile`)."""
     import torch
 
     with torch.no_grad():
@@ -235,7 +242,7 @@ def generate(model, ids, new_tokens: int, cache_len: int):
             do_sample=False,
             eos_token_id=None,
             pad_token_id=0,
-            disable_compile=True,  # transformers' own compile of the decode step: off
+            disable_compile=not auto_compile,  # transformers' own compile of the decode step
             **static_cache(model, cache_len),
         )
     if out.shape != (ids.shape[0], ids.shape[1] + new_tokens):
@@ -248,7 +255,7 @@ def compile_forward(model, mode: str, args) -> None:
     cache (eager: left as it is)."""
     import torch
 
-    if mode == "eager":
+    if mode in ("eager", "hf-compile"):  # hf-compile: generate() compiles (auto_compile)
         return
     forward = model.forward
     if mode in ("tgc", "tgc-pieces"):
@@ -360,19 +367,21 @@ def run_mode(row: Row, model, ids, args, reference, sync) -> object:
     """`row` measured (module doc); the tokens its mode generated (None if it failed).
     `reference`: eager's generated tokens, or None."""
     prompt, new, reps = args.prompt, args.new_tokens, args.reps
-    cache_len = prompt + new
+    cache_len, auto = prompt + new, row.mode == "hf-compile"
     reset_compilers()
     try:
         row.running = "compile"
         compile_forward(model, row.mode, args)
         row.running = "first call"
-        row.first_s, _ = timed(lambda: generate(model, ids, new, cache_len), sync)
+        row.first_s, _ = timed(lambda: generate(model, ids, new, cache_len, auto), sync)
         row.running = "time to first token"
-        ttft = [timed(lambda: generate(model, ids, 1, cache_len), sync)[0] for _ in range(reps)]
+        ttft = [
+            timed(lambda: generate(model, ids, 1, cache_len, auto), sync)[0] for _ in range(reps)
+        ]
         row.running = f"generate() of {new} tokens"
         totals, out = [], None
         for _ in range(reps):
-            seconds, out = timed(lambda: generate(model, ids, new, cache_len), sync)
+            seconds, out = timed(lambda: generate(model, ids, new, cache_len, auto), sync)
             totals.append(seconds)
         row.ttft_ms = statistics.median(ttft) * 1e3
         row.total_ms = statistics.median(totals) * 1e3
@@ -382,13 +391,13 @@ def run_mode(row: Row, model, ids, args, reference, sync) -> object:
             row.tokens_per_s = row.batch * (new - 1) / (decode_ms / 1e3)
         if args.profile:
             row.running = "profile"
-            profile_generate(model, ids, args, f"{row.mode}-b{row.batch}")
+            profile_generate(model, ids, args, f"{row.mode}-b{row.batch}", auto)
         tokens = out[:, prompt:].cpu()
         if reference is not None:
             agree(row, tokens, reference)
         if row.mode != "eager":
             row.dynamo_graphs, row.dynamo_recompiles = dynamo_counts()
-        if row.mode == "reduce-overhead":  # Inductor runs a graph it cannot capture plainly
+        if row.mode in ("reduce-overhead", "hf-compile"):  # Inductor runs what it cannot capture
             import torch
 
             skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
@@ -416,7 +425,7 @@ def run_mode(row: Row, model, ids, args, reference, sync) -> object:
         gc.collect()
 
 
-def profile_generate(model, ids, args, name: str) -> None:
+def profile_generate(model, ids, args, name: str, auto_compile: bool) -> None:
     """One more generate() of `--new-tokens` under cProfile (`--profile DIR`): where the host's
     time goes, by own and by cumulative time, to DIR/profile-generate-<mode>-b<batch>.txt. At
     batch 1 every mode's decode step is host-bound (bench/results/generate-*)."""
@@ -426,7 +435,7 @@ def profile_generate(model, ids, args, name: str) -> None:
 
     profiler = cProfile.Profile()
     profiler.enable()
-    generate(model, ids, args.new_tokens, args.prompt + args.new_tokens)
+    generate(model, ids, args.new_tokens, args.prompt + args.new_tokens, auto_compile)
     profiler.disable()
     text = io.StringIO()
     stats = pstats.Stats(profiler, stream=text)

@@ -18,8 +18,9 @@
 #   STAGE=autotune   bash bench/gpu_session.sh  # the same two beside max-autotune-no-cudagraphs
 #                                               # alone (its compile of GPT-2 took 117 s)
 #   STAGE=generate   bash bench/gpu_session.sh  # bench/generate.py: a 1.1 B Llama's generate(),
-#                                               # batch 1: eager, tgc, reduce-overhead, compile
-#                                               # default, each mode in a process of its own,
+#                                               # batch 1: eager, tgc, transformers' own
+#                                               # reduce-overhead compile, compile default and
+#                                               # reduce-overhead, each in a process of its own,
 #                                               # each profiled once more (cProfile)
 #   STAGE=generate16 bash bench/gpu_session.sh  # the same at batch 16
 #   STAGE=more       bash bench/gpu_session.sh  # ResNet-50, ViT-base, the UNet and the VAE
@@ -128,7 +129,7 @@ generate | generate16)
   batch=1
   [ "$stage" = generate16 ] && batch=16
   timeout -k 15 560 python3 bench/generate.py --commit "$commit" --out "$out" \
-    --batches "$batch" --modes eager,tgc,reduce-overhead,default --profile "$out" \
+    --batches "$batch" --modes eager,tgc,hf-compile,default,reduce-overhead --profile "$out" \
     >"$out/generate-b$batch.txt" 2>&1
   echo "generate batch $batch -> exit $?"
   ;;

@@ -197,3 +197,27 @@ def test_a_child_that_dies_is_a_note_and_the_run_goes_on(tmp_path, monkeypatch, 
         ("eager", True, ""),
     ]
     assert "FAILED batch 1 tgc: the process died of SIGSEGV" in capsys.readouterr().err
+
+
+def test_hf_compile_lets_generate_compile_the_decode_step_and_other_modes_do_not():
+    """`hf-compile`: transformers' own compile of the decode step (disable_compile=False);
+    every other mode passes disable_compile=True, or `eager` would not be eager on a GPU."""
+    seen = []
+
+    class Model:
+        config = transformers.LlamaConfig(
+            num_hidden_layers=1, hidden_size=16, num_attention_heads=2, vocab_size=32
+        )
+
+        def generate(self, ids, max_new_tokens, **kwargs):
+            seen.append(kwargs["disable_compile"])
+            return torch.zeros(ids.shape[0], ids.shape[1] + max_new_tokens, dtype=torch.long)
+
+    ids = torch.zeros(1, 3, dtype=torch.long)
+    bench.generate(Model(), ids, 2, 5, auto_compile=True)
+    bench.generate(Model(), ids, 2, 5)
+    assert seen == [False, True]
+    model = Model()
+    bench.compile_forward(model, "hf-compile", None)  # nothing replaced: generate() compiles
+    assert "forward" not in vars(model)
+    assert "hf-compile" in bench.EXTRA_MODES
