@@ -426,24 +426,26 @@ def run_mode(row: Row, model, ids, args, reference, sync) -> object:
 
 
 def profile_generate(model, ids, args, name: str, auto_compile: bool) -> None:
-    """One more generate() of `--new-tokens` under cProfile (`--profile DIR`): where the host's
-    time goes, by own and by cumulative time, to DIR/profile-generate-<mode>-b<batch>.txt. At
+    """Two more generate() calls under cProfile (`--profile DIR`): one of `--new-tokens`, one of
+    a single token (the prefill, TTFT), where the host's time goes by own and by cumulative time,
+    to DIR/profile-generate-<mode>-b<batch>.txt and DIR/profile-ttft-<mode>-b<batch>.txt. At
     batch 1 every mode's decode step is host-bound (bench/results/generate-*)."""
     import cProfile
     import io
     import pstats
 
-    profiler = cProfile.Profile()
-    profiler.enable()
-    generate(model, ids, args.new_tokens, args.prompt + args.new_tokens, auto_compile)
-    profiler.disable()
-    text = io.StringIO()
-    stats = pstats.Stats(profiler, stream=text)
-    for order in ("tottime", "cumulative"):
-        stats.sort_stats(order).print_stats(45)
     folder = Path(args.profile)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"profile-generate-{name}.txt").write_text(text.getvalue())
+    for what, tokens in (("generate", args.new_tokens), ("ttft", 1)):
+        profiler = cProfile.Profile()
+        profiler.enable()
+        generate(model, ids, tokens, args.prompt + args.new_tokens, auto_compile)
+        profiler.disable()
+        text = io.StringIO()
+        stats = pstats.Stats(profiler, stream=text)
+        for order in ("tottime", "cumulative"):
+            stats.sort_stats(order).print_stats(45)
+        (folder / f"profile-{what}-{name}.txt").write_text(text.getvalue())
 
 
 def run_isolated(row: Row, args, reference: Path | None, work: Path) -> Path | None:
