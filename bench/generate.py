@@ -36,7 +36,10 @@ mode and batch, so each compiles from scratch. tgc runs right after eager by def
 cut off by its time limit loses torch.compile's rows rather than tgc's.
 
 Per mode and batch: one warm-up generate() of N tokens, its wall time reported as *first call*
-(compile included); then the time to first token (*TTFT*: generate() with max_new_tokens=1,
+(compile included), and WARM_PREFILLS untimed generate() calls of one token, so that the
+prefill too is in its steady state before it is timed (tgc replays a graph whole from its
+fourth call; the prefill is called once per generate(): before, two of the three TTFT calls
+timed tgc's prefill before its replays began); then the time to first token (*TTFT*: generate() with max_new_tokens=1,
 the prefill and generate()'s own work, median of `--reps`) and the whole generate() of N tokens
 (median of `--reps`), host timers with `torch.cuda.synchronize()` before and after each call.
 From those: *ms per decode step* = (total - TTFT) / (N - 1) and *decode tokens/s* = batch x
@@ -114,6 +117,9 @@ MODES = ("eager", "tgc", "default", "reduce-overhead")
 # since `reduce-overhead` here (model.forward compiled by us) died of SIGSEGV on an H200
 EXTRA_MODES = ("tgc-pieces", "hf-compile")
 DRY_MODES = ("eager", "tgc")
+# untimed generate() calls of one token after the first call: tgc/dynamo/whole.py's WARMUP plain
+# calls and its capture, so that the prefill is timed replaying (module doc)
+WARM_PREFILLS = 3
 # memory bandwidth in bytes/s by a substring of torch.cuda.get_device_name(), the first match
 BANDWIDTH = (("H200", 4.8e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12))
 DTYPES = ("bf16", "f32")
@@ -374,6 +380,9 @@ def run_mode(row: Row, model, ids, args, reference, sync) -> object:
         compile_forward(model, row.mode, args)
         row.running = "first call"
         row.first_s, _ = timed(lambda: generate(model, ids, new, cache_len, auto), sync)
+        row.running = "warm-up"
+        for _ in range(WARM_PREFILLS):
+            generate(model, ids, 1, cache_len, auto)
         row.running = "time to first token"
         ttft = [
             timed(lambda: generate(model, ids, 1, cache_len, auto), sync)[0] for _ in range(reps)
@@ -636,7 +645,8 @@ def run_report(run: dict, index: int) -> list[str]:
         f"exactly {run['new_tokens']} new tokens (eos_token_id=None), a fresh StaticCache of "
         f"{run['prompt'] + run['new_tokens']} positions per generate(), disable_compile=True; "
         "Dynamo reset before each mode",
-        f"- method: per mode, one warm-up generate() (*first call*, compile included), then "
+        f"- method: per mode, one warm-up generate() (*first call*, compile included) and "
+        f"{run.get('warm_prefills', 0)} untimed ones of 1 token, then "
         f"medians of {run['reps']}: *TTFT* = generate() of 1 new token, the whole generate() of "
         f"{run['new_tokens']}; host timers with the device synchronised around each call; "
         f"ms / decode step = (total - TTFT) / {run['new_tokens'] - 1}; decode tokens/s = batch x "
@@ -812,6 +822,7 @@ def measure(args, argv: list[str] | None) -> int:
         "prompt": args.prompt,
         "new_tokens": args.new_tokens,
         "reps": args.reps,
+        "warm_prefills": WARM_PREFILLS,
         "bandwidth": bandwidth,
         "bandwidth_source": source,
         "step_bytes": step_bytes,

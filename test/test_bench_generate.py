@@ -74,6 +74,8 @@ def test_dry_run_tgc_tokens_are_eagers(tmp_path, capsys):
         assert r["first_s"] > 0 and r["ttft_ms"] > 0 and r["total_ms"] > 0
         assert r["floor_ms"] is None  # no bandwidth on the CPU unless --bandwidth says
     assert run["device"] == "cpu (dry run)" and run["new_tokens"] == 4 and run["prompt"] == 8
+    # the prefill warmed up before it is timed: three untimed generate() calls of one token
+    assert run["warm_prefills"] == 3 and "and 3 untimed ones of 1 token" in md
     assert "| 1 | tgc |" in md and "100.0% (4/4)" in md and "| 2 / 0 | 6 of 6 |" in md
     assert "| 1 | tgc |" in capsys.readouterr().out  # the table is printed too
     # --profile: one more generate() per mode under cProfile, tgc's executor in tgc's
