@@ -571,8 +571,37 @@ def test_whole_calls_replay_as_one_cuda_graph(tmp_path):
     for x, got in calls:
         assert_close(got.cpu(), want_model(x.double()), 2e-4)
     ((shapes,),) = [list(w.shapes.values()) for w in found]
-    assert shapes.replay is not None and not shapes.failed
+    assert len(shapes.graphs) == 1 and not shapes.failed  # one capture, replayed
     assert len({got.data_ptr() for _, got in calls}) == len(calls)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("whole_graphs", [False, True])
+def test_a_callers_stream_is_followed(tmp_path, whole_graphs):
+    """Called inside `torch.cuda.stream(s)`, tgc's work waits for what the caller queued on s
+    and s waits for tgc's work. Before, kernel-by-kernel calls went on the legacy default
+    stream, which does not wait for PyTorch's streams (made non-blocking): here the input is
+    written on s after the GPU has spun for about 50 ms, and a call that did not wait read
+    the input before that write."""
+    torch.manual_seed(0)
+    model = MLP().eval()
+    want_model = reference(model)
+    options = {**IN_TGC, "db": str(tmp_path / "m.sqlite"), "whole_graphs": whole_graphs}
+    compiled = torch.compile(copy.deepcopy(model).cuda(), backend="tgc", options=options)
+    side = torch.cuda.Stream()
+    with torch.no_grad():
+        for seed in range(6):  # past the warm-up calls: kernel by kernel, captures, replays
+            x = randn(4, 16, seed=seed)
+            source, given = x.cuda(), torch.zeros(4, 16, device="cuda")
+            torch.cuda.synchronize()
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(50_000_000)  # cycles: tens of milliseconds
+                given.copy_(source)  # queued behind the sleep; the host goes on at once
+                got = compiled(given)
+                got_host = got.cpu()  # on s: after tgc's work, which waited for the write
+            torch.cuda.synchronize()
+            assert_close(got_host, want_model(x.double()), 2e-4)
+    assert coverage().graphs_in_tgc == coverage().graphs == 1
 
 
 @pytest.mark.cuda

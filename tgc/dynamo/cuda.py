@@ -15,7 +15,10 @@ call on the calls are replays. An input passed as the same tensor every call (a 
 read where it is, never copied. A replayed call's results are buffers the next replay
 overwrites, so each output is cloned on the device before it is handed to the user; updates
 are copied into their tensors. Kernel-by-kernel calls are queued on the legacy default stream
-(the route's), replays on PyTorch's current stream.
+(the route's), replays on PyTorch's current stream. Called on another stream (inside
+`torch.cuda.stream(s)`), the call waits for s before it starts and s waits for the call's work
+after it: PyTorch makes its streams non-blocking, so the legacy stream would not wait for
+them by itself, and a call would read its inputs before the caller's writes landed.
 """
 
 from __future__ import annotations
@@ -90,7 +93,13 @@ class CudaGraph:
     def __call__(self, args: list):
         lowered = self.lowered
         values = lowered.arguments(self.own, args, self.params, self.param_slots, self.inputs)
-        results = self.compiled(values)
+        caller, legacy = torch.cuda.current_stream(), torch.cuda.default_stream()
+        if caller == legacy:
+            results = self.compiled(values)
+        else:  # the caller's stream and the route's wait for each other (module doc)
+            legacy.wait_stream(caller)
+            results = self.compiled(values)
+            caller.wait_stream(legacy)
 
         def tensor_of(i: int, value) -> torch.Tensor:
             # an output is cloned (the next replay overwrites a replay's buffers); an update
