@@ -95,6 +95,7 @@ import datetime
 import gc
 import importlib.metadata
 import json
+import logging
 import signal
 import statistics
 import subprocess
@@ -375,6 +376,8 @@ def run_mode(row: Row, model, ids, args, reference, sync) -> object:
     prompt, new, reps = args.prompt, args.new_tokens, args.reps
     cache_len, auto = prompt + new, row.mode == "hf-compile"
     reset_compilers()
+    tgc_mode = row.mode in ("tgc", "tgc-pieces")
+    log = keep_tgc_log(args, f"{row.mode}-b{row.batch}") if args.profile and tgc_mode else None
     try:
         row.running = "compile"
         compile_forward(model, row.mode, args)
@@ -432,6 +435,23 @@ def run_mode(row: Row, model, ids, args, reference, sync) -> object:
         restore_forward(model)
         reset_compilers()
         gc.collect()
+        if log is not None:
+            logging.getLogger("tgc").removeHandler(log)
+            log.close()
+
+
+def keep_tgc_log(args, name: str):
+    """With `--profile DIR`, the tgc logger's lines at INFO (each graph's compile: the route's
+    planning and measuring times, the whole plans it compared; fallbacks) written to
+    DIR/tgc-log-<mode>-b<batch>.txt: where a first call's time went. The handler, to remove."""
+    folder = Path(args.profile)
+    folder.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(folder / f"tgc-log-{name}.txt")
+    handler.setFormatter(logging.Formatter("%(relativeCreated).0f ms %(message)s"))
+    logger = logging.getLogger("tgc")
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    return handler
 
 
 def profile_generate(model, ids, args, name: str, auto_compile: bool) -> None:

@@ -83,6 +83,9 @@ def test_dry_run_tgc_tokens_are_eagers(tmp_path, capsys):
     assert "Ordered by: cumulative time" in tgc_profile and "planner/executor.py" in tgc_profile
     assert "planner/executor.py" not in (profiles / "profile-generate-eager-b1.txt").read_text()
     assert "planner/executor.py" in (profiles / "profile-ttft-tgc-b1.txt").read_text()
+    # and the tgc logger's lines of tgc's mode: each graph piece it compiled, with its shapes
+    log = (profiles / "tgc-log-tgc-b1.txt").read_text()
+    assert log.count(" compiled for ") == 6 and not (profiles / "tgc-log-eager-b1.txt").exists()
 
 
 def test_a_failing_mode_is_a_note_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
