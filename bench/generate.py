@@ -43,7 +43,9 @@ timed tgc's prefill before its replays began); then the time to first token (*TT
 the prefill and generate()'s own work, median of `--reps`) and the whole generate() of N tokens
 (median of `--reps`), host timers with `torch.cuda.synchronize()` before and after each call.
 From those: *ms per decode step* = (total - TTFT) / (N - 1) and *decode tokens/s* = batch x
-(N - 1) / (total - TTFT). Beside the step: its *bandwidth floor*, the bytes a decode step must
+(N - 1) / (total - TTFT), and the step's device time alone (*GPU ms / step*: torch.profiler's
+kernel and copy durations of one more generate() of N tokens less one of a single token, over
+N - 1; on the GPU only). Beside the step: its *bandwidth floor*, the bytes a decode step must
 read (every weight once, the input embedding table excepted: a step reads only batch rows of it
 unless it is tied to the LM head; and the KV cache up to the current length, averaged over the
 decode: prompt + N/2 positions) over the device's memory bandwidth (H100 SXM 3.35e12 B/s, H100
@@ -157,6 +159,8 @@ class Row:
     step_ms: float | None = None  # (total - TTFT) / (N - 1)
     tokens_per_s: float | None = None  # batch x (N - 1) / (total - TTFT)
     floor_ms: float | None = None  # the decode step's bandwidth floor
+    # the device's own time a decode step: kernels and copies (torch.profiler), no host time
+    gpu_step_ms: float | None = None
     agree: float | None = None  # fraction of generated tokens equal to eager's
     agree_tokens: str = ""  # "equal / all"
     first_difference: int | None = None  # the first new token (0-based) some sequence differs
@@ -401,6 +405,9 @@ def run_mode(row: Row, model, ids, args, reference, sync) -> object:
         if new > 1 and decode_ms > 0:
             row.step_ms = decode_ms / (new - 1)
             row.tokens_per_s = row.batch * (new - 1) / (decode_ms / 1e3)
+        if new > 1 and not args.dry_run:
+            row.running = "device time"
+            row.gpu_step_ms = gpu_step_ms(model, ids, new, cache_len, auto)
         if args.profile:
             row.running = "profile"
             profile_generate(model, ids, args, f"{row.mode}-b{row.batch}", auto)
@@ -452,6 +459,25 @@ def keep_tgc_log(args, name: str):
     logger.setLevel(logging.INFO)
     logger.addHandler(handler)
     return handler
+
+
+def device_ms(call) -> float:
+    """The device's time in `call()`: its kernels' and copies' durations added up
+    (torch.profiler's CUDA activity, which sees the kernels a CUDA graph replay runs too)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+    return sum(e.self_device_time_total for e in prof.key_averages()) / 1e3
+
+
+def gpu_step_ms(model, ids, new_tokens: int, cache_len: int, auto_compile: bool) -> float:
+    """A decode step's device time: (device time of generate() of `new_tokens` - that of one
+    token, the prefill) / (`new_tokens` - 1); beside the bandwidth floor it says how near the
+    step's kernels come to it, whatever the host adds (at batch 1 most of a step's time)."""
+    one = device_ms(lambda: generate(model, ids, 1, cache_len, auto_compile))
+    all_ = device_ms(lambda: generate(model, ids, new_tokens, cache_len, auto_compile))
+    return (all_ - one) / (new_tokens - 1)
 
 
 def profile_generate(model, ids, args, name: str, auto_compile: bool) -> None:
@@ -587,6 +613,10 @@ def _cells(r: dict) -> list[str]:
     floor = r["floor_ms"]
     ratio = "-" if floor is None or r["step_ms"] is None else f"{r['step_ms'] / floor:.1f}x"
     tps = "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:.0f}"
+    gpu = r.get("gpu_step_ms")  # runs before 2026-11-28 16:00 have none
+    on_device = (
+        "-" if gpu is None else f"{gpu:.3f} ms" + (f" ({gpu / floor:.1f}x)" if floor else "")
+    )
     if r["mode"] == "eager":
         agreement = "(the reference)"
     elif r["agree"] is None:
@@ -613,6 +643,7 @@ def _cells(r: dict) -> list[str]:
         _ms(r["step_ms"]),
         _ms(floor),
         ratio,
+        on_device,
         tps,
         agreement,
         graphs,
@@ -631,6 +662,7 @@ def table(rows: list[dict], new_tokens: int) -> list[str]:
         "ms / decode step",
         "floor / step",
         "x floor",
+        "GPU ms / step (x floor)",
         "decode tokens/s",
         "tokens = eager",
         "Dynamo graphs / recompiles",
@@ -674,6 +706,9 @@ def run_report(run: dict, index: int) -> list[str]:
         f"- floor: bytes a decode step reads (weights once, the input embedding table but its "
         f"batch rows; the KV cache up to the current length, prompt + N/2 positions on average; "
         f"{bytes_text}) over the memory bandwidth {floor}",
+        "- GPU ms / step: the device's own time a decode step, kernels and copies added up "
+        "(torch.profiler's CUDA activity over one more generate() of N tokens and one of 1, "
+        "the difference over N - 1); no host time",
         "- tokens = eager: fraction of the generated tokens equal to eager's, and the first new "
         "token (0-based) where a sequence differs; Dynamo graphs / recompiles from its counters; "
         "tgc graphs in tgc: the backend's tally (each split graph's pieces, per shape)",

@@ -227,3 +227,16 @@ def test_hf_compile_lets_generate_compile_the_decode_step_and_other_modes_do_not
     bench.compile_forward(model, "hf-compile", None)  # nothing replaced: generate() compiles
     assert "forward" not in vars(model)
     assert "hf-compile" in bench.EXTRA_MODES
+
+
+def test_the_decode_steps_device_time_is_n_tokens_less_one_over_n_minus_one(monkeypatch):
+    """GPU ms / step: the device time of generate() of N tokens less that of one token (the
+    prefill), over N - 1; reported beside the bandwidth floor."""
+    lengths = []
+    monkeypatch.setattr(bench, "generate", lambda model, ids, n, *rest: lengths.append(n))
+    monkeypatch.setattr(bench, "device_ms", lambda call: (call(), 2.0 + 0.5 * lengths[-1])[1])
+    assert bench.gpu_step_ms(None, None, 9, 20, False) == pytest.approx(0.5)
+    assert lengths == [1, 9]
+    row = {**vars(bench.Row(1, "tgc")), "floor_ms": 0.25, "gpu_step_ms": 0.5}
+    assert "0.500 ms (2.0x)" in bench._cells(row)
+    assert "-" in bench._cells({**row, "gpu_step_ms": None})
