@@ -30,6 +30,8 @@
 #   STAGE=bert       bash bench/gpu_session.sh  # BERT, the torch.compile backend's tests and the
 #                                               # vision builders' test (what `more` ran before)
 #
+# The kernel stage runs its tests in 8 pytest-xdist workers where xdist imports: prepare the
+# wheels with EXTRA_GPU_WHEELS="pytest-xdist execnet" ../shared/tools/prepare-gpu-wheels.
 # From the project root on the GPU machine, after `source .whl/install.sh` (docs/gpu.md); the
 # vision stages install diffusers from .whl/vision where it does not import (docs/vision.md
 # says which wheels; without torchvision the ResNet-50 is Hugging Face's). Logs and result
@@ -57,12 +59,22 @@ vision_timeout=${VISION_TIMEOUT:-130}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
 echo "commit $commit" | tee -a "$out/device.txt"
 
-pytest_gpu() {  # name, seconds, files...: pytest without xdist (the GPU is one), its tail kept
+pytest_gpu() {  # name, seconds, files...: pytest without xdist (timed tests share one GPU)
   local name=$1 seconds=$2
   shift 2
-  timeout "$seconds" python3 -m pytest -o addopts="" -q -p no:cacheprovider --tb=short "$@" \
+  timeout "$seconds" python3 -m pytest -o addopts="" -q -p no:cacheprovider --tb=short -rf "$@" \
     >"$out/$name.txt" 2>&1
   tail -3 "$out/$name.txt"
+}
+
+pytest_gpu_parallel() {  # the same for tests that time nothing: 8 workers where xdist imports
+  # (.whl holds its wheel when prepared with it): the kernel tests' nvcc builds ran 300 s one
+  # after the other on an H200's host and 30 s in 8 workers
+  local name=$1 seconds=$2
+  shift 2
+  local workers=()
+  python3 -c 'import xdist' 2>/dev/null && workers=(-n 8)
+  pytest_gpu "$name" "$seconds" "${workers[@]}" "$@"
 }
 
 model() {  # one model row of bench/real_models.py, with its own timeout, its database kept
@@ -117,9 +129,10 @@ cuda)
   pytest_gpu cuda 520 test/test_cuda.py
   ;;
 kernels)
-  pytest_gpu attention 300 test/test_attention_tc.py test/test_attention_decode.py
-  pytest_gpu fusions 200 test/test_cuda.py -k "rotary or group_norm or concat"
-  pytest_gpu epilogues 200 test/test_planner_cuda.py test/test_conv_tc.py -k "cublaslt or conv"
+  pytest_gpu_parallel attention 300 test/test_attention_tc.py test/test_attention_decode.py
+  pytest_gpu_parallel fusions 200 test/test_cuda.py -k "rotary or group_norm or concat"
+  pytest_gpu_parallel epilogues 200 test/test_planner_cuda.py test/test_conv_tc.py \
+    -k "cublaslt or conv"
   ;;
 models)
   model --only gpt2 --dtypes bf16 --profile --modes eager,default,reduce-overhead
