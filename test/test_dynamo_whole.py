@@ -83,11 +83,12 @@ def test_calls_replay_after_the_warmup_and_match_plain_calls():
     assert outputs[-1].data_ptr() != outputs[-2].data_ptr()  # cloned, not the graph's buffer
 
 
-def test_a_fixed_argument_at_another_address_is_captured_again_and_each_graph_kept():
+def test_a_fixed_argument_at_new_addresses_twice_is_captured_again_and_each_graph_kept():
     """Hugging Face's generate() brings a new StaticCache each call: before, every call with
     the new cache ran as it is, never replayed (10.3 ms a decode step against a replay's, on
-    an H200). Now a graph is captured for the new addresses, and the graph of the first cache
-    is replayed again when it comes back; at most CAPTURES are kept."""
+    an H200). Now the first call with new addresses runs as it is and the second, bringing
+    them again, captures a graph for them; the first cache's graph is replayed again when it
+    comes back; at most CAPTURES are kept."""
     step, capture = Step(), Recorded()
     calls = wrapped(step, capture)
     w, cache = torch.randn(4, 3), torch.zeros(8, 4)
@@ -97,19 +98,38 @@ def test_a_fixed_argument_at_another_address_is_captured_again_and_each_graph_ke
     caches = [cache] + [torch.zeros(8, 4) for _ in range(whole.CAPTURES)]
     for n, other in enumerate(caches[1:], start=2):
         want_cache = other.clone()
-        x = torch.randn(2, 4)
-        want = Step()(w, want_cache, x.clone(), torch.tensor(n))
-        replays = capture.replays
-        got = calls(w, other, x, torch.tensor(n))
-        assert capture.captures == n and capture.replays == replays + 1  # captured, replayed
-        assert torch.allclose(got[0], want[0]) and torch.equal(other, want_cache)
+        for row in (n, n + 1):  # two decode steps into the new cache
+            x = torch.randn(2, 4)
+            want = Step()(w, want_cache, x.clone(), torch.tensor(row))
+            replays = capture.replays
+            got = calls(w, other, x, torch.tensor(row))
+            assert torch.allclose(got[0], want[0]) and torch.equal(other, want_cache)
+        # the first step ran as it is, the second was captured and replayed
+        assert capture.captures == n and capture.replays == replays + 1
     # CAPTURES kept: the first cache's graph, the least recently used, was dropped
+    replays = capture.replays
     calls(w, caches[-1], torch.randn(2, 4), torch.tensor(0))
-    assert capture.captures == whole.CAPTURES + 1  # the last cache's graph replayed again
-    calls(w, cache, torch.randn(2, 4), torch.tensor(0))
+    assert capture.captures == whole.CAPTURES + 1 and capture.replays == replays + 1
+    for _ in range(2):
+        calls(w, cache, torch.randn(2, 4), torch.tensor(0))
     assert capture.captures == whole.CAPTURES + 2  # the first cache's captured anew
-    # no plain call but the warm-up: the rest are the captures' probes and the replays
-    assert step.calls - capture.replays == whole.WARMUP + capture.captures
+
+
+def test_a_fixed_argument_at_new_addresses_every_call_is_not_captured_for():
+    """An argument that kept its memory through the warm-up but brings new memory on every
+    call after: each call runs as it is (a capture per call would cost more than the call)."""
+    step, capture = Step(), Recorded()
+    calls = wrapped(step, capture)
+    w, cache = torch.randn(4, 3), torch.zeros(8, 4)
+    for i in range(whole.WARMUP + 1):
+        calls(w, cache, torch.randn(2, 4), torch.tensor(i))
+    plain = step.calls - capture.replays
+    for i in range(6):
+        fresh = torch.zeros(8, 4)
+        x = torch.randn(2, 4)
+        want = x @ w * 2
+        assert torch.allclose(calls(w, fresh, x, torch.tensor(i))[0], want)
+    assert capture.captures == 1 and step.calls - capture.replays == plain + 6
 
 
 def test_a_failed_capture_is_said_once_and_the_calls_run_as_they_are(caplog):

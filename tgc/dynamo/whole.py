@@ -17,12 +17,13 @@ positions) are copied into buffers of the graph's own before each replay and cop
 it, so an in-place update of one reaches the caller's tensor. A 0-d CPU tensor among GPU
 arguments (a StaticCache's `cumulative_length`) is copied to the device for every call, warm-up
 included, and copied back after it: a moving argument like the others. A call whose fixed
-arguments come at other addresses is captured again, for those addresses: Hugging Face's
-generate() makes a new StaticCache for every call unless it is given one, so each generate()
-after the first brings its cache at new addresses (before, those calls all ran uncaptured,
-piece by piece: 10.3 ms a decode step of a 1.1 B Llama on an H200, bench/results/generate-*).
-The last `CAPTURES` captures of a set of shapes are kept, the least recently used dropped
-first. The outputs are the graph's buffers, cloned before they are handed out. A capture that
+arguments come at other addresses runs as it is, and where the next call brings the same
+addresses again it is captured for them: Hugging Face's generate() makes a new StaticCache
+for every call unless it is given one, so each generate() after the first brings its cache at
+new addresses for all of its decode steps (before, those calls all ran uncaptured, piece by
+piece: 10.3 ms a decode step of a 1.1 B Llama on an H200, bench/results/generate-*), while
+arguments whose memory is new on every call are never captured for. The last `CAPTURES`
+captures of a set of shapes are kept, the least recently used dropped first. The outputs are the graph's buffers, cloned before they are handed out. A capture that
 fails is said once (the logger "tgc") and that set of shapes runs as it is from then on.
 
 The CPU tests drive it with a stand-in capture (the bookkeeping: which arguments move, the
@@ -58,6 +59,7 @@ class _Shapes:
         self.moving: list[int] = []  # argument positions copied in and out
         self.fixed: tuple[int, ...] = ()  # argument positions read where they are
         self.static: dict[int, torch.Tensor] = {}  # the moving arguments' buffers
+        self.pending: tuple[int, ...] | None = None  # fixed addresses met once, not captured
         # the fixed arguments' addresses -> (replay, outputs), least recently used first
         self.graphs: OrderedDict[tuple[int, ...], tuple[Callable[[], None], object]] = OrderedDict()
 
@@ -115,6 +117,11 @@ class WholeGraphCalls:
         fixed_at = tuple(args[i].data_ptr() for i in state.fixed)
         found = state.graphs.get(fixed_at)
         if found is None:
+            if state.graphs and state.pending != fixed_at:
+                # new addresses: captured if the next call brings them again (a new cache
+                # kept for a generate()), never for a call whose memory is new every time
+                state.pending = fixed_at
+                return self.inner(*args)
             found = self._capture(state, args, fixed_at)
             if found is None:
                 return self.inner(*args)
