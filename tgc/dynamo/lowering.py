@@ -123,7 +123,7 @@ def _structure(gm: torch.fx.GraphModule, args: list) -> tuple | None:
     index: dict[torch.fx.Node, int] = {}
     nodes = []
 
-    def shape(value):
+    def by_position(value):
         return ("node", index[value]) if isinstance(value, torch.fx.Node) else value
 
     for node in gm.graph.nodes:
@@ -136,7 +136,7 @@ def _structure(gm: torch.fx.GraphModule, args: list) -> tuple | None:
             hash(target)
         except TypeError:
             return None
-        arguments = pytree.tree_map(shape, (node.args, node.kwargs))
+        arguments = pytree.tree_map(by_position, (node.args, node.kwargs))
         nodes.append((node.op, target, repr(arguments)))
     values = tuple(
         (tuple(a.shape), a.stride(), a.dtype, a.device, a.requires_grad)
