@@ -153,12 +153,21 @@ def _wgmma_by_default(att: Operation, ops: dict[str, dict], common: dict, params
         raise TgcError(
             f"attention template parameters: arch names a GPU as nvcc does (sm_90), not {arch!r}"
         )
-    return arch in WGMMA_ARCHS and _wgmma_fits(att, ops, common)
+    return arch in WGMMA_ARCHS and _wgmma_fits(att, ops, common, WGMMA_DEFAULT_HEAD_DIMS)
 
 
-def _wgmma_fits(att: Operation, ops: dict[str, dict], common: dict) -> bool:
-    """bf16/f16 operands the tensor-core kernel takes, head dims d = d_v of 64 or 128."""
-    return _tensor_core_fits(att, ops) and common["d"] == common["dv"] in (64, 128)
+# Head dims d = d_v the wgmma kernel takes when asked (`wgmma=true`), and those it is sm_90's
+# default for: 256 has not run on a GPU yet (ptxas: no spill, no serialised wgmma).
+WGMMA_HEAD_DIMS = (64, 128, 256)
+WGMMA_DEFAULT_HEAD_DIMS = (64, 128)
+
+
+def _wgmma_fits(
+    att: Operation, ops: dict[str, dict], common: dict, dims: tuple = WGMMA_HEAD_DIMS
+) -> bool:
+    """bf16/f16 operands the tensor-core kernel takes, head dims d = d_v among `dims`."""
+    fits = _tensor_core_fits(att, ops, most=TC_MAX_HEAD_DIM)
+    return fits and common["d"] == common["dv"] in dims
 
 
 def _f32_kernel(att: Operation, ops: dict[str, dict], common: dict, params: dict):
@@ -305,7 +314,7 @@ def _tensor_core_kernel(att: Operation, ops: dict[str, dict], common: dict, para
         "warps": warps,
         "head_group": group,
     }
-    if d == dv and d in (64, 128):
+    if d == dv and d in WGMMA_HEAD_DIMS:
         chosen["wgmma"] = False  # the other skeleton that runs it: tuning may try it (sm_90a)
     return source, grid, block, shared_bytes, {**chosen, "q_in_registers": q_in_registers}
 
@@ -384,15 +393,21 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
     if not _wgmma_fits(att, ops, common):
         raise TgcError(
             "attention template parameters: wgmma needs bf16/f16 operands the tensor-core kernel "
-            f"takes and head dims d = d_v of 64 or 128 (got {elem}, {d} and {dv})"
+            f"takes and head dims d = d_v of 64, 128 or 256 (got {elem}, {d} and {dv})"
         )
     # Head dim 128 by default in 128-key tiles with ping-pong: on an H200 (2026-11-28,
     # bench/results/attention_tile-sweep-*.md) 15% faster than 64-key tiles without it at
     # B4 H32 S2048 (72% of SDPA's speed against 62%, causal) and 10% at B16 H32 S512.
     wide = d == 128
+    widest = d == 256  # Q, two K and two V buffers of 64 keys: 192 KB of the 227 an SM has
     bn = params.get("block_n", 128 if wide else 64)
     if bn not in (64, 128):
         raise TgcError(f"attention template parameters: wgmma takes block_n 64 or 128, not {bn!r}")
+    if widest and (bn != 64 or params.get("pingpong") or params.get("q_in_registers")):
+        raise TgcError(
+            "attention template parameters: wgmma at head dim 256 takes block_n 64, no "
+            "pingpong and no q_in_registers (the shared memory and registers they need)"
+        )
     overlap = params.get("overlap", True)
     if not isinstance(overlap, bool):
         raise TgcError(
@@ -407,7 +422,7 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
         raise TgcError("attention template parameters: pingpong needs overlap=true")
     # Q in registers by default, but with ping-pong (three K and V buffers) and a mask at head
     # dim 64 the 128 registers of two blocks an SM would spill.
-    q_in_registers = params.get("q_in_registers", not pingpong)
+    q_in_registers = params.get("q_in_registers", not pingpong and not widest)
     swizzle = params.get("swizzle", True)
     for name, value in (("q_in_registers", q_in_registers), ("swizzle", swizzle)):
         if not isinstance(value, bool):

@@ -406,6 +406,25 @@ def test_wgmma_pingpong_is_off_by_default_and_takes_turns_through_named_barriers
     assert "__launch_bounds__(256, 2)" in k.source  # 64 KiB a block: still two an SM
 
 
+def test_wgmma_runs_head_dim_256_when_asked_and_is_not_its_default_yet():
+    """Head dim 256 on the wgmma kernel (not yet run on a GPU): 64-key tiles, Q from shared
+    memory, no ping-pong (192 KB of shared memory); sm_90's default there stays the mma.sync
+    kernel until a GPU has checked it."""
+    fused = attention_region(heads_text(1, 2, 300, 300, 256, 256, "bf16", True))
+    k = generate_kernel(fused, {"wgmma": True})
+    assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16" in k.source  # P V
+    assert (k.params["block_n"], k.params["pingpong"], k.params["q_in_registers"]) == (
+        64,
+        False,
+        False,
+    )
+    assert k.shared_bytes == 2 * (128 * 256 + 4 * 64 * 256) + 16 + 1024
+    assert not generate_kernel(fused, {"arch": "sm_90"}).params["wgmma"]
+    for params in ({"block_n": 128}, {"pingpong": True}, {"q_in_registers": True}):
+        with pytest.raises(TgcError, match="wgmma at head dim 256 takes block_n 64, no pingpong"):
+            generate_kernel(fused, {"wgmma": True, **params})
+
+
 @pytest.mark.parametrize(
     "text, params, why",
     [
@@ -465,6 +484,9 @@ WGMMA_COMPILED = [
         heads_text(2, 3, 1000, 1000, 128, 128, "f16", False, True, "heads"),
         {"swizzle": True, "q_in_registers": True, "pingpong": True},
     ),
+    # head dim 256 (246 registers of 255), with its mask, causal, without overlap
+    (heads_text(1, 2, 300, 300, 256, 256, "bf16", False, True, "heads"), {}),
+    (heads_text(1, 2, 300, 300, 256, 256, "f16", True, False, "heads"), {"overlap": False}),
 ]
 
 
@@ -868,6 +890,10 @@ WGMMA_VARIANTS = [
     # Heads in groups: 4 then 2 of 6; one head a group.
     ((2, 3, 300, 300, 64, 64, "heads", True, True), {"head_group": 4}),
     ((2, 3, 200, 333, 128, 128, "flat", False, False), {"head_group": 1}),
+    # Head dim 256 (not yet run on a GPU when written): a mask, causal, many tiles, no overlap.
+    ((1, 2, 300, 300, 256, 256, "heads", True, True), {}),
+    ((1, 2, 1030, 1030, 256, 256, "heads", False, True), {}),
+    ((1, 2, 200, 333, 256, 256, "flat", False, False), {"overlap": False}),
 ]
 
 
