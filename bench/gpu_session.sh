@@ -22,7 +22,10 @@
 #                                               # reduce-overhead compile, compile default and
 #                                               # reduce-overhead, each in a process of its own,
 #                                               # each profiled once more (cProfile)
-#   STAGE=generate16 bash bench/gpu_session.sh  # the same at batch 16
+#   STAGE=generate16 bash bench/gpu_session.sh  # the same at batch 16 (TGC_DB=<the database
+#                                               # an earlier stage's archive brought back,
+#                                               # carried in the tree>: tgc measures only what
+#                                               # is new)
 #   STAGE=more       bash bench/gpu_session.sh  # ResNet-50, ViT-base, the UNet and the VAE
 #                                               # decoder, bf16 at batch 8 (issue 25 item 5)
 #   STAGE=vision-f32 bash bench/gpu_session.sh  # the same four in f32
@@ -141,9 +144,12 @@ models)
 generate | generate16)
   batch=1
   [ "$stage" = generate16 ] && batch=16
+  # tgc's measurements in a file that comes back in the stage's archive: carried into the next
+  # call (TGC_DB, a path in the tree), tgc's first use there measures only what is new
+  if [ -n "${TGC_DB:-}" ]; then cp "$TGC_DB" "$out/measurements-generate.sqlite"; fi
   timeout -k 15 560 python3 bench/generate.py --commit "$commit" --out "$out" \
     --batches "$batch" --modes eager,tgc,hf-compile,default,reduce-overhead --profile "$out" \
-    >"$out/generate-b$batch.txt" 2>&1
+    --db "$out/measurements-generate.sqlite" >"$out/generate-b$batch.txt" 2>&1
   echo "generate batch $batch -> exit $?"
   ;;
 backend)
