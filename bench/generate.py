@@ -39,9 +39,10 @@ Per mode and batch: one warm-up generate() of N tokens, its wall time reported a
 (compile included), and WARM_PREFILLS untimed generate() calls of one token, so that the
 prefill too is in its steady state before it is timed (tgc replays a graph whole from its
 fourth call; the prefill is called once per generate(): before, two of the three TTFT calls
-timed tgc's prefill before its replays began); then the time to first token (*TTFT*: generate() with max_new_tokens=1,
-the prefill and generate()'s own work, median of `--reps`) and the whole generate() of N tokens
-(median of `--reps`), host timers with `torch.cuda.synchronize()` before and after each call.
+timed tgc's prefill before its replays began); then the time to first token (*TTFT*:
+generate() with max_new_tokens=1, the prefill and generate()'s own work, median of `--reps`)
+and the whole generate() of N tokens (median of `--reps`), host timers with
+`torch.cuda.synchronize()` before and after each call.
 From those: *ms per decode step* = (total - TTFT) / (N - 1) and *decode tokens/s* = batch x
 (N - 1) / (total - TTFT), and the step's device time alone (*GPU ms / step*: torch.profiler's
 kernel and copy durations of one more generate() of N tokens less one of a single token, over
@@ -613,7 +614,7 @@ def _cells(r: dict) -> list[str]:
     floor = r["floor_ms"]
     ratio = "-" if floor is None or r["step_ms"] is None else f"{r['step_ms'] / floor:.1f}x"
     tps = "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:.0f}"
-    gpu = r.get("gpu_step_ms")  # runs before 2026-11-28 16:00 have none
+    gpu = r.get("gpu_step_ms")  # older runs have none
     on_device = (
         "-" if gpu is None else f"{gpu:.3f} ms" + (f" ({gpu / floor:.1f}x)" if floor else "")
     )
@@ -775,7 +776,9 @@ def parse(argv: list[str] | None):
     )
     ap.add_argument("--db", default=None, help="tgc's measurement database (its default)")
     ap.add_argument(
-        "--profile", default=None, help="folder: one more generate() per mode under cProfile"
+        "--profile",
+        default=None,
+        help="folder: cProfile of one more generate() and TTFT per mode, and tgc's log",
     )
     ap.add_argument(
         "--isolate",
