@@ -16,7 +16,9 @@ bench/results/attention_tc-<device>-<date>.md.
     python3 bench/attention_tc.py --dry-run [--arch sm_90]
 
 needs no GPU: generates every kernel and compiles it with nvcc (a CPU test runs this).
-`--params rows_per_warp=1,q_in_registers=true` passes template parameters to the kernel.
+`--params rows_per_warp=1,q_in_registers=true` passes template parameters to the kernel;
+several sets separated by `;` (`--params "block_n=64;block_n=128,pingpong=true"`) measure
+every case with each (a sweep: the report gets a parameters column; not with --decode).
 
     python3 bench/attention_tc.py --grid [--only D72,...] [--dry-run]
 
@@ -251,6 +253,7 @@ class Row:
     shared_bytes: int
     tensor_cores: bool
     kernel: str = ""  # what ran, where the report says more than the tensor-core flag
+    params: str = ""  # the template parameters of a sweep's row (--params with `;`)
 
 
 def rel_frobenius(got, want) -> float:
@@ -258,10 +261,10 @@ def rel_frobenius(got, want) -> float:
     return float((got - want).norm() / want.norm().clamp_min(1e-300))
 
 
-def compile_all(selected: list, params: dict) -> None:
-    """Every case's kernels compiled at once, in parallel, into the executor's cache (the cuda
-    backend's compile_regions), so that measuring the cases does not wait on nvcc once per case:
-    the grid's 48 kernels took over 5 minutes one after the other."""
+def compile_all(runs: list[tuple]) -> None:
+    """The kernels of every (case, template parameters) of `runs` compiled at once, in parallel,
+    into the executor's cache (the cuda backend's compile_regions), so that measuring does not
+    wait on nvcc once per case: the grid's 48 kernels took over 5 minutes one after the other."""
     from gpu_suite import generated_plan
 
     from tgc.planner import load_backends
@@ -269,7 +272,7 @@ def compile_all(selected: list, params: dict) -> None:
     from tgc.planner.backends import cuda_kernels as ck
 
     load_backends(("cuda",), required=True)
-    funcs = [generated_plan(case.text(), params, ck.TARGET["arch"]) for case in selected]
+    funcs = [generated_plan(case.text(), params, ck.TARGET["arch"]) for case, params in runs]
     cuda.compile_regions([op for f in funcs for op in f.body.ops if op.name == "kernel.call"])
 
 
@@ -383,7 +386,12 @@ def report_decode(rows: list[Row], device: str, commit: str, out: Path, bandwidt
 
 
 def report(
-    rows: list[Row], device: str, commit: str, out: Path, params: dict, stem: str = "attention_tc"
+    rows: list[Row],
+    device: str,
+    commit: str,
+    out: Path,
+    params: dict | str,
+    stem: str = "attention_tc",
 ) -> Path:
     title = "tgc tensor-core attention vs SDPA"
     path, lines = report_start(out, stem, title, device, commit)
@@ -400,8 +408,9 @@ def report(
     ]
     for r in rows:
         kernel = "tensor cores" if r.tensor_cores else "f32"
+        name = f"{r.case.name} [{r.params}]" if r.params else r.case.name
         lines.append(
-            f"| {r.case.name} | {r.tgc_ms:.4f} ms | {tflops(r.case.flops, r.tgc_ms):.0f} | "
+            f"| {name} | {r.tgc_ms:.4f} ms | {tflops(r.case.flops, r.tgc_ms):.0f} | "
             f"{r.sdpa_ms:.4f} ms | {tflops(r.case.flops, r.sdpa_ms):.0f} | "
             f"{100 * r.sdpa_ms / r.tgc_ms:.0f}% | {r.error:.1e} | {kernel}, "
             f"{r.shared_bytes} B shared |"
@@ -427,26 +436,32 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="comma-separated words a case's name must hold")
     ap.add_argument("--commit", default=os.environ.get("TGC_COMMIT", "unknown"))
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
-    ap.add_argument("--params", default="", help="template parameters, k=v,k=v")
+    ap.add_argument(
+        "--params", default="", help="template parameters, k=v,k=v; sets separated by ; sweep"
+    )
     ap.add_argument("--decode", action="store_true", help="the decode cases (module doc)")
     ap.add_argument("--grid", action="store_true", help="issue 24's grid of cases (module doc)")
     args = ap.parse_args(argv)
-    params = parse_params(args.params)
+    texts = args.params.split(";") if ";" in args.params else [args.params]
+    sweep = [(text.strip(), parse_params(text)) for text in texts]
+    params = sweep[0][1]
     only = set(filter(None, args.only.split(",")))
     if args.decode and args.grid:
         ap.error("--decode and --grid are two sets of cases: give one")
+    if args.decode and len(sweep) > 1:
+        ap.error("--params takes one set of template parameters with --decode")
     selected = (decode_cases if args.decode else grid_cases if args.grid else cases)(only)
     if not selected:
         print("no case matches --only", file=sys.stderr)
         return 2
     if args.dry_run:
-        return dry_run(selected, args.arch, params)
+        return max(dry_run(selected, args.arch, p) for _, p in sweep)
 
     import torch
 
     device = torch.cuda.get_device_name()
     print(f"device {device}", flush=True)
-    compile_all(selected, params)
+    compile_all([(case, p) for _, p in sweep for case in selected])
     if args.decode:
         from gpu_suite import copy_bandwidth
 
@@ -462,17 +477,21 @@ def main(argv=None) -> int:
         print(f"wrote {report_decode(rows, device, args.commit, Path(args.out), bandwidth)}")
         return 0
     rows = []
-    for case in selected:
-        row = measure(case, params)
-        rows.append(row)
-        print(
-            f"{case.name}: tgc {row.tgc_ms:.4f} ms ({tflops(case.flops, row.tgc_ms):.0f} TFLOP/s), "
-            f"SDPA {row.sdpa_ms:.4f} ms ({tflops(case.flops, row.sdpa_ms):.0f} TFLOP/s), "
-            f"rel. error {row.error:.1e}",
-            flush=True,
-        )
+    for text, params in sweep:
+        for case in selected:
+            row = measure(case, params)
+            row.params = (text or "defaults") if len(sweep) > 1 else ""
+            rows.append(row)
+            print(
+                f"{case.name}{f' [{text}]' if row.params else ''}: tgc {row.tgc_ms:.4f} ms "
+                f"({tflops(case.flops, row.tgc_ms):.0f} TFLOP/s), SDPA {row.sdpa_ms:.4f} ms "
+                f"({tflops(case.flops, row.sdpa_ms):.0f} TFLOP/s), rel. error {row.error:.1e}",
+                flush=True,
+            )
     stem = "attention_grid" if args.grid else "attention_tc"
-    path = report(rows, device, args.commit, Path(args.out), params, stem)
+    stem += "-sweep" if len(sweep) > 1 else ""
+    shown = params if len(sweep) == 1 else "per row (a sweep)"
+    path = report(rows, device, args.commit, Path(args.out), shown, stem)
     print(f"wrote {path}")
     return 0
 

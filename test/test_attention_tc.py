@@ -717,6 +717,22 @@ def test_the_bench_takes_one_set_of_cases(capsys):
     assert "--decode and --grid are two sets of cases: give one" in capsys.readouterr().err
 
 
+def test_the_bench_sweeps_sets_of_template_parameters(monkeypatch, capsys):
+    """--params with `;`: every case with each set (a sweep); one set only with --decode."""
+    bench = _bench()
+    seen = []
+    monkeypatch.setattr(bench, "dry_run", lambda cases, arch, params: seen.append(params) or 0)
+    argv = ["--grid", "--only", "D64,S512", "--dry-run", "--params", "block_n=128;pingpong=true"]
+    assert bench.main(argv) == 0
+    assert seen == [{"block_n": 128}, {"pingpong": True}]
+    with pytest.raises(SystemExit) as info:
+        bench.main(["--decode", "--dry-run", "--params", "splits=4;splits=8"])
+    assert info.value.code == 2
+    assert "--params takes one set of template parameters with --decode" in (
+        capsys.readouterr().err
+    )
+
+
 # -- on the GPU ------------------------------------------------------------------------------------
 
 
