@@ -700,6 +700,26 @@ def test_inputs_keep_their_addresses_so_that_calls_can_be_replayed():
     assert got.is_contiguous() and torch.equal(got, strided)
 
 
+def test_an_input_at_new_memory_twice_is_read_where_it_is_again():
+    """The next generate()'s KV cache: new memory, then the same new memory on every step. It
+    is copied on the first call that brings it and read where it is from the second on (before,
+    it was copied on every call from then on: every layer's whole cache, every token)."""
+    from tgc.dynamo.cuda import StableInputs
+
+    inputs = StableInputs()
+    first, second = randn(4, 8, seed=0), randn(4, 8, seed=1)
+    assert inputs.view(0, first).data_ptr() == first.data_ptr()
+    copied = inputs.view(0, second)
+    assert copied.data_ptr() != second.data_ptr() and torch.equal(copied, second)
+    for _ in range(3):  # the generate()'s later steps
+        assert inputs.view(0, second).data_ptr() == second.data_ptr()
+    # memory that alternates is never "the same twice": copied on each call
+    a, b = randn(4, 8, seed=2), randn(4, 8, seed=3)
+    for x in (a, b, a, b):
+        got = inputs.view(0, x)
+        assert got.data_ptr() == copied.data_ptr() and torch.equal(got, x)
+
+
 # -- compare_eager: the faster of tgc and eager runs --------------------------------------------
 
 

@@ -12,7 +12,8 @@ graph by them), and a model passes new tensors on every call (token ids, the pre
 outputs): an input that is not a parameter is copied into a buffer of this graph's own from
 the second call whose tensor is another than the first's (`StableInputs`), so from the third
 call on the calls are replays. An input passed as the same tensor every call (a KV cache) is
-read where it is, never copied. A replayed call's results are buffers the next replay
+read where it is, never copied; one that comes at new memory and then keeps it (the next
+generate()'s cache) is copied once and read where it is again from the second such call. A replayed call's results are buffers the next replay
 overwrites, so each output is cloned on the device before it is handed to the user; updates
 are copied into their tensors. Kernel-by-kernel calls are queued on the legacy default stream
 (the route's), replays on PyTorch's current stream. Called on another stream (inside
@@ -42,26 +43,33 @@ def _device_view(tensor: torch.Tensor) -> torch.Tensor:
 
 class StableInputs:
     """Graph inputs at the same addresses on every call (module doc): `view(slot, tensor)` is
-    the tensor itself while each call passes the same memory, else a buffer of this graph's own
-    (made at the first call that brings other memory) holding a copy of it."""
+    the tensor itself while calls pass the same memory, else a buffer of this graph's own
+    holding a copy of it. A slot read where it is that comes with new memory on two calls in a
+    row (the next generate()'s KV cache, kept for all of its steps) is read where it is again
+    from the second, never copied after; memory new on every call (token ids) is copied into
+    the buffer on each. Before, a slot was copied from the first new memory on: every layer's
+    whole cache, every token, once a second generate() brought a new cache."""
 
     def __init__(self) -> None:
-        self._kept: dict[int, tuple[torch.Tensor, bool]] = {}  # slot -> (tensor, ours)
+        self._read: dict[int, torch.Tensor] = {}  # slot -> the tensor read where it is
+        self._buffer: dict[int, torch.Tensor] = {}  # slot -> this graph's own copy
+        self._last: dict[int, int] = {}  # slot -> the address the previous call brought
 
     def view(self, slot: int, tensor: torch.Tensor) -> torch.Tensor:
         given = tensor.detach()
-        kept = self._kept.get(slot)
-        if kept is None:  # the first call: read where it is
-            if not given.is_contiguous():
-                given = given.contiguous()
-            self._kept[slot] = (given, False)
-            return given
-        buffer, ours = kept
-        if not ours:
-            if given.data_ptr() == buffer.data_ptr() and given.is_contiguous():
-                return given  # the same memory again (a cache, an input reused)
-            buffer = torch.empty_like(buffer, memory_format=torch.contiguous_format)
-            self._kept[slot] = (buffer, True)
+        address, last = given.data_ptr(), self._last.get(slot)
+        self._last[slot] = address
+        if given.is_contiguous():
+            read = self._read.get(slot)
+            if read is None or address == last and read.data_ptr() != address:
+                self._read[slot] = read = given  # the first call, or new memory met twice
+            if read.data_ptr() == address:
+                return given
+        buffer = self._buffer.get(slot)
+        if buffer is None:
+            buffer = self._buffer[slot] = torch.empty_like(
+                given, memory_format=torch.contiguous_format
+            )
         buffer.copy_(given)
         return buffer
 
