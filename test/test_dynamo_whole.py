@@ -157,37 +157,47 @@ def test_calls_off_the_device_or_recording_autograd_pass_through():
 
 
 class CountedStep:
-    """A decode step that reads its position from a 0-d tensor and advances it in place, as a
-    StaticCache layer's cumulative_length (a CPU tensor among GPU ones) is read and advanced."""
+    """A decode step that reads its position from 0-d tensors and advances them in place, as
+    each StaticCache layer's cumulative_length (a CPU tensor among GPU ones) is read and
+    advanced; one int64 position per layer and a float32 scale."""
 
-    def __call__(self, w, cache, x, position):
-        cache[position] = x.sum(0)
+    def __call__(self, w, cache, x, position, other, scale):
+        cache[position] = x.sum(0) * scale
         position.add_(1)
+        other.add_(2)
         return x @ w
 
 
-def test_a_0d_cpu_tensor_moves_to_the_device_and_back_and_calls_still_replay():
+def test_0d_cpu_tensors_move_to_the_device_and_back_and_calls_still_replay():
     """Before, a call with a CPU tensor among its arguments ran as it is, never replayed: every
-    decode step of a 1.1 B Llama did (bench/results/generate-*). Here the "device" is every tensor of
-    rank > 0 and a move to it a copy: the calls replay after the warm-up, the position advances
-    in the caller's tensor and the cache rows land where plain calls put them."""
+    decode step of a 1.1 B Llama did (bench/results/generate-*). Here the "device" is every
+    tensor of rank > 0 and a move to it a copy: the calls replay after the warm-up, the positions
+    advance in the caller's tensors and the cache rows land where plain calls put them. The
+    scalars travel in one device buffer per element type, made once and at the same address
+    every call (before: one copy each way per scalar, every call), so they are read where they
+    are, not copied again into the graph's own buffers."""
     capture = Recorded()
-    moved = []
+    made = []
     calls = whole.WholeGraphCalls(
         CountedStep(),
         "g",
         capture=capture,
         on_device=lambda t: t.dim() > 0,
-        to_device=lambda t: moved.append(1) or t.clone(),
+        to_device=lambda t: made.append(t.dtype) or t.clone(),
     )
     w = torch.randn(4, 3)
     cache, want_cache = torch.zeros(8, 4), torch.zeros(8, 4)
-    position, want_position = torch.tensor(0), torch.tensor(0)
+    position, other, scale = torch.tensor(0), torch.tensor(5), torch.tensor(0.5)
+    want_position, want_other = torch.tensor(0), torch.tensor(5)
     for i in range(6):
         x = torch.randn(2, 4, generator=torch.Generator().manual_seed(i))
-        want = CountedStep()(w, want_cache, x, want_position)
-        got = calls(w, cache, x, position)
+        want = CountedStep()(w, want_cache, x, want_position, want_other, scale)
+        got = calls(w, cache, x, position, other, scale)
         assert torch.allclose(got, want)
         assert int(position) == int(want_position) == i + 1
+        assert int(other) == int(want_other) == 5 + 2 * (i + 1)
     assert torch.equal(cache, want_cache)
-    assert capture.replays == 6 - whole.WARMUP and len(moved) == 6
+    assert capture.replays == 6 - whole.WARMUP
+    assert sorted(made, key=str) == [torch.float32, torch.int64]  # one buffer per type, once
+    (state,) = calls.shapes.values()
+    assert state.moving == [2]  # x alone: the scalars' buffers are read where they are

@@ -169,12 +169,11 @@ def _host_scalars(args: list) -> list[int]:
     return [i for i, a in enumerate(args) if host_scalar(a)]
 
 
-def scalars_on_device(args: Sequence, positions: list[int], to_device=None) -> list:
-    """`args` with the 0-d CPU tensors at `positions` copied to the device (`to_device`, by
-    default `.to("cuda")`; the CPU tests of whole.py hand a stand-in)."""
+def scalars_on_device(args: Sequence, positions: list[int]) -> list:
+    """`args` with the 0-d CPU tensors at `positions` copied to the device."""
     moved = list(args)
     for i in positions:
-        moved[i] = to_device(args[i]) if to_device else args[i].to("cuda")
+        moved[i] = args[i].to("cuda")
     return moved
 
 

@@ -16,7 +16,8 @@ parameter, a KV cache) is read and written where it is; the others ("moving": to
 positions) are copied into buffers of the graph's own before each replay and copied back after
 it, so an in-place update of one reaches the caller's tensor. A 0-d CPU tensor among GPU
 arguments (a StaticCache's `cumulative_length`) is copied to the device for every call, warm-up
-included, and copied back after it: a moving argument like the others. A call whose fixed
+included, and copied back after it, all of a call's in one buffer per element type (one copy
+each way), at the same address every call. A call whose fixed
 arguments come at other addresses runs as it is, and where the next call brings the same
 addresses again it is captured for them: Hugging Face's generate() makes a new StaticCache
 for every call unless it is given one, so each generate() after the first brings its cache at
@@ -40,7 +41,7 @@ from collections.abc import Callable
 import torch
 from torch.utils import _pytree as pytree
 
-from tgc.dynamo.graph import host_scalar, records_autograd, reason, scalars_on_device, shape_key
+from tgc.dynamo.graph import host_scalar, records_autograd, reason, shape_key
 from tgc.dynamo.tally import logger
 
 WARMUP = 3  # plain calls per set of shapes before the capture (graphs.py captures at the 2nd)
@@ -75,8 +76,10 @@ class WholeGraphCalls:
         self.name = name
         self.capture = capture or capture_cuda_graph
         self.on_device = on_device or (lambda t: t.is_cuda)
-        self.to_device = to_device  # None: scalars_on_device's own, .to("cuda")
+        self.to_device = to_device or (lambda t: t.to("cuda"))
         self.shapes: dict[tuple, _Shapes] = {}
+        # the 0-d CPU arguments' device buffers, by their positions and element types
+        self.staged: dict[tuple, list[tuple[list[int], torch.Tensor]]] = {}
 
     def __call__(self, *args):
         # one pass over the arguments (a decode step's are hundreds, and this is host time on
@@ -98,11 +101,35 @@ class WholeGraphCalls:
         # 0-d CPU tensors go to the device for every call, warm-up included, so that the calls
         # captured and the calls compiled are the same (a capture reads them from the device
         # copy); an update the graph made comes back, a copy the host waits for
-        moved = scalars_on_device(args, scalars, self.to_device)
+        staged = self._staged(args, scalars)
+        moved = list(args)
+        for positions, buffer in staged:  # one copy to the device per element type
+            buffer.copy_(torch.stack([args[i] for i in positions]))
+            for k, i in enumerate(positions):
+                moved[i] = buffer[k]  # at the same address every call: read where it is
         out = self._call(tuple(moved))
-        for i in scalars:
-            args[i].copy_(moved[i])
+        for positions, buffer in staged:  # and one back
+            values = buffer.cpu()
+            for k, i in enumerate(positions):
+                args[i].copy_(values[k])
         return out
+
+    def _staged(self, args, scalars: list[int]) -> list[tuple[list[int], torch.Tensor]]:
+        """The device buffers of the 0-d CPU arguments at `scalars`, one per element type, made
+        on the first call that has them. A Llama's decode step has one per layer (a
+        StaticCache's `cumulative_length`): before, each went to the device and back on its own,
+        32 small copies a token, each of which the host waited for."""
+        key = tuple((i, args[i].dtype) for i in scalars)
+        staged = self.staged.get(key)
+        if staged is None:
+            groups: dict[torch.dtype, list[int]] = {}
+            for i in scalars:
+                groups.setdefault(args[i].dtype, []).append(i)
+            staged = self.staged[key] = [
+                (positions, self.to_device(torch.empty(len(positions), dtype=dtype)))
+                for dtype, positions in groups.items()
+            ]
+        return staged
 
     def _call(self, args):
         state = self.shapes.setdefault(shape_key(args), _Shapes())
