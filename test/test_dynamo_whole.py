@@ -115,6 +115,24 @@ def test_a_fixed_argument_at_new_addresses_twice_is_captured_again_and_each_grap
     assert capture.captures == whole.CAPTURES + 2  # the first cache's captured anew
 
 
+def test_after_a_graph_was_replayed_new_addresses_are_captured_at_once():
+    """A generate() after one whose cache's graph was replayed (REUSED times or more): its
+    first decode step with the new cache is already captured and replayed, not run as it is."""
+    step, capture = Step(), Recorded()
+    calls = wrapped(step, capture)
+    w, cache = torch.randn(4, 3), torch.zeros(8, 4)
+    for i in range(whole.WARMUP + 1 + whole.REUSED):  # captured, then replayed REUSED times
+        calls(w, cache, torch.randn(2, 4), torch.tensor(i))
+    plain, replays = step.calls - capture.replays, capture.replays
+    other, want_cache = torch.zeros(8, 4), torch.zeros(8, 4)
+    x = torch.randn(2, 4)
+    want = Step()(w, want_cache, x.clone(), torch.tensor(1))
+    got = calls(w, other, x, torch.tensor(1))
+    assert capture.captures == 2 and capture.replays == replays + 1
+    assert step.calls - capture.replays == plain + 1  # the capture's probe alone
+    assert torch.allclose(got[0], want[0]) and torch.equal(other, want_cache)
+
+
 def test_a_fixed_argument_at_new_addresses_every_call_is_not_captured_for():
     """An argument that kept its memory through the warm-up but brings new memory on every
     call after: each call runs as it is (a capture per call would cost more than the call)."""

@@ -18,12 +18,13 @@ it, so an in-place update of one reaches the caller's tensor. A 0-d CPU tensor a
 arguments (a StaticCache's `cumulative_length`) is copied to the device for every call, warm-up
 included, and copied back after it, all of a call's in one buffer per element type (one copy
 each way), at the same address every call. A call whose fixed
-arguments come at other addresses runs as it is, and where the next call brings the same
-addresses again it is captured for them: Hugging Face's generate() makes a new StaticCache
-for every call unless it is given one, so each generate() after the first brings its cache at
-new addresses for all of its decode steps (before, those calls all ran uncaptured, piece by
-piece: 10.3 ms a decode step of a 1.1 B Llama on an H200, bench/results/generate-*), while
-arguments whose memory is new on every call are never captured for. The last `CAPTURES`
+arguments come at other addresses is captured for them: Hugging Face's generate() makes a new
+StaticCache for every call unless it is given one, so each generate() after the first brings
+its cache at new addresses for all of its decode steps (before, those calls all ran
+uncaptured, piece by piece: 10.3 ms a decode step of a 1.1 B Llama on an H200,
+bench/results/generate-*). It is captured at once where the graph captured last was replayed
+`REUSED` times; else the call runs as it is and the next one bringing the same addresses is
+captured, so that arguments whose memory is new on every call cost no capture per call. The last `CAPTURES`
 captures of a set of shapes are kept, the least recently used dropped first. The outputs are the graph's buffers, cloned before they are handed out. A capture that
 fails is said once (the logger "tgc") and that set of shapes runs as it is from then on.
 
@@ -46,6 +47,8 @@ from tgc.dynamo.tally import logger
 
 WARMUP = 3  # plain calls per set of shapes before the capture (graphs.py captures at the 2nd)
 CAPTURES = 4  # graphs kept per set of shapes, one per set of fixed arguments' addresses
+# replays of the graph captured last after which new fixed addresses are captured at once
+REUSED = 2
 
 
 class _Shapes:
@@ -61,6 +64,8 @@ class _Shapes:
         self.fixed: tuple[int, ...] = ()  # argument positions read where they are
         self.static: dict[int, torch.Tensor] = {}  # the moving arguments' buffers
         self.pending: tuple[int, ...] | None = None  # fixed addresses met once, not captured
+        self.last: tuple[int, ...] | None = None  # the fixed addresses captured last
+        self.replays_of_last = 0  # the calls after its capture that replayed it
         # the fixed arguments' addresses -> (replay, outputs), least recently used first
         self.graphs: OrderedDict[tuple[int, ...], tuple[Callable[[], None], object]] = OrderedDict()
 
@@ -144,14 +149,19 @@ class WholeGraphCalls:
         fixed_at = tuple(args[i].data_ptr() for i in state.fixed)
         found = state.graphs.get(fixed_at)
         if found is None:
-            if state.graphs and state.pending != fixed_at:
-                # new addresses: captured if the next call brings them again (a new cache
-                # kept for a generate()), never for a call whose memory is new every time
+            # New addresses: captured at once where the graph captured last has been replayed
+            # (a generate()'s cache, kept for all of its steps), else only when the next call
+            # brings them again, so that memory new on every call costs no capture per call
+            reused = state.last is None or state.replays_of_last >= REUSED
+            if not reused and state.pending != fixed_at:
                 state.pending = fixed_at
                 return self.inner(*args)
             found = self._capture(state, args, fixed_at)
             if found is None:
                 return self.inner(*args)
+            state.last, state.replays_of_last = fixed_at, 0
+        elif fixed_at == state.last:
+            state.replays_of_last += 1
         state.graphs.move_to_end(fixed_at)
         replay, outputs = found
         for i in state.moving:
