@@ -10,7 +10,9 @@
 #   STAGE=models     bash bench/gpu_session.sh  # GPT-2 small and the Llama-style model, bf16,
 #                                               # beside eager, compile and reduce-overhead
 #   STAGE=backend    bash bench/gpu_session.sh  # GPT-2 and the Llama-style model, bf16, through
-#                                               # torch.compile(backend="tgc") beside eager
+#                                               # torch.compile(backend="tgc") beside eager and
+#                                               # compile default (issue 26, done-when 1)
+#   STAGE=backend-bert bash bench/gpu_session.sh  # BERT the same way (issue 26's third model)
 #   STAGE=attention  bash bench/gpu_session.sh  # bench/attention_tc.py: tgc's attention kernels
 #                                               # against SDPA, prefill shapes and decode
 #   STAGE=grid       bash bench/gpu_session.sh  # bench/attention_tc.py --grid: issue 24's grid
@@ -153,8 +155,11 @@ generate | generate16)
   echo "generate batch $batch -> exit $?"
   ;;
 backend)
-  model --only gpt2 --dtypes bf16 --modes eager,tgc-backend
-  model --only llama --dtypes bf16 --modes eager,tgc-backend
+  model --only gpt2 --dtypes bf16 --modes eager,default,tgc-backend
+  model --only llama --dtypes bf16 --modes eager,default,tgc-backend
+  ;;
+backend-bert)
+  model --only bert --dtypes bf16 --modes eager,default,tgc-backend
   ;;
 attention)
   timeout -k 15 250 python3 bench/attention_tc.py --commit "$commit" --out "$out" \
@@ -188,8 +193,8 @@ bert)
     test/test_bench_real_models.py
   ;;
 *)
-  echo "STAGE must be tests, cuda, kernels, models, backend, attention, grid, autotune, generate," \
-    "generate16, more, vision-f32, vision-b1 or bert" >&2
+  echo "STAGE must be tests, cuda, kernels, models, backend, backend-bert, attention, grid," \
+    "autotune, generate, generate16, more, vision-f32, vision-b1 or bert" >&2
   exit 2
   ;;
 esac
