@@ -11,6 +11,7 @@ compiled graph fails as it runs) fails it.
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 
@@ -480,6 +481,12 @@ def test_a_graph_with_an_op_tgc_cannot_import_runs_eagerly(caplog):
     assert line.endswith("so far 1 of 2 graph(s), 2 of 4 op(s) run in tgc"), line
     tally = coverage()
     assert (tally.graphs, tally.graphs_in_tgc) == (2, 1)
+    # the graph tgc compiled: one INFO line with its time, and how much of it was exporting
+    compiled = [r.getMessage() for r in caplog.records if " compiled for " in r.getMessage()]
+    assert len(compiled) == 1
+    assert re.search(
+        r" in \d+\.\d\d s \(\d+\.\d\d s exporting and importing\); so far", compiled[0]
+    )
 
 
 @torch.library.custom_op("tgc_dynamo_test::positive", mutates_args=())

@@ -124,12 +124,15 @@ class CompiledGraph:
         if self.compiles:  # the graph met again at new shapes (module doc)
             options = replace(options, measure_budget=options.new_shapes_measure_budget)
         self.compiles += 1
+        start = time.perf_counter()
         try:
             runner = self._lowered_runner(args, options)
         except Exception as e:  # whatever stops tgc here, the graph still runs
             tally.fell_back(self.name, self.ops, reason(e))
             return self.eager
-        tally.compiled(self.name, self.ops, describe_arguments(args, static_inputs(self.gm, args)))
+        shapes = describe_arguments(args, static_inputs(self.gm, args))
+        seconds = time.perf_counter() - start
+        tally.compiled(self.name, self.ops, shapes, seconds, runner.lowered.seconds)
         return runner
 
     def _lowered_runner(self, args: list, options: BackendOptions) -> Callable[[list], object]:

@@ -14,6 +14,7 @@ back, and trace a backward graph whenever a parameter requires grad.
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ class Lowered:
     inputs: list[int]
     writes: list[int | None]
     out_spec: pytree.TreeSpec
+    seconds: float = 0.0  # spent exporting and importing the graph
 
     @property
     def func(self):
@@ -151,6 +153,7 @@ def lower_graph(gm: torch.fx.GraphModule, args: list, statics: set[int]) -> Lowe
     """`gm` exported at `args` and imported; the graph arguments in `statics` that the graph
     does not update become `{tgc.param}` arguments. Raises TgcError (the importer's, naming
     the node) or PyTorch's own exception where export fails."""
+    start = time.perf_counter()
     ep = exported(gm, args)
     signature = ep.graph_signature
     position: dict[str, int] = {}  # user input name -> graph argument
@@ -182,4 +185,5 @@ def lower_graph(gm: torch.fx.GraphModule, args: list, statics: set[int]) -> Lowe
     for slot, index in enumerate(inputs, start=len(own)):
         if index in statics and index not in updated:
             func.set_arg_attr(slot, PARAM_ATTR)
-    return Lowered(module, own, inputs, writes, ep.call_spec.out_spec)
+    seconds = time.perf_counter() - start
+    return Lowered(module, own, inputs, writes, ep.call_spec.out_spec, seconds)

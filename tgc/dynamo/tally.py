@@ -54,10 +54,19 @@ def wrote(nbytes: int) -> None:
     _TALLY.bytes_written += nbytes
 
 
-def compiled(name: str, ops: int, shapes: str) -> None:
-    """`name` (with `ops` ops) was compiled by tgc for the arguments `shapes`."""
+def compiled(name: str, ops: int, shapes: str, seconds: float, lowering: float) -> None:
+    """`name` (with `ops` ops) was compiled by tgc for the arguments `shapes` in `seconds`,
+    `lowering` of them exporting and importing it (the rest: planning, measuring, building)."""
     _count(ops, True)
-    logger.info("tgc: %s (%d ops) compiled for %s; so far %s", name, ops, shapes, _TALLY.summary())
+    logger.info(
+        "tgc: %s (%d ops) compiled for %s in %.2f s (%.2f s exporting and importing); so far %s",
+        name,
+        ops,
+        shapes,
+        seconds,
+        lowering,
+        _TALLY.summary(),
+    )
 
 
 def fell_back(name: str, ops: int, reason: str) -> None:
