@@ -4,6 +4,9 @@
 #
 #   STAGE=tests      bash bench/gpu_session.sh  # the GPU tests but test_cuda.py (about 4 min)
 #   STAGE=cuda       bash bench/gpu_session.sh  # test_cuda.py (over 150 s on an H200)
+#   STAGE=validate   bash bench/gpu_session.sh  # kernels, tests and grid in one call (about 6
+#                                               # minutes with xdist), and the grid's head dim
+#                                               # 256 on both skeletons
 #   STAGE=kernels    bash bench/gpu_session.sh  # the GPU tests of the kernels alone: attention
 #                                               # (every head dim, decode), the rotary and group
 #                                               # norm fusions, cuBLASLt, the convolution
@@ -122,22 +125,42 @@ bundle() {  # the rows' plan files, profiles and kept databases as one file of $
     echo "plans-$stage.tar.gz:" $files
 }
 
-case "$stage" in
-tests)
+tests() {
   pytest_gpu route 200 test/test_route_cuda.py test/test_graphs.py test/test_route.py \
     test/test_plan_memory.py test/test_noisy.py test/test_profile_torch_check.py \
     test/test_cuda_source.py
   pytest_gpu planner 200 test/test_planner_cuda.py test/test_standalone.py
   pytest_gpu dynamo-cuda 200 test/test_dynamo_backend.py test/test_dynamo_generate.py -k cuda
+}
+
+kernels() {
+  pytest_gpu_parallel attention 300 test/test_attention_tc.py test/test_attention_decode.py
+  pytest_gpu_parallel fusions 200 test/test_cuda.py -k "rotary or group_norm or concat"
+  pytest_gpu_parallel epilogues 200 test/test_planner_cuda.py test/test_conv_tc.py \
+    -k "cublaslt or conv"
+}
+
+grid() {  # extra arguments: more of bench/attention_tc.py's (--only, --params)
+  timeout -k 15 560 python3 bench/attention_tc.py --grid --commit "$commit" --out "$out" "$@" \
+    >>"$out/attention-grid.txt" 2>&1
+  echo "attention_tc --grid $* -> exit $?"
+}
+
+case "$stage" in
+tests)
+  tests
+  ;;
+validate)
+  kernels
+  tests
+  grid
+  grid --only D256 --params "wgmma=false;wgmma=true"
   ;;
 cuda)
   pytest_gpu cuda 520 test/test_cuda.py
   ;;
 kernels)
-  pytest_gpu_parallel attention 300 test/test_attention_tc.py test/test_attention_decode.py
-  pytest_gpu_parallel fusions 200 test/test_cuda.py -k "rotary or group_norm or concat"
-  pytest_gpu_parallel epilogues 200 test/test_planner_cuda.py test/test_conv_tc.py \
-    -k "cublaslt or conv"
+  kernels
   ;;
 models)
   model --only gpt2 --dtypes bf16 --profile --modes eager,default,reduce-overhead
@@ -170,9 +193,7 @@ attention)
   echo "attention_tc --decode -> exit $?"
   ;;
 grid)
-  timeout -k 15 560 python3 bench/attention_tc.py --grid --commit "$commit" --out "$out" \
-    >"$out/attention-grid.txt" 2>&1
-  echo "attention_tc --grid -> exit $?"
+  grid
   ;;
 autotune)
   model --only gpt2 --dtypes bf16 --modes max-autotune-no-cudagraphs
@@ -193,8 +214,8 @@ bert)
     test/test_bench_real_models.py
   ;;
 *)
-  echo "STAGE must be tests, cuda, kernels, models, backend, backend-bert, attention, grid," \
-    "autotune, generate, generate16, more, vision-f32, vision-b1 or bert" >&2
+  echo "STAGE must be tests, validate, cuda, kernels, models, backend, backend-bert, attention," \
+    "grid, autotune, generate, generate16, more, vision-f32, vision-b1 or bert" >&2
   exit 2
   ;;
 esac
