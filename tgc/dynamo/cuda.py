@@ -19,7 +19,9 @@ are copied into their tensors. Kernel-by-kernel calls are queued on the legacy d
 (the route's), replays on PyTorch's current stream. Called on another stream (inside
 `torch.cuda.stream(s)`), the call waits for s before it starts and s waits for the call's work
 after it: PyTorch makes its streams non-blocking, so the legacy stream would not wait for
-them by itself, and a call would read its inputs before the caller's writes landed.
+them by itself, and a call would read its inputs before the caller's writes landed. Not while
+a whole call is being captured (whole.py): then every launch goes to the capture's stream, and
+the legacy stream, which no capture may touch, is not asked to wait.
 """
 
 from __future__ import annotations
@@ -101,19 +103,28 @@ class CudaGraph:
     def __call__(self, args: list):
         lowered = self.lowered
         values = lowered.arguments(self.own, args, self.params, self.param_slots, self.inputs)
+        # While a whole call is captured (whole.py) the route runs kernel by kernel on the
+        # capture's stream (whole.py sends its launches there), into buffers the capture keeps.
+        capturing = torch.cuda.is_current_stream_capturing()
         caller, legacy = torch.cuda.current_stream(), torch.cuda.default_stream()
-        if caller == legacy:
+        if capturing or caller == legacy:
             results = self.compiled(values)
         else:  # the caller's stream and the route's wait for each other (module doc)
             legacy.wait_stream(caller)
             results = self.compiled(values)
             caller.wait_stream(legacy)
+        # Captured, the whole call's outputs are cloned after each replay: a clone here would
+        # be one more copy in the graph for every output of every piece. An argument handed
+        # back as a result is cloned all the same (outputs never alias inputs).
+        given = {id(v) for v in values} if capturing else set()
 
         def tensor_of(i: int, value) -> torch.Tensor:
             # an output is cloned (the next replay overwrites a replay's buffers); an update
             # is copied into its tensor from the buffer itself
             tensor = _as_cuda_tensor(value)
-            return tensor.clone() if lowered.writes[i] is None else tensor
+            if lowered.writes[i] is not None or capturing and id(value) not in given:
+                return tensor
+            return tensor.clone()
 
         return lowered.hand_back(results, args, tensor_of)
 
