@@ -172,7 +172,8 @@ generate | generate16)
   # tgc's measurements in a file that comes back in the stage's archive: carried into the next
   # call (TGC_DB, a path in the tree), tgc's first use there measures only what is new
   if [ -n "${TGC_DB:-}" ]; then cp "$TGC_DB" "$out/measurements-generate.sqlite"; fi
-  timeout -k 15 560 python3 bench/generate.py --commit "$commit" --out "$out" \
+  # 530 s: with the install before and the archive after, within a ten-minute device call
+  timeout -k 15 530 python3 bench/generate.py --commit "$commit" --out "$out" \
     --batches "$batch" --modes eager,tgc,hf-compile,default,reduce-overhead --profile "$out" \
     --db "$out/measurements-generate.sqlite" >"$out/generate-b$batch.txt" 2>&1
   echo "generate batch $batch -> exit $?"
