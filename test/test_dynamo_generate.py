@@ -326,3 +326,35 @@ def test_decode_pieces_reading_a_cpu_scalar_run_in_tgc_on_the_gpu():
     assert torch.equal(got, want)
     tally = coverage()
     assert tally.graphs and tally.graphs_in_tgc == tally.graphs, tally.summary()
+
+
+def test_generate_replayed_whole_matches_eager_across_new_caches():
+    """whole.py's bookkeeping under a real generate(): each call of Dynamo's graphs wrapped in
+    WholeGraphCalls with test_dynamo_whole's stand-in capture (on the CPU, the "device" is every
+    tensor of rank > 0), three generate() calls each making a new StaticCache. The layers'
+    0-d `cumulative_length` counters travel in one staged buffer and come back; the decode step
+    is captured again for each new cache (at once: the graph before was replayed); the tokens
+    are eager's exactly."""
+    from test_dynamo_whole import Recorded
+
+    import tgc.dynamo
+    from tgc.dynamo import whole
+
+    capture = Recorded()
+
+    def backend(gm, example_inputs, **kw):
+        inner = tgc.dynamo.tgc_backend(gm, example_inputs, options={"compare_eager": False})
+        return whole.WholeGraphCalls(
+            inner, "g", capture=capture, on_device=lambda t: t.dim() > 0, to_device=torch.clone
+        )
+
+    model = tiny_llama()
+    ids = prompt(8, seed=3)
+    want = [greedy(model, ids, 6, cache_implementation="static") for _ in range(3)]
+    model.forward = torch.compile(model.forward, backend=backend)
+    got = [greedy(model, ids, 6, cache_implementation="static") for _ in range(3)]
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    # the decode step: captured in the first generate() and again for each new cache
+    assert capture.captures == 3 and capture.replays >= 3 * 2
+    assert coverage().graphs == coverage().graphs_in_tgc
