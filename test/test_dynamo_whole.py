@@ -86,9 +86,10 @@ def test_calls_replay_after_the_warmup_and_match_plain_calls():
 def test_a_fixed_argument_at_new_addresses_twice_is_captured_again_and_each_graph_kept():
     """Hugging Face's generate() brings a new StaticCache each call: before, every call with
     the new cache ran as it is, never replayed (10.3 ms a decode step against a replay's, on
-    an H200). Now the first call with new addresses runs as it is and the second, bringing
-    them again, captures a graph for them; the first cache's graph is replayed again when it
-    comes back; at most CAPTURES are kept."""
+    an H200). Now, where the graph captured last was replayed fewer than REUSED times (here
+    once, or not at all), the first call with new addresses runs as it is and the second,
+    bringing them again, captures a graph for them; the first cache's graph is replayed again
+    when it comes back; at most CAPTURES are kept."""
     step, capture = Step(), Recorded()
     calls = wrapped(step, capture)
     w, cache = torch.randn(4, 3), torch.zeros(8, 4)
