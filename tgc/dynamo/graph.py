@@ -17,8 +17,9 @@ is what torch.compile would run without this backend.
 With the option `compare_eager` (the default), a graph compiled for a new set of shapes is
 timed on its first call beside the graph run eagerly (RACE_CALLS calls each, after
 RACE_WARMUP to warm up), and the faster runs at those shapes from then on: tgc never makes a graph slower than
-torch.compile without it would run it. A graph that writes its inputs in place is not run
-twice for this, and runs in tgc.
+torch.compile without it would run it. A graph that writes its inputs in place is timed too
+where those inputs are small (RACE_RESTORE_BYTES: a decode step's position counters), saved
+and put back around each timed call; one that writes more runs in tgc untimed.
 
 tgc compiles for inference: its results have no autograd history. A call that autograd would
 record (grad mode on, an input requiring grad: a model's parameters, outside torch.no_grad())
@@ -27,6 +28,7 @@ runs eagerly, said once per graph, so that a backward through it still works.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -51,6 +53,10 @@ RACE_CALLS = 3  # timed calls of each of tgc and eager, to choose between them
 # by kernel and the second captures a CUDA graph (planner/graphs.py), so only from the third on
 # is tgc timed as it will run
 RACE_WARMUP = 3
+# The most bytes of updated inputs a graph may have and still be timed beside eager (saved
+# and put back around each timed call): a decode step's counters, a scaled input; never a KV
+# cache, whose graph runs in tgc untimed.
+RACE_RESTORE_BYTES = 1 << 20
 
 
 class CompiledGraph:
@@ -95,7 +101,7 @@ class CompiledGraph:
         runner = self.runners.get(key)
         if runner is None:
             runner = self.runners[key] = self._compile(args)
-            if runner is not self.eager and self.options.compare_eager and _pure(runner):
+            if runner is not self.eager and self.options.compare_eager and _raceable(runner, args):
                 self.unraced.add(key)
             if len(self.runners) > MAX_SHAPES:
                 self.runners.popitem(last=False)
@@ -108,12 +114,37 @@ class CompiledGraph:
 
     def _faster(self, runner: Callable[[list], object], args: list):
         """`runner` or `self.eager`, whichever runs `args` faster (module doc). tgc's failure
-        here is raised (the caller runs eagerly from then on); eager's keeps tgc."""
-        tgc_s = _seconds_per_call(runner, args)
+        here is raised (the caller runs eagerly from then on); eager's keeps tgc. The inputs
+        the graph updates are saved first, put back before every timed call and once more
+        after them, so the call that follows makes its updates once."""
+        written = sorted({w for w in runner.lowered.writes if w is not None})
+        with torch.no_grad():
+            saved = [args[i].clone() for i in written]
+
+        def restore() -> None:
+            with torch.no_grad():
+                for i, value in zip(written, saved):
+                    args[i].copy_(value)
+
+        def restored(run):
+            if not written:
+                return run
+
+            def call(a):
+                restore()
+                return run(a)
+
+            # its name too, where it has one (the tests' stand-in timer tells eager by it)
+            return functools.update_wrapper(call, run, assigned=("__name__",), updated=())
+
         try:
-            eager_s = _seconds_per_call(self.eager, args)
-        except Exception:  # noqa: BLE001  (the model's own error: tgc ran it, keep tgc)
-            return runner
+            tgc_s = _seconds_per_call(restored(runner), args)
+            try:
+                eager_s = _seconds_per_call(restored(self.eager), args)
+            except Exception:  # noqa: BLE001  (the model's own error: tgc ran it, keep tgc)
+                return runner
+        finally:
+            restore()
         if eager_s < tgc_s:
             tally.slower_than_eager(self.name, self.ops, tgc_s, eager_s)
             return self.eager
@@ -199,10 +230,14 @@ class _ScalarsMoved:
         return out
 
 
-def _pure(runner) -> bool:
-    """Whether the compiled graph writes none of its arguments (so it may run twice)."""
+def _raceable(runner, args: list) -> bool:
+    """Whether the compiled graph may be timed beside eager: the inputs it updates in place are
+    at most RACE_RESTORE_BYTES (saved and put back around each timed call)."""
     lowered = getattr(runner, "lowered", None)
-    return lowered is not None and all(w is None for w in lowered.writes)
+    if lowered is None:
+        return False
+    written = {w for w in lowered.writes if w is not None}
+    return sum(args[i].numel() * args[i].element_size() for i in written) <= RACE_RESTORE_BYTES
 
 
 def _seconds_per_call(run: Callable[[list], object], args: list) -> float:
