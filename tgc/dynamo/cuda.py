@@ -31,7 +31,7 @@ import logging
 import numpy as np
 import torch
 
-from tgc.dynamo.lowering import Lowered
+from tgc.dynamo.lowering import Lowered, kept_results
 from tgc.dynamo.options import BackendOptions
 from tgc.dynamo.tensors import ParamViews, as_tensor
 from tgc.types import NUMPY_DTYPES
@@ -89,6 +89,7 @@ class CudaGraph:
             progress=False,
         )
         self.compiled = compile_module(lowered.module, None, route)
+        self.kept = kept_results(lowered.func)  # results that are arguments or constants
         logger.info("tgc: GPU route: %s", self.compiled.report.summary())
         self.lowered = lowered
         device = torch.device("cuda", torch.cuda.current_device())
@@ -113,16 +114,16 @@ class CudaGraph:
             legacy.wait_stream(caller)
             results = self.compiled(values)
             caller.wait_stream(legacy)
+
         # Captured, the whole call's outputs are cloned after each replay: a clone here would
         # be one more copy in the graph for every output of every piece. An argument handed
-        # back as a result is cloned all the same (outputs never alias inputs).
-        given = {id(v) for v in values} if capturing else set()
-
+        # back as a result, or a value the plan keeps between calls (a zero cache made from
+        # constants), is cloned all the same: a write into the output must not reach either.
         def tensor_of(i: int, value) -> torch.Tensor:
             # an output is cloned (the next replay overwrites a replay's buffers); an update
             # is copied into its tensor from the buffer itself
             tensor = _as_cuda_tensor(value)
-            if lowered.writes[i] is not None or capturing and id(value) not in given:
+            if lowered.writes[i] is not None or capturing and i not in self.kept:
                 return tensor
             return tensor.clone()
 

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 
 from tgc.builtin import FuncOp
-from tgc.dynamo.lowering import Lowered
+from tgc.dynamo.lowering import Lowered, kept_results
 from tgc.dynamo.options import BackendOptions
 from tgc.dynamo.tensors import ParamViews, as_array, as_tensor
-from tgc.fixed import VARIES, fixed_state
-from tgc.ir import BlockArgument
 from tgc.pass_manager import PassManager
 from tgc.planner import load_backends
 from tgc.planner.cost import CachedCosts, RooflineCostSource
@@ -64,7 +62,7 @@ class HostGraph:
         self.planned = PlannedFunction(func)
         first = len(lowered.own)
         self.param_slots = {i for i in range(first, len(func.body.args)) if func.is_param(i)}
-        self.copied = _kept_results(func)
+        self.copied = kept_results(func)
         self.params = ParamViews()
 
     def __call__(self, args: list):
@@ -82,15 +80,3 @@ class _Arrays:
     @staticmethod
     def view(slot: int, tensor):
         return as_array(tensor)
-
-
-def _kept_results(func: FuncOp) -> set[int]:
-    """The results that are an argument or a value the plan keeps between calls (computed from
-    parameters and constants alone): handed to the user as copies, so that writing to one
-    changes neither an input nor the next call's result."""
-    memo: dict = {}
-    kept = set()
-    for i, value in enumerate(func.body.last.operands):
-        if isinstance(value, BlockArgument) or fixed_state(value, memo) != VARIES:
-            kept.add(i)
-    return kept

@@ -26,6 +26,8 @@ from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 from torch.utils import _pytree as pytree
 
 from tgc.builtin import PARAM_ATTR, ModuleOp
+from tgc.fixed import VARIES, fixed_state
+from tgc.ir import BlockArgument
 from tgc.dynamo import tally
 from tgc.diagnostics import TgcError
 from tgc.importers.torch import core_aten_program, import_exported_program, parameter_values
@@ -73,6 +75,18 @@ class Lowered:
                 args[write].copy_(tensor_of(i, value))
             tally.wrote(args[write].numel() * args[write].element_size())
         return pytree.tree_unflatten(outputs, self.out_spec)
+
+
+def kept_results(func) -> set[int]:
+    """The results of `func` (planned or about to be) that are an argument or a value the plan
+    keeps between calls (computed from parameters and constants alone): handed to the user as
+    copies, so that writing to one changes neither an input nor the next call's result."""
+    memo: dict = {}
+    kept = set()
+    for i, value in enumerate(func.body.last.operands):
+        if isinstance(value, BlockArgument) or fixed_state(value, memo) != VARIES:
+            kept.add(i)
+    return kept
 
 
 def static_inputs(gm: torch.fx.GraphModule, args: list) -> set[int]:
