@@ -38,13 +38,14 @@ from __future__ import annotations
 import math
 
 from tgc.codegen.render import render
+from tgc.cuda_target import HOPPER_SHARED_PER_BLOCK
 from tgc.diagnostics import TgcError
 from tgc.ir import Operation
 
 WARPS = 4
 STAGES = 4  # K/V buffers per warp: 3 tiles in flight while one is computed
 MAX_ROWS = 16  # query rows of a key-value head: one mma row slice
-SHARED_PER_SM = 227 * 1024  # bytes a block may take on sm_80/sm_90
+SHARED_PER_SM = HOPPER_SHARED_PER_BLOCK  # bytes a block may take (sm_90's)
 # SMs of the GPUs tgc targets (nvcc's arch names; H100 SXM and H200 have 132). Others: 132.
 SM_COUNT = {"sm_80": 108, "sm_86": 84, "sm_89": 128, "sm_90": 132}
 # Fewer keys than this: the flash-attention kernels' one block per head is as good.

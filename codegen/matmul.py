@@ -32,6 +32,7 @@ from tgc.codegen.cuda_ops import COMPUTE_CTYPE, STORAGE_CTYPE, load_expression, 
 from tgc.codegen.emitter import Coords, Emitter, broadcast_coords, delinearize, linear_offset
 from tgc.codegen.matmul_wgmma import generate_wgmma, wgmma_by_default, wgmma_misfit
 from tgc.codegen.render import KernelSource, idx_type, kernel_label, params_decl, render, yields_of
+from tgc.cuda_target import HOPPER_SHARED_PER_BLOCK
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import FusedOp
 from tgc.ir import Operation, Value
@@ -114,7 +115,7 @@ TC_TYPES = {"bf16": "bf16", "f16": "f16"}  # element type -> mma.sync's operand 
 TC_TILES, TC_BLOCK_K, TC_STAGES = (64, 128, 256), (16, 32, 64), (2, 3, 4, 5)
 # At most 64x64 of C per warp (128 f32 accumulators per thread of 8 warps), and the shared
 # memory one block of an H100 may have (an A100's: 163 KB).
-TC_MAX_TILE, TC_MAX_SHARED = 128 * 256, 227 * 1024
+TC_MAX_TILE, TC_MAX_SHARED = 128 * 256, HOPPER_SHARED_PER_BLOCK
 TC_GROUP_M = 8  # tile rows per group of the block order (L2 reuse)
 TC_WIDE_N = 2048  # the least n whose default tile is 128x256 (`_tc_defaults`)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 
 from tgc.codegen.render import KernelSource, is_gpu_arch, render
+from tgc.cuda_target import HOPPER_SHARED_PER_BLOCK
 from tgc.diagnostics import TgcError
 
 WGMMA_ARCHS = ("sm_90",)  # the GPUs whose own features (sm_90a) the skeleton needs
@@ -42,7 +43,7 @@ WGMMA_MAX_TILE = 128 * 256  # 128 f32 accumulators per consumer thread
 WGMMA_MAX_STAGES = 6
 # One block an SM: 227 KB of dynamic shared memory, less 1 KB to align the stages and the
 # mbarriers.
-WGMMA_MAX_SHARED = 227 * 1024
+WGMMA_MAX_SHARED = HOPPER_SHARED_PER_BLOCK
 WGMMA_SMS = 132
 WGMMA_GROUP_M = 8
 # setmaxnreg: the producer's 128 threads give registers to the consumers' 256 (65,536 in all).

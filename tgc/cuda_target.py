@@ -23,6 +23,8 @@ MAX_HEAD_DIM = 128  # the exact f32 kernel's
 TC_TYPES = ("bf16", "f16")
 TC_HEAD_DIM_STEP = 8
 TC_MAX_HEAD_DIM = 256
+# The shared memory one block may take on an H100 or H200 (sm_90); an A100's is 163 KB
+HOPPER_SHARED_PER_BLOCK = 227 * 1024
 GEMM_TYPES = ("f32", "f64", "f16", "bf16")
 CONV_OPS = ("hl.conv1d", "hl.conv2d", "hl.conv3d")
 CONV_TYPES = ("bf16", "f16")
