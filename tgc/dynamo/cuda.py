@@ -13,9 +13,9 @@ outputs): an input that is not a parameter is copied into a buffer of this graph
 the second call whose tensor is another than the first's (`StableInputs`), so from the third
 call on the calls are replays. An input passed as the same tensor every call (a KV cache) is
 read where it is, never copied; one that comes at new memory and then keeps it (the next
-generate()'s cache) is copied once and read where it is again from the second such call. A replayed call's results are buffers the next replay
-overwrites, so each output is cloned on the device before it is handed to the user; updates
-are copied into their tensors. Kernel-by-kernel calls are queued on the legacy default stream
+generate()'s cache) is copied once and read where it is again from the second such call. A
+replayed call's results are buffers the next replay overwrites, so each output is cloned on
+the device before it is handed to the user; updates are copied into their tensors. Kernel-by-kernel calls are queued on the legacy default stream
 (the route's), replays on PyTorch's current stream. Called on another stream (inside
 `torch.cuda.stream(s)`), the call waits for s before it starts and s waits for the call's work
 after it: PyTorch makes its streams non-blocking, so the legacy stream would not wait for

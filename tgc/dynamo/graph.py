@@ -117,7 +117,7 @@ class CompiledGraph:
         here is raised (the caller runs eagerly from then on); eager's keeps tgc. The inputs
         the graph updates are saved first, put back before every timed call and once more
         after them, so the call that follows makes its updates once."""
-        written = sorted({w for w in runner.lowered.writes if w is not None})
+        written = runner.lowered.updated
         with torch.no_grad():
             saved = [args[i].clone() for i in written]
 
@@ -219,8 +219,8 @@ class _ScalarsMoved:
         self.runner = runner
         self.lowered = runner.lowered
         self.positions = positions
-        writes = set(runner.lowered.writes)
-        self.written = [i for i in positions if i in writes]
+        updated = set(runner.lowered.updated)
+        self.written = [i for i in positions if i in updated]
 
     def __call__(self, args: list):
         moved = scalars_on_device(args, self.positions)
@@ -236,7 +236,7 @@ def _raceable(runner, args: list) -> bool:
     lowered = getattr(runner, "lowered", None)
     if lowered is None:
         return False
-    written = {w for w in lowered.writes if w is not None}
+    written = lowered.updated
     return sum(args[i].numel() * args[i].element_size() for i in written) <= RACE_RESTORE_BYTES
 
 

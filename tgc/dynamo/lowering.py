@@ -52,6 +52,11 @@ class Lowered:
     def func(self):
         return self.module.funcs[0]
 
+    @property
+    def updated(self) -> list[int]:
+        """The graph arguments the function updates in place, in order."""
+        return sorted({w for w in self.writes if w is not None})
+
     def arguments(self, own: list, args: list, params, param_slots: set[int], others) -> list:
         """The function's arguments for graph arguments `args`: `own` first (in the runner's
         representation), then each graph input, a parameter through `params` (a ParamViews,
