@@ -153,21 +153,19 @@ def _wgmma_by_default(att: Operation, ops: dict[str, dict], common: dict, params
         raise TgcError(
             f"attention template parameters: arch names a GPU as nvcc does (sm_90), not {arch!r}"
         )
-    return arch in WGMMA_ARCHS and _wgmma_fits(att, ops, common, WGMMA_DEFAULT_HEAD_DIMS)
+    return arch in WGMMA_ARCHS and _wgmma_fits(att, ops, common)
 
 
-# Head dims d = d_v the wgmma kernel takes when asked (`wgmma=true`), and those it is sm_90's
-# default for: 256 has not run on a GPU yet (ptxas: no spill, no serialised wgmma).
+# Head dims d = d_v the wgmma kernel takes, all sm_90's default: at 256 on an H200 (2026-11-28,
+# bench/results/attention_grid-d256-sweep-*.md) 55-91% of SDPA's speed where the mma.sync
+# kernel ran at 38-43%.
 WGMMA_HEAD_DIMS = (64, 128, 256)
-WGMMA_DEFAULT_HEAD_DIMS = (64, 128)
 
 
-def _wgmma_fits(
-    att: Operation, ops: dict[str, dict], common: dict, dims: tuple = WGMMA_HEAD_DIMS
-) -> bool:
-    """bf16/f16 operands the tensor-core kernel takes, head dims d = d_v among `dims`."""
+def _wgmma_fits(att: Operation, ops: dict[str, dict], common: dict) -> bool:
+    """bf16/f16 operands the tensor-core kernel takes, head dims d = d_v of `WGMMA_HEAD_DIMS`."""
     fits = _tensor_core_fits(att, ops, most=TC_MAX_HEAD_DIM)
-    return fits and common["d"] == common["dv"] in dims
+    return fits and common["d"] == common["dv"] in WGMMA_HEAD_DIMS
 
 
 def _f32_kernel(att: Operation, ops: dict[str, dict], common: dict, params: dict):
