@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from tgc.codegen.cuda_ops import COMPUTE_CTYPE, STORAGE_CTYPE, load_expression, store_value
 from tgc.codegen.emitter import Coords, Emitter, broadcast_coords, delinearize, linear_offset
+from tgc.codegen.matmul_gemv import gemv_misfit, generate_gemv
 from tgc.codegen.matmul_wgmma import generate_wgmma, wgmma_by_default, wgmma_misfit
 from tgc.codegen.render import KernelSource, idx_type, kernel_label, params_decl, render, yields_of
 from tgc.cuda_target import HOPPER_SHARED_PER_BLOCK
@@ -73,13 +74,23 @@ def generate_matmul(op: FusedOp, params: dict, symbol: str) -> KernelSource:
     ta, tb = mm.attr("transpose_a"), mm.attr("transpose_b")
     shape = _shape(mm)
     m, n, k = shape.m, shape.n, shape.k
+    elem = mm.results[0].type.element_type
+    # The few-rows skeleton by default where it runs and no other skeleton was asked for; its
+    # parameter is recorded only where it runs, so tuning offers it there.
+    asked_other = "tensor_cores" in params or "wgmma" in params
+    gemv_fits = gemv_misfit(elem, bool(ta), bool(tb), m * shape.batch, _b_batch(mm), k) is None
     # Tensor cores wherever the skeleton fits: 14x the SIMT skeleton's speed at 4096^3 in bf16
     # on an H100 (bench/results/matmul_tc-*.md).
-    elem = mm.results[0].type.element_type
     fits = _tensor_core_misfit(mm, shape, elem, bool(tb)) is None
     params.setdefault("tensor_cores", fits)
     wgmma_fits = wgmma_misfit(elem, bool(ta), bool(tb), n, k) is None
-    if params.setdefault("wgmma", wgmma_by_default(params, wgmma_fits)):
+    params.setdefault("wgmma", wgmma_by_default(params, wgmma_fits))
+    if params.get("gemv", gemv_fits and not asked_other):
+        params["gemv"] = True
+        return _generate_gemv(op, mm, shape, params, symbol, (decls, ptrs, outs))
+    if gemv_fits:
+        params["gemv"] = False
+    if params["wgmma"]:
         return _generate_wgmma(op, mm, shape, params, symbol, (decls, ptrs, outs))
     if params["tensor_cores"]:
         return _generate_tensor_core(op, mm, shape, params, symbol, (decls, ptrs, outs))
@@ -237,6 +248,43 @@ def _generate_wgmma(
         ir_name=op.attr("name"),
     )
     return generate_wgmma(symbol, dims, operands, params, kernel_label(op), op.loc)
+
+
+def _generate_gemv(
+    op: FusedOp, mm: Operation, shape: _Shape, params: dict, symbol: str, decl: tuple
+) -> KernelSource:
+    """matmul_gemv.cu.j2 (codegen/matmul_gemv.py); a TgcError where it does not fit."""
+    decls, ptrs, outs = decl
+    a, b = mm.operands
+    elem = mm.results[0].type.element_type
+    dims = dict(
+        m=shape.m,
+        n=shape.n,
+        k=shape.k,
+        batch=shape.batch,
+        elem=elem,
+        transpose_a=bool(mm.attr("transpose_a")),
+        transpose_b=bool(mm.attr("transpose_b")),
+        b_batch=_b_batch(mm),
+        idx_t=idx_type(op),
+        T=STORAGE_CTYPE[elem],
+    )
+    operands = dict(
+        params=decls,
+        a=ptrs[a],
+        b=ptrs[b],
+        a_batch_offset=shape.a_offset,
+        epilogue=_epilogue(op, mm, shape, ptrs, outs),
+        num_inputs=len(op.operands),
+        num_outputs=len(op.results),
+        ir_name=op.attr("name"),
+    )
+    return generate_gemv(symbol, dims, operands, params, kernel_label(op), op.loc)
+
+
+def _b_batch(mm: Operation) -> int:
+    """How many B matrices the product's batch entries read (1: one, broadcast)."""
+    return math.prod(mm.operands[1].type.shape[:-2])
 
 
 def _kernel_source(

@@ -340,6 +340,10 @@ TUNABLE: dict[str, dict[str, tuple]] = {
         "tensor_cores": (False, True),
         "stages": (2, 3, 4),  # the tensor-core skeleton's cp.async pipeline
         "wgmma": (False, True),  # the Hopper skeleton (sm_90), default there where it fits
+        "gemv": (True, False),  # the few-rows skeleton, default where it fits
+        "warps": (2, 4, 8),  # its warps a block, columns a warp and loads in flight a lane
+        "columns": (1, 2, 4),
+        "unroll": (1, 2, 4, 8),
     },
     "conv": {"block_m": (64, 128), "block_n": (32, 64, 128), "block_k": (16, 32)},
     "attention": {

@@ -1,0 +1,117 @@
+"""The few-rows skeleton of the matmul template (`matmul_gemv.cu.j2`, template parameter `gemv`):
+C = A B^T where A has at most `GEMV_MAX_ROWS` rows (the batch folded into them) and B is one
+weight stored as [n][k], as a decoding step multiplies one token's activations by each of a
+model's weights. Such a product is a read of B and nothing else: on an H200 (2026-11-28,
+bench/results/generate-*.md run 6) the tensor-core skeleton's 128x256 tiles left 8 blocks for
+a 2048-column output and took 165 µs for a 33 MB weight, cuBLAS 13 µs (2.6 TB/s).
+
+Each warp takes `columns` columns of C for every row; its lanes stride along k in 16-byte
+loads of B (`unroll` of them in flight a lane and column, streamed past L1) and of A (read by
+every warp, so from L1 and L2), summing in f32, then reduce across the warp; `warps` warps a
+block. A row of A read once serves `columns` columns: with 8 rows and 1 column a warp would
+read 8 bytes of A from L1 for each byte of B, more than L1 delivers at HBM speed, so the
+default takes more columns as the rows grow. Where the pointers are not 16-byte aligned the
+kernel sums one element at a time (correct, slow). Needs bf16, f16 or f32, A not transposed, B
+transposed and the same for every batch entry, and k a multiple of 16 bytes; where it does not
+fit, asking for it is a TgcError.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tgc.codegen.render import KernelSource, render
+from tgc.diagnostics import TgcError
+from tgc.ir import Location
+
+GEMV_MAX_ROWS = 8
+GEMV_TYPES = {  # element type -> (C type of a pair, its conversion to float2), f32 read as float4
+    "bf16": ("__nv_bfloat162", "__bfloat1622float2"),
+    "f16": ("__half2", "__half22float2"),
+    "f32": (None, None),
+}
+ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
+GEMV_WARPS, GEMV_COLUMNS, GEMV_UNROLL = (2, 4, 8), (1, 2, 4), (1, 2, 4, 8)
+
+
+def gemv_misfit(
+    elem: str, transpose_a: bool, transpose_b: bool, rows: int, b_batch: int, k: int
+) -> str | None:
+    """Why the skeleton cannot run the product, or None. `rows`: A's rows with the batch folded
+    in; `b_batch`: how many distinct B the batch entries read."""
+    if elem not in GEMV_TYPES:
+        return f"it takes bf16, f16 and f32, not {elem}"
+    if transpose_a:
+        return "A is transposed"
+    if not transpose_b:
+        return "B is not transposed (its rows must be k, as a weight [n][k] is stored)"
+    if b_batch != 1:
+        return "B differs between batch entries"
+    if rows > GEMV_MAX_ROWS:
+        return f"it takes at most {GEMV_MAX_ROWS} rows, not {rows}"
+    if k * ELEMENT_BYTES[elem] % 16:
+        return "k must make rows of a multiple of 16 bytes"
+    return None
+
+
+def generate_gemv(
+    symbol: str, dims: dict, operands: dict, params: dict, label: str, loc: Location | None
+) -> KernelSource:
+    """The kernel; `dims`: m, n, k, batch, elem, transpose_a/_b, b_batch, idx_t, T;
+    `operands`: params, a, b, a_batch_offset, epilogue, num_inputs, num_outputs, ir_name."""
+    rows = dims["m"] * dims["batch"]
+    why = gemv_misfit(
+        dims["elem"], dims["transpose_a"], dims["transpose_b"], rows, dims["b_batch"], dims["k"]
+    )
+    if why is not None:
+        raise TgcError(f"the few-rows matmul cannot run '{label}': {why}", loc)
+    warps = params.setdefault("warps", 4)
+    # One row of A used by more columns as the rows grow (L1's bandwidth: module doc); about 4
+    # loads of B in flight a lane.
+    columns = params.setdefault("columns", 1 if rows <= 1 else 2 if rows <= 2 else 4)
+    unroll = params.setdefault("unroll", max(1, 4 // columns))
+    for name, value, allowed in (
+        ("warps", warps, GEMV_WARPS),
+        ("columns", columns, GEMV_COLUMNS),
+        ("unroll", unroll, GEMV_UNROLL),
+    ):
+        if value not in allowed:
+            raise TgcError(
+                f"the few-rows matmul takes {name} {', '.join(map(str, allowed))}, not {value!r}",
+                loc,
+            )
+    pair_t, pair_to_float2 = GEMV_TYPES[dims["elem"]]
+    source = render(
+        "matmul_gemv.cu.j2",
+        name=symbol,
+        params=operands["params"],
+        idx_t=dims["idx_t"],
+        T=dims["T"],
+        elem=dims["elem"],
+        pair_t=pair_t,
+        pair_to_float2=pair_to_float2,
+        rows=rows,
+        m=dims["m"],
+        n=dims["n"],
+        k=dims["k"],
+        warps=warps,
+        columns=columns,
+        unroll=unroll,
+        a=operands["a"],
+        b=operands["b"],
+        a_batch_offset=operands["a_batch_offset"],
+        epilogue=operands["epilogue"],
+    )
+    grid = (math.ceil(dims["n"] / (warps * columns)), 1, 1)
+    return KernelSource(
+        symbol,
+        source,
+        "matmul",
+        operands["num_inputs"],
+        operands["num_outputs"],
+        grid,
+        (32 * warps, 1, 1),
+        params,
+        loc,
+        operands["ir_name"],
+    )

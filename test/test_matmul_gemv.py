@@ -1,0 +1,153 @@
+"""The few-rows skeleton of the matmul template (codegen/matmul_gemv.cu.j2): which products it
+takes by default, what it refuses and why, that it compiles for sm_80 and sm_90 without spills
+(nvcc, no GPU needed), and on a GPU its results against float64 (NaN-poisoned outputs).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_attention_tc import NVCC, compile_kernels
+from test_matmul_wgmma import TOLERANCE, _run_poisoned, fused_region, matmul_text, region
+
+from tgc.codegen.kernels import generate_kernel
+from tgc.diagnostics import TgcError
+from tgc.parser import parse_module
+
+
+def test_a_few_rows_against_a_weight_take_the_gemv_skeleton_by_default():
+    """One row (a decoding step's token) against a weight stored [n][k]: one column a warp,
+    four 16-byte loads in flight a lane, four warps a block."""
+    k = generate_kernel(region((1, 2048), (515, 2048), tb=True))
+    assert k.params["gemv"] is True
+    assert (k.params["warps"], k.params["columns"], k.params["unroll"]) == (4, 1, 4)
+    assert k.grid == (-(-515 // 4), 1, 1) and k.block == (128, 1, 1)
+    assert "__ldcs" in k.source and "ROWS = 1, COLS = 1, UNROLL = 4" in k.source
+    assert "mma" not in k.source
+
+
+def test_the_batch_folds_into_rows_and_more_rows_take_more_columns_a_warp():
+    """2 batch entries of 4 rows against one weight: 8 rows, 4 columns a warp (one row of A
+    read from L1 serves 4 columns), one load in flight a lane and column."""
+    k = generate_kernel(region((2, 4, 136), (77, 136), "f32", tb=True, epilogue="none"))
+    assert (k.params["gemv"], k.params["columns"], k.params["unroll"]) == (True, 4, 1)
+    assert k.grid == (-(-77 // 16), 1, 1)
+    assert "const idx_t z = r / 4, m = r % 4;" in k.source
+
+
+def test_asking_for_another_skeleton_or_gemv_false_keeps_the_others():
+    fused = region((2, 2048), (512, 2048), tb=True)
+    tc = generate_kernel(fused, {"tensor_cores": True})
+    assert "mma.sync" in tc.source and tc.params["gemv"] is False
+    off = generate_kernel(fused, {"gemv": False})
+    assert "mma.sync" in off.source and off.params["gemv"] is False
+
+
+@pytest.mark.parametrize(
+    "a, b, dtype, tb, why",
+    [
+        ((9, 64), (72, 64), "bf16", True, "it takes at most 8 rows, not 9"),
+        ((3, 3, 64), (72, 64), "bf16", True, "it takes at most 8 rows, not 9"),
+        ((1, 64), (64, 72), "bf16", False, r"B is not transposed \(its rows must be k"),
+        ((2, 1, 64), (2, 72, 64), "bf16", True, "B differs between batch entries"),
+        ((1, 60), (72, 60), "bf16", True, "k must make rows of a multiple of 16 bytes"),
+        ((1, 6), (72, 6), "f32", True, "k must make rows of a multiple of 16 bytes"),
+    ],
+)
+def test_what_gemv_cannot_run_is_not_the_default_and_asking_is_an_error(a, b, dtype, tb, why):
+    fused = region(a, b, dtype, tb, "none")
+    default = generate_kernel(fused)
+    assert "__ldcs" not in default.source and "gemv" not in default.params
+    with pytest.raises(TgcError, match=f"the few-rows matmul cannot run 'mm': {why}") as info:
+        generate_kernel(fused, {"gemv": True})
+    assert info.value.loc is not None
+
+
+@pytest.mark.parametrize(
+    "params, why",
+    [
+        ({"columns": 3}, "takes columns 1, 2, 4, not 3"),
+        ({"warps": 16}, "takes warps 2, 4, 8, not 16"),
+        ({"unroll": 0}, "takes unroll 1, 2, 4, 8, not 0"),
+    ],
+)
+def test_points_outside_the_skeletons_choices_are_refused(params, why):
+    with pytest.raises(TgcError, match=f"the few-rows matmul {why}"):
+        generate_kernel(region((1, 64), (72, 64), tb=True), {"gemv": True, **params})
+
+
+def test_the_planner_may_try_gemv_and_its_parameters():
+    from tgc.planner.backends.cuda_kernels import TUNABLE
+
+    assert TUNABLE["matmul"]["gemv"] == (True, False)
+    assert {"warps", "columns", "unroll"} <= set(TUNABLE["matmul"])
+
+
+def test_the_benchmarks_products_take_the_gemv_skeleton_by_default():
+    """bench/matmul_gemv.py's decoding products at 1 and 8 rows (what its default column times)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import matmul_gemv
+
+    for rows in (1, 8):
+        for name, k, n in matmul_gemv.WEIGHTS:
+            kernel = matmul_gemv.make_kernel(rows, k, n, {})
+            assert kernel.params["gemv"] is True, (name, rows)
+
+
+COMPILED = [
+    # a, b, dtype, epilogue, params
+    ((1, 2048), (2048, 2048), "bf16", "bias_gelu_tanh", {}),
+    ((1, 1, 8192), (2048, 8192), "bf16", "residual_cast", {}),
+    ((2, 4, 136), (77, 136), "f32", "none", {}),
+    ((8, 520), (300, 520), "f16", "bias_gelu_erf_residual", {"columns": 4, "unroll": 8}),
+]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_gemv_matmuls_compile_without_spills(tmp_path):
+    kernels, cases = [], []
+    for a, b, dtype, epilogue, params in COMPILED:
+        k = generate_kernel(region(a, b, dtype, True, epilogue), {"gemv": True, **params})
+        for arch in ("sm_80", "sm_90"):
+            cases.append((a, b, dtype, epilogue, params, arch))
+            kernels.append((k, ("-cubin", f"-arch={arch}", "-Xptxas", "-v")))
+    spilled = [
+        f"{case}:\n{log[-2000:]}"
+        for case, log in zip(cases, compile_kernels(tmp_path, kernels))
+        if "0 bytes spill stores, 0 bytes spill loads" not in log
+    ]
+    assert not spilled, "\n\n".join(spilled)
+
+
+# -- on a GPU --------------------------------------------------------------------------------------
+
+GPU_CASES = [
+    # a, b, dtype, epilogue, params: n not a multiple of a block's columns, k of a warp's loads
+    ((1, 2056), (1001, 2056), "bf16", "bias_gelu_tanh", {}),
+    ((1, 1, 8200), (515, 8200), "bf16", "residual_cast", {}),
+    ((2, 4, 136), (77, 136), "f32", "none", {}),
+    ((3, 520), (300, 520), "f16", "bias_gelu_erf_residual", {"columns": 1, "warps": 2}),
+    ((8, 264), (130, 264), "bf16", "none", {"unroll": 8, "columns": 2, "warps": 8}),
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("a, b, dtype, epilogue, params", GPU_CASES)
+def test_gemv_matmul_matches_float64(a, b, dtype, epilogue, params):
+    from tgc.runtime.interpreter import random_inputs, run_function
+
+    text = matmul_text(a, b, dtype, True, epilogue)
+    ref = parse_module(text).funcs[0]
+    fused = fused_region(text)
+    kernel = generate_kernel(fused, {"gemv": True, **params})
+    inputs = random_inputs(ref, int(np.random.default_rng().integers(1 << 30)))  # fresh
+    (want,) = run_function(ref, inputs, "f64")
+    out_type = fused.results[0].type
+    got = _run_poisoned(kernel, inputs, np.empty(out_type.shape, out_type.dtype))
+    got64 = got.astype(np.float64)
+    assert not np.isnan(got64).any(), f"{int(np.isnan(got64).sum())} elements not written"
+    error = np.max(np.abs(got64 - want)) / np.max(np.abs(want))
+    assert error < TOLERANCE[str(out_type.element_type)], error
