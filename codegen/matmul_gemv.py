@@ -8,9 +8,9 @@ a 2048-column output and took 165 µs for a 33 MB weight, cuBLAS 13 µs (2.6 TB/
 Each warp takes `columns` columns of C for every row; its lanes stride along k in 16-byte
 loads of B (`unroll` of them in flight a lane and column, streamed past L1) and of A (read by
 every warp, so from L1 and L2), summing in f32, then reduce across the warp; `warps` warps a
-block. A row of A read once serves `columns` columns: with 8 rows and 1 column a warp would
-read 8 bytes of A from L1 for each byte of B, more than L1 delivers at HBM speed, so the
-default takes more columns as the rows grow. Where the pointers are not 16-byte aligned the
+block. On an H200 it ran a 1 B Llama's single-token products 5-39% faster than cuBLAS (its
+down projection 6% slower); at 4-8 rows cuBLAS is faster (bench/results/matmul_gemv-*.md), and
+the planner, measuring both, keeps it there. Where the pointers are not 16-byte aligned the
 kernel sums one element at a time (correct, slow). Needs bf16, f16 or f32, A not transposed, B
 transposed and the same for every batch entry, and k a multiple of 16 bytes; where it does not
 fit, asking for it is a TgcError.
@@ -66,10 +66,11 @@ def generate_gemv(
     if why is not None:
         raise TgcError(f"the few-rows matmul cannot run '{label}': {why}", loc)
     warps = params.setdefault("warps", 4)
-    # One row of A used by more columns as the rows grow (L1's bandwidth: module doc); about 4
-    # loads of B in flight a lane.
-    columns = params.setdefault("columns", 1 if rows <= 1 else 2 if rows <= 2 else 4)
-    unroll = params.setdefault("unroll", max(1, 4 // columns))
+    # Measured on an H200 (bench/results/matmul_gemv-*.md): at 1 row one column a warp and 4
+    # loads in flight a lane; above, 2 columns and 4 loads (the best point at 8 rows for most
+    # products; 4 columns with 1 load, A read from L1 fewer times, was 2.5x slower).
+    columns = params.setdefault("columns", 1 if rows == 1 else 2)
+    unroll = params.setdefault("unroll", 4)
     for name, value, allowed in (
         ("warps", warps, GEMV_WARPS),
         ("columns", columns, GEMV_COLUMNS),
