@@ -2,14 +2,15 @@
 beside cuBLAS (F.linear), torch.compile and the copy bandwidth, in one run on a GPU (PyTorch,
 PyCUDA and nvcc there), from the repository root:
 
-    python3 bench/matmul_gemv.py --commit <hash> [--rows 1,4,8] [--variants] [--out DIR]
+    python3 bench/matmul_gemv.py --commit <hash> [--rows 1,4,8,16] [--variants] [--out DIR]
 
 Each case is C = A B^T, A [rows, k] N(0, 1), B [n, k] (a weight as nn.Linear stores it)
 N(0, 1/k), bf16: the linear layers of a 1.1 B Llama (hidden 2048, intermediate 8192, gate and
 up as one weight, vocabulary 32000), of a Llama-3-8B-sized one (4096, 14336, 128256) and
 GPT-2's (768, c_attn and c_fc transposed). tgc's kernel is the region kernel of the product,
 compiled and launched directly through PyCUDA on PyTorch's stream, its result checked against
-PyTorch's in f64 (max error over max |reference|). Times are medians of 30 CUDA-event timings
+PyTorch's in f64 (max error over max |reference|). The default column is the skeleton's
+defaults (above 8 rows, which only its tensor-core variant takes, that variant's). Times are medians of 30 CUDA-event timings
 after 3 warm-ups (`gpu_suite.time_ms`), with L2 holding whatever the last call left (B is
 larger than L2 for every case but GPT-2's). Floor: the bytes of A, B and C over the bandwidth
 of a 1 GiB device-to-device copy measured in the same run. Writes
@@ -48,6 +49,10 @@ VARIANTS = [
     {"columns": 4, "unroll": 2},
     {"warps": 8},
     {"warps": 2},
+    {"gemv_mma": True},  # the tensor-core variant: 8 columns a block, its warps splitting k
+    {"gemv_mma": True, "warps": 8},
+    {"gemv_mma": True, "warps": 8, "unroll": 8},
+    {"gemv_mma": True, "warps": 2, "unroll": 8},
 ]
 
 
@@ -76,6 +81,14 @@ def make_kernel(rows: int, k: int, n: int, params: dict):
     func = module.funcs[0]
     fused = fused_from_block(func.body, list(func.function_type.results), "matmul", "mm", func.loc)
     return generate_kernel(fused, params)
+
+
+def default_point(rows: int) -> dict:
+    """The default column's parameters: the skeleton's defaults, its tensor-core variant's
+    above the rows the CUDA-core one takes."""
+    from tgc.codegen.matmul_gemv import GEMV_MAX_ROWS
+
+    return {"gemv_mma": True} if rows > GEMV_MAX_ROWS else {}
 
 
 def measure(rows, k, n, params, a, b, want) -> tuple[float, float]:
@@ -115,12 +128,14 @@ def copy_bandwidth() -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--commit", required=True)
-    ap.add_argument("--rows", default="1,4,8", help="comma-separated row counts (<= 8)")
+    ap.add_argument("--rows", default="1,4,8,16", help="comma-separated row counts (<= 16)")
     ap.add_argument("--variants", action="store_true", help="also time the VARIANTS points")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
     import torch
     import torch.nn.functional as F
+
+    from tgc.diagnostics import TgcError
 
     device = torch.cuda.get_device_name()
     bandwidth = copy_bandwidth()
@@ -138,11 +153,16 @@ def main(argv=None) -> int:
     from tgc.runtime.cuda_compile import load_kernels
 
     row_counts = [int(r) for r in args.rows.split(",")]
-    points = [{"gemv": True}] + ([{"gemv": True, **v} for v in VARIANTS] if args.variants else [])
     # every kernel at once: nvcc runs in parallel (the loop below then finds them compiled)
-    load_kernels(
-        [make_kernel(r, k, n, p) for r in row_counts for _, k, n in WEIGHTS for p in points]
-    )
+    kernels = []
+    for rows in row_counts:
+        for point in [default_point(rows)] + (VARIANTS if args.variants else []):
+            for _, k, n in WEIGHTS:
+                try:
+                    kernels.append(make_kernel(rows, k, n, {"gemv": True, **point}))
+                except TgcError:  # a point that does not fit these rows: skipped below too
+                    pass
+    load_kernels(kernels)
     stream = torch.cuda.current_stream()
     for rows in row_counts:
         for name, k, n in WEIGHTS:
@@ -150,13 +170,15 @@ def main(argv=None) -> int:
             a = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16, generator=gen)
             b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen) / k**0.5
             want = F.linear(a.double(), b.double())
-            ms, err = measure(rows, k, n, {"gemv": True}, a, b, want)
+            ms, err = measure(rows, k, n, {"gemv": True, **default_point(rows)}, a, b, want)
             best = "-"
             if args.variants:
                 timed = []
                 for params in VARIANTS:
                     try:
-                        timed.append((measure(rows, k, n, {"gemv": True, **params}, a, b, want), params))
+                        timed.append(
+                            (measure(rows, k, n, {"gemv": True, **params}, a, b, want), params)
+                        )
                     except Exception as e:  # noqa: BLE001  (a point that does not fit: skipped)
                         print(f"{name} rows {rows} {params}: {e}", flush=True)
                 (v_ms, v_err), v_params = min(timed, key=lambda t: t[0][0])

@@ -78,7 +78,8 @@ def generate_matmul(op: FusedOp, params: dict, symbol: str) -> KernelSource:
     # The few-rows skeleton by default where it runs and no other skeleton was asked for; its
     # parameter is recorded only where it runs, so tuning offers it there.
     asked_other = "tensor_cores" in params or "wgmma" in params
-    gemv_fits = gemv_misfit(elem, bool(ta), bool(tb), m * shape.batch, _b_batch(mm), k) is None
+    rows, mma = m * shape.batch, bool(params.get("gemv_mma"))
+    gemv_fits = gemv_misfit(elem, bool(ta), bool(tb), rows, _b_batch(mm), k, mma) is None
     # Tensor cores wherever the skeleton fits: 14x the SIMT skeleton's speed at 4096^3 in bf16
     # on an H100 (bench/results/matmul_tc-*.md).
     fits = _tensor_core_misfit(mm, shape, elem, bool(tb)) is None

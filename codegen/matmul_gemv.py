@@ -14,6 +14,15 @@ the planner, measuring both, keeps it there. Where the pointers are not 16-byte 
 kernel sums one element at a time (correct, slow). Needs bf16, f16 or f32, A not transposed, B
 transposed and the same for every batch entry, and k a multiple of 16 bytes; where it does not
 fit, asking for it is a TgcError.
+
+Its tensor-core variant (`matmul_gemv_mma.cu.j2`, template parameter `gemv_mma`, bf16/f16, up
+to 16 rows; not a default until a GPU has timed it): at 4-8 rows the CUDA-core kernel spends
+more on converting and multiplying than on reading B (8 conversions and FMAs a row for each 16
+bytes of B), and cuBLAS is 1.1-2.3x faster there. A block takes 8 columns and its `warps` warps
+split k; a lane loads 16 bytes of one column of B and of one or two rows of A a step and feeds
+them to two mma.sync m16n8k16 as they are (A's rows padded to 16 with zeros): both operands are
+read in one k order the fragments share, which a sum does not care about. The warps' sums meet
+in shared memory, where the epilogue reads them.
 """
 
 from __future__ import annotations
@@ -25,6 +34,8 @@ from tgc.diagnostics import TgcError
 from tgc.ir import Location
 
 GEMV_MAX_ROWS = 8
+GEMV_MMA_MAX_ROWS = 16  # the tensor-core variant: A's rows are an mma's 16
+GEMV_MMA_TYPES = {"bf16": "bf16", "f16": "f16"}  # element type -> mma.sync's operand type
 GEMV_TYPES = {  # element type -> (C type of a pair, its conversion to float2), f32 read as float4
     "bf16": ("__nv_bfloat162", "__bfloat1622float2"),
     "f16": ("__half2", "__half22float2"),
@@ -35,10 +46,19 @@ GEMV_WARPS, GEMV_COLUMNS, GEMV_UNROLL = (2, 4, 8), (1, 2, 4), (1, 2, 4, 8)
 
 
 def gemv_misfit(
-    elem: str, transpose_a: bool, transpose_b: bool, rows: int, b_batch: int, k: int
+    elem: str,
+    transpose_a: bool,
+    transpose_b: bool,
+    rows: int,
+    b_batch: int,
+    k: int,
+    mma: bool = False,
 ) -> str | None:
-    """Why the skeleton cannot run the product, or None. `rows`: A's rows with the batch folded
-    in; `b_batch`: how many distinct B the batch entries read."""
+    """Why the skeleton (`mma`: its tensor-core variant) cannot run the product, or None.
+    `rows`: A's rows with the batch folded in; `b_batch`: how many distinct B the batch
+    entries read."""
+    if mma and elem not in GEMV_MMA_TYPES:
+        return f"its tensor-core variant takes bf16 and f16, not {elem}"
     if elem not in GEMV_TYPES:
         return f"it takes bf16, f16 and f32, not {elem}"
     if transpose_a:
@@ -47,8 +67,9 @@ def gemv_misfit(
         return "B is not transposed (its rows must be k, as a weight [n][k] is stored)"
     if b_batch != 1:
         return "B differs between batch entries"
-    if rows > GEMV_MAX_ROWS:
-        return f"it takes at most {GEMV_MAX_ROWS} rows, not {rows}"
+    most = GEMV_MMA_MAX_ROWS if mma else GEMV_MAX_ROWS
+    if rows > most:
+        return f"it takes at most {most} rows, not {rows}"
     if k * ELEMENT_BYTES[elem] % 16:
         return "k must make rows of a multiple of 16 bytes"
     return None
@@ -60,22 +81,33 @@ def generate_gemv(
     """The kernel; `dims`: m, n, k, batch, elem, transpose_a/_b, b_batch, idx_t, T;
     `operands`: params, a, b, a_batch_offset, epilogue, num_inputs, num_outputs, ir_name."""
     rows = dims["m"] * dims["batch"]
+    mma = params.setdefault("gemv_mma", False)
     why = gemv_misfit(
-        dims["elem"], dims["transpose_a"], dims["transpose_b"], rows, dims["b_batch"], dims["k"]
+        dims["elem"],
+        dims["transpose_a"],
+        dims["transpose_b"],
+        rows,
+        dims["b_batch"],
+        dims["k"],
+        mma,
     )
     if why is not None:
         raise TgcError(f"the few-rows matmul cannot run '{label}': {why}", loc)
     warps = params.setdefault("warps", 4)
-    # Measured on an H200 (bench/results/matmul_gemv-*.md): at 1 row one column a warp and 4
-    # loads in flight a lane; above, 2 columns and 4 loads (the best point at 8 rows for most
-    # products; 4 columns with 1 load, A read from L1 fewer times, was 2.5x slower).
-    columns = params.setdefault("columns", 1 if rows == 1 else 2)
     unroll = params.setdefault("unroll", 4)
-    for name, value, allowed in (
-        ("warps", warps, GEMV_WARPS),
-        ("columns", columns, GEMV_COLUMNS),
-        ("unroll", unroll, GEMV_UNROLL),
-    ):
+    checked = [("warps", warps, GEMV_WARPS), ("unroll", unroll, GEMV_UNROLL)]
+    if mma:
+        params.pop("columns", None)  # a block takes the mma's 8 columns, its warps split k
+        columns, per_block = None, 8
+    else:
+        # Measured on an H200 (bench/results/matmul_gemv-*.md): at 1 row one column a warp
+        # and 4 loads in flight a lane; above, 2 columns and 4 loads (the best point at 8 rows
+        # for most products; 4 columns with 1 load, A read from L1 fewer times, was 2.5x
+        # slower).
+        columns = params.setdefault("columns", 1 if rows == 1 else 2)
+        checked.append(("columns", columns, GEMV_COLUMNS))
+        per_block = warps * columns
+    for name, value, allowed in checked:
         if value not in allowed:
             raise TgcError(
                 f"the few-rows matmul takes {name} {', '.join(map(str, allowed))}, not {value!r}",
@@ -83,7 +115,7 @@ def generate_gemv(
             )
     pair_t, pair_to_float2 = GEMV_TYPES[dims["elem"]]
     source = render(
-        "matmul_gemv.cu.j2",
+        "matmul_gemv_mma.cu.j2" if mma else "matmul_gemv.cu.j2",
         name=symbol,
         params=operands["params"],
         idx_t=dims["idx_t"],
@@ -91,6 +123,7 @@ def generate_gemv(
         elem=dims["elem"],
         pair_t=pair_t,
         pair_to_float2=pair_to_float2,
+        ptx_type=GEMV_MMA_TYPES.get(dims["elem"]),
         rows=rows,
         m=dims["m"],
         n=dims["n"],
@@ -103,7 +136,7 @@ def generate_gemv(
         a_batch_offset=operands["a_batch_offset"],
         epilogue=operands["epilogue"],
     )
-    grid = (math.ceil(dims["n"] / (warps * columns)), 1, 1)
+    grid = (math.ceil(dims["n"] / per_block), 1, 1)
     return KernelSource(
         symbol,
         source,

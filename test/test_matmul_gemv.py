@@ -76,10 +76,37 @@ def test_points_outside_the_skeletons_choices_are_refused(params, why):
         generate_kernel(region((1, 64), (72, 64), tb=True), {"gemv": True, **params})
 
 
+def test_the_tensor_core_variant_takes_8_columns_a_block_and_up_to_16_rows():
+    """`gemv_mma`: a block's warps split k for 8 columns, A's rows (at most 16) padded to an
+    mma's 16; not the default until a GPU has timed it."""
+    fused = region((4, 4, 264), (130, 264), "f16", tb=True, epilogue="residual_cast")
+    k = generate_kernel(fused, {"gemv_mma": True})
+    assert k.params["gemv"] is True and "columns" not in k.params
+    assert k.grid == (-(-130 // 8), 1, 1) and k.block == (128, 1, 1)
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in k.source
+    assert "ROWS = 16, WARPS = 4, UNROLL = 4" in k.source
+    assert generate_kernel(fused, {"gemv_mma": True, "warps": 8}).block == (256, 1, 1)
+    assert generate_kernel(region((1, 64), (72, 64), tb=True)).params["gemv_mma"] is False
+
+
+@pytest.mark.parametrize(
+    "a, b, dtype, why",
+    [
+        ((17, 64), (72, 64), "bf16", "it takes at most 16 rows, not 17"),
+        ((2, 64), (72, 64), "f32", "its tensor-core variant takes bf16 and f16, not f32"),
+    ],
+)
+def test_what_the_tensor_core_variant_cannot_run_is_an_error_naming_why(a, b, dtype, why):
+    fused = region(a, b, dtype, True, "none")
+    with pytest.raises(TgcError, match=f"the few-rows matmul cannot run 'mm': {why}"):
+        generate_kernel(fused, {"gemv": True, "gemv_mma": True})
+
+
 def test_the_planner_may_try_gemv_and_its_parameters():
     from tgc.planner.backends.cuda_kernels import TUNABLE
 
     assert TUNABLE["matmul"]["gemv"] == (True, False)
+    assert TUNABLE["matmul"]["gemv_mma"] == (False, True)
     assert {"warps", "columns", "unroll"} <= set(TUNABLE["matmul"])
 
 
@@ -103,6 +130,8 @@ COMPILED = [
     ((1, 1, 8192), (2048, 8192), "bf16", "residual_cast", {}),
     ((2, 4, 136), (77, 136), "f32", "none", {}),
     ((8, 520), (300, 520), "f16", "bias_gelu_erf_residual", {"columns": 4, "unroll": 8}),
+    ((1, 1, 8192), (2048, 8192), "bf16", "residual_cast", {"gemv_mma": True}),
+    ((16, 520), (300, 520), "f16", "bias_gelu_tanh", {"gemv_mma": True, "unroll": 8}),
 ]
 
 
@@ -131,6 +160,11 @@ GPU_CASES = [
     ((2, 4, 136), (77, 136), "f32", "none", {}),
     ((3, 520), (300, 520), "f16", "bias_gelu_erf_residual", {"columns": 1, "warps": 2}),
     ((8, 264), (130, 264), "bf16", "none", {"unroll": 8, "columns": 2, "warps": 8}),
+    # the tensor-core variant: 1, 12 and 16 rows, k not a multiple of a step (32) or of the
+    # warps' steps, n not a multiple of 8
+    ((1, 2056), (1001, 2056), "bf16", "bias_gelu_tanh", {"gemv_mma": True}),
+    ((3, 4, 8200), (515, 8200), "bf16", "none", {"gemv_mma": True, "warps": 8, "unroll": 2}),
+    ((4, 4, 264), (130, 264), "f16", "residual_cast", {"gemv_mma": True, "warps": 2}),
 ]
 
 
