@@ -7,6 +7,9 @@
 #   STAGE=validate   bash bench/gpu_session.sh  # kernels, tests and grid in one call (about 6
 #                                               # minutes with xdist), and the grid's head dim
 #                                               # 256 on both skeletons
+#   STAGE=gemv       bash bench/gpu_session.sh  # the few-rows matmul: its GPU tests, then
+#                                               # bench/matmul_gemv.py at 1-16 rows with every variant
+#                                               # (about 2 minutes)
 #   STAGE=kernels    bash bench/gpu_session.sh  # the GPU tests of the kernels alone: attention
 #                                               # (every head dim, decode), the rotary and group
 #                                               # norm fusions, cuBLASLt, the convolution
@@ -162,6 +165,12 @@ cuda)
 kernels)
   kernels
   ;;
+gemv)
+  pytest_gpu_parallel gemv 120 test/test_matmul_gemv.py
+  timeout -k 15 300 python3 bench/matmul_gemv.py --commit "$commit" --out "$out" --variants \
+    >"$out/matmul-gemv.txt" 2>&1
+  echo "matmul_gemv --variants -> exit $?"
+  ;;
 models)
   model --only gpt2 --dtypes bf16 --profile --modes eager,default,reduce-overhead
   model --only llama --dtypes bf16 --profile --modes eager,default,reduce-overhead
@@ -215,7 +224,7 @@ bert)
     test/test_bench_real_models.py
   ;;
 *)
-  echo "STAGE must be tests, validate, cuda, kernels, models, backend, backend-bert, attention," \
+  echo "STAGE must be tests, validate, cuda, kernels, gemv, models, backend, backend-bert, attention," \
     "grid, autotune, generate, generate16, more, vision-f32, vision-b1 or bert" >&2
   exit 2
   ;;
