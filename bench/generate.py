@@ -408,7 +408,7 @@ def run_mode(row: Row, model, ids, args, reference, sync) -> object:
             row.tokens_per_s = row.batch * (new - 1) / (decode_ms / 1e3)
         if new > 1 and not args.dry_run:
             row.running = "device time"
-            row.gpu_step_ms = gpu_step_ms(model, ids, new, cache_len, auto)
+            row.gpu_step_ms = gpu_step_ms(model, ids, args, f"{row.mode}-b{row.batch}", auto)
         if args.profile:
             row.running = "profile"
             profile_generate(model, ids, args, f"{row.mode}-b{row.batch}", auto)
@@ -462,22 +462,35 @@ def keep_tgc_log(args, name: str):
     return handler
 
 
-def device_ms(call) -> float:
-    """The device's time in `call()`: its kernels' and copies' durations added up
-    (torch.profiler's CUDA activity, which sees the kernels a CUDA graph replay runs too)."""
+def device_ms(call):
+    """(the device's time in `call()`: its kernels' and copies' durations added up, the
+    profiler's averages by kernel) from torch.profiler's CUDA activity, which sees the kernels
+    a CUDA graph replay runs too."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         call()
-    return sum(e.self_device_time_total for e in prof.key_averages()) / 1e3
+    averages = prof.key_averages()
+    return sum(e.self_device_time_total for e in averages) / 1e3, averages
 
 
-def gpu_step_ms(model, ids, new_tokens: int, cache_len: int, auto_compile: bool) -> float:
+def gpu_step_ms(model, ids, args, name: str, auto_compile: bool) -> float:
     """A decode step's device time: (device time of generate() of `new_tokens` - that of one
     token, the prefill) / (`new_tokens` - 1); beside the bandwidth floor it says how near the
-    step's kernels come to it, whatever the host adds (at batch 1 most of a step's time)."""
-    one = device_ms(lambda: generate(model, ids, 1, cache_len, auto_compile))
-    all_ = device_ms(lambda: generate(model, ids, new_tokens, cache_len, auto_compile))
+    step's kernels come to it, whatever the host adds (at batch 1 most of a step's time). With
+    `--profile DIR`, the kernels of the generate() of N tokens by device time go to
+    DIR/kernels-<mode>-b<batch>.txt: which of a step's kernels keep it from its floor."""
+    new_tokens, cache_len = args.new_tokens, args.prompt + args.new_tokens
+    one, _ = device_ms(lambda: generate(model, ids, 1, cache_len, auto_compile))
+    all_, averages = device_ms(lambda: generate(model, ids, new_tokens, cache_len, auto_compile))
+    if args.profile:
+        table = averages.table(
+            sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=100
+        )
+        folder = Path(args.profile)
+        folder.mkdir(parents=True, exist_ok=True)
+        title = f"# {name}: the kernels of one generate() of {new_tokens} tokens (torch.profiler)"
+        (folder / f"kernels-{name}.txt").write_text(f"{title}\n\n{table}\n")
     return (all_ - one) / (new_tokens - 1)
 
 
@@ -778,7 +791,8 @@ def parse(argv: list[str] | None):
     ap.add_argument(
         "--profile",
         default=None,
-        help="folder: cProfile of one more generate() and TTFT per mode, and tgc's log",
+        help="folder: cProfile of one more generate() and TTFT per mode, the kernels by device "
+        "time, and tgc's log",
     )
     ap.add_argument(
         "--isolate",

@@ -121,7 +121,7 @@ vision() {  # dtype, batch, models...: one vision row each, beside eager and com
 
 bundle() {  # the rows' plan files, profiles and kept databases as one file of $out (see the top)
   local files
-  files=$(cd "$out" && ls plan-*.txt profile-*.txt measurements-*.sqlite 2>/dev/null)
+  files=$(cd "$out" && ls plan-*.txt profile-*.txt kernels-*.txt measurements-*.sqlite 2>/dev/null)
   [ -n "$files" ] || return 0
   # shellcheck disable=SC2086  # the names are words: model, dtype, batch
   tar -czf "$out/plans-$stage.tar.gz" -C "$out" $files && (cd "$out" && rm -f $files) &&

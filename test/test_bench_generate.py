@@ -13,6 +13,8 @@ transformers (optional extras; CI has neither).
 
 from __future__ import annotations
 
+import argparse
+
 import importlib.util
 import json
 import sys
@@ -229,14 +231,27 @@ def test_hf_compile_lets_generate_compile_the_decode_step_and_other_modes_do_not
     assert "hf-compile" in bench.EXTRA_MODES
 
 
-def test_the_decode_steps_device_time_is_n_tokens_less_one_over_n_minus_one(monkeypatch):
+def test_the_decode_steps_device_time_is_n_tokens_less_one_over_n_minus_one(monkeypatch, tmp_path):
     """GPU ms / step: the device time of generate() of N tokens less that of one token (the
-    prefill), over N - 1; reported beside the bandwidth floor."""
+    prefill), over N - 1; reported beside the bandwidth floor. With --profile the N tokens'
+    kernel table is written beside the other profiles."""
+
+    class Averages:
+        def table(self, **how):
+            return f"kernels by {how['sort_by']}"
+
     lengths = []
     monkeypatch.setattr(bench, "generate", lambda model, ids, n, *rest: lengths.append(n))
-    monkeypatch.setattr(bench, "device_ms", lambda call: (call(), 2.0 + 0.5 * lengths[-1])[1])
-    assert bench.gpu_step_ms(None, None, 9, 20, False) == pytest.approx(0.5)
+    monkeypatch.setattr(
+        bench, "device_ms", lambda call: (call(), (2.0 + 0.5 * lengths[-1], Averages()))[1]
+    )
+    args = argparse.Namespace(new_tokens=9, prompt=11, profile=None)
+    assert bench.gpu_step_ms(None, None, args, "tgc-b1", False) == pytest.approx(0.5)
     assert lengths == [1, 9]
+    args.profile = str(tmp_path)
+    bench.gpu_step_ms(None, None, args, "tgc-b1", False)
+    written = (tmp_path / "kernels-tgc-b1.txt").read_text()
+    assert "one generate() of 9 tokens" in written and "kernels by self_cuda_time_total" in written
     row = {**vars(bench.Row(1, "tgc")), "floor_ms": 0.25, "gpu_step_ms": 0.5}
     assert "0.500 ms (2.0x)" in bench._cells(row)
     assert "-" in bench._cells({**row, "gpu_step_ms": None})
