@@ -8,6 +8,9 @@ Two skeletons:
   one shared-memory step), `thread_m`, `thread_n`.
 - `matmul_wgmma.cu.j2`, with the template parameter `wgmma` (sm_90; a planner option, not yet
   a default): Hopper's wgmma, warp-specialised and persistent (codegen/matmul_wgmma.py).
+- `matmul_gemv.cu.j2`, with the template parameter `gemv` (the default where it fits: at most
+  8 rows against one weight stored [n][k], a decoding step's products): warps streaming B
+  along k in 16-byte loads (codegen/matmul_gemv.py; `gemv_mma` its tensor-core variant).
 - `matmul_tc.cu.j2`, with the template parameter `tensor_cores` (default true where it fits):
   bf16/f16 on tensor cores, as the attention kernel's (codegen/attention.py): 8 warps (2x4, 4x2
   for a tile taller than wide), each a part of C of 16x8 `mma.sync` accumulator tiles in f32
@@ -223,31 +226,7 @@ def _generate_wgmma(
     op: FusedOp, mm: Operation, shape: _Shape, params: dict, symbol: str, decl: tuple
 ) -> KernelSource:
     """matmul_wgmma.cu.j2 (codegen/matmul_wgmma.py); a TgcError where it does not fit."""
-    decls, ptrs, outs = decl
-    a, b = mm.operands
-    elem = mm.results[0].type.element_type
-    dims = dict(
-        m=shape.m,
-        n=shape.n,
-        k=shape.k,
-        batch=shape.batch,
-        elem=elem,
-        transpose_a=bool(mm.attr("transpose_a")),
-        transpose_b=bool(mm.attr("transpose_b")),
-        idx_t=idx_type(op),
-        T=STORAGE_CTYPE[elem],
-    )
-    operands = dict(
-        params=decls,
-        a=ptrs[a],
-        b=ptrs[b],
-        a_batch_offset=shape.a_offset,
-        b_batch_offset=shape.b_offset,
-        epilogue=_epilogue(op, mm, shape, ptrs, outs, indent=12),
-        num_inputs=len(op.operands),
-        num_outputs=len(op.results),
-        ir_name=op.attr("name"),
-    )
+    dims, operands = _skeleton_arguments(op, mm, shape, decl, indent=12)
     return generate_wgmma(symbol, dims, operands, params, kernel_label(op), op.loc)
 
 
@@ -255,6 +234,15 @@ def _generate_gemv(
     op: FusedOp, mm: Operation, shape: _Shape, params: dict, symbol: str, decl: tuple
 ) -> KernelSource:
     """matmul_gemv.cu.j2 (codegen/matmul_gemv.py); a TgcError where it does not fit."""
+    dims, operands = _skeleton_arguments(op, mm, shape, decl, indent=8)
+    return generate_gemv(symbol, dims, operands, params, kernel_label(op), op.loc)
+
+
+def _skeleton_arguments(
+    op: FusedOp, mm: Operation, shape: _Shape, decl: tuple, indent: int
+) -> tuple[dict, dict]:
+    """What the skeletons generated in their own modules (wgmma, gemv) take: the problem's
+    sizes and types, and the kernel's operands with the epilogue at `indent`."""
     decls, ptrs, outs = decl
     a, b = mm.operands
     elem = mm.results[0].type.element_type
@@ -275,12 +263,13 @@ def _generate_gemv(
         a=ptrs[a],
         b=ptrs[b],
         a_batch_offset=shape.a_offset,
-        epilogue=_epilogue(op, mm, shape, ptrs, outs),
+        b_batch_offset=shape.b_offset,
+        epilogue=_epilogue(op, mm, shape, ptrs, outs, indent=indent),
         num_inputs=len(op.operands),
         num_outputs=len(op.results),
         ir_name=op.attr("name"),
     )
-    return generate_gemv(symbol, dims, operands, params, kernel_label(op), op.loc)
+    return dims, operands
 
 
 def _b_batch(mm: Operation) -> int:

@@ -5,10 +5,9 @@ takes by default, what it refuses and why, that it compiles for sm_80 and sm_90 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from test_attention_tc import NVCC, compile_kernels
-from test_matmul_wgmma import TOLERANCE, _run_poisoned, fused_region, matmul_text, region
+from test_matmul_wgmma import check_against_float64, fused_region, matmul_text, region
 
 from tgc.codegen.kernels import generate_kernel
 from tgc.diagnostics import TgcError
@@ -171,17 +170,7 @@ GPU_CASES = [
 @pytest.mark.cuda
 @pytest.mark.parametrize("a, b, dtype, epilogue, params", GPU_CASES)
 def test_gemv_matmul_matches_float64(a, b, dtype, epilogue, params):
-    from tgc.runtime.interpreter import random_inputs, run_function
-
     text = matmul_text(a, b, dtype, True, epilogue)
-    ref = parse_module(text).funcs[0]
     fused = fused_region(text)
     kernel = generate_kernel(fused, {"gemv": True, **params})
-    inputs = random_inputs(ref, int(np.random.default_rng().integers(1 << 30)))  # fresh
-    (want,) = run_function(ref, inputs, "f64")
-    out_type = fused.results[0].type
-    got = _run_poisoned(kernel, inputs, np.empty(out_type.shape, out_type.dtype))
-    got64 = got.astype(np.float64)
-    assert not np.isnan(got64).any(), f"{int(np.isnan(got64).sum())} elements not written"
-    error = np.max(np.abs(got64 - want)) / np.max(np.abs(want))
-    assert error < TOLERANCE[str(out_type.element_type)], error
+    check_against_float64(parse_module(text).funcs[0], fused, kernel)

@@ -219,7 +219,6 @@ def _run_poisoned(kernel, inputs: list[np.ndarray], out: np.ndarray) -> np.ndarr
 @pytest.mark.parametrize("a, b, dtype, tb, epilogue, params", GPU_CASES)
 def test_wgmma_matmul_matches_float64(a, b, dtype, tb, epilogue, params):
     from tgc.runtime.cuda_compile import device_arch
-    from tgc.runtime.interpreter import random_inputs, run_function
 
     if device_arch() != "sm_90":
         pytest.skip(f"the wgmma skeleton needs an sm_90 GPU, not {device_arch()}")
@@ -227,6 +226,14 @@ def test_wgmma_matmul_matches_float64(a, b, dtype, tb, epilogue, params):
     ref = parse_module(text).funcs[0]
     fused = fused_region(text)
     kernel = generate_kernel(fused, {**SM90, "wgmma": True, **params})
+    check_against_float64(ref, fused, kernel)
+
+
+def check_against_float64(ref, fused: FusedOp, kernel) -> None:
+    """`kernel` (of region `fused`) on fresh random inputs of function `ref`, into an output
+    poisoned with NaN: every element written, within TOLERANCE of ref in float64."""
+    from tgc.runtime.interpreter import random_inputs, run_function
+
     inputs = random_inputs(ref, int(np.random.default_rng().integers(1 << 30)))  # fresh
     (want,) = run_function(ref, inputs, "f64")
     out_type = fused.results[0].type
