@@ -16,9 +16,10 @@ transposed and the same for every batch entry, and k a multiple of 16 bytes; whe
 fit, asking for it is a TgcError.
 
 Its tensor-core variant (`matmul_gemv_mma.cu.j2`, template parameter `gemv_mma`, bf16/f16, up
-to 16 rows; not a default until a GPU has timed it): at 4-8 rows the CUDA-core kernel spends
-more on converting and multiplying than on reading B (8 conversions and FMAs a row for each 16
-bytes of B), and cuBLAS is 1.1-2.3x faster there. A block takes 8 columns and its `warps` warps
+to 16 rows; not a default until a GPU has timed it). At 4-8 rows cuBLAS is 1.1-2.3x faster
+than the CUDA-core kernel, whose instructions grow with the rows (for each 16 bytes of B, 8
+conversions and FMAs a row: the likely cause, not profiled); an mma takes 16 rows for the same
+instructions. A block takes 8 columns and its `warps` warps
 split k; a lane loads 16 bytes of one column of B and of one or two rows of A a step and feeds
 them to two mma.sync m16n8k16 as they are (A's rows padded to 16 with zeros): both operands are
 read in one k order the fragments share, which a sum does not care about. The warps' sums meet
