@@ -15,15 +15,14 @@ kernel sums one element at a time (correct, slow). Needs bf16, f16 or f32, A not
 transposed and the same for every batch entry, and k a multiple of 16 bytes; where it does not
 fit, asking for it is a TgcError.
 
-Its tensor-core variant (`matmul_gemv_mma.cu.j2`, template parameter `gemv_mma`, bf16/f16, up
-to 16 rows; not a default until a GPU has timed it). At 4-8 rows cuBLAS is 1.1-2.3x faster
-than the CUDA-core kernel, whose instructions grow with the rows (for each 16 bytes of B, 8
-conversions and FMAs a row: the likely cause, not profiled); an mma takes 16 rows for the same
-instructions. A block takes 8 columns and its `warps` warps
-split k; a lane loads 16 bytes of one column of B and of one or two rows of A a step and feeds
-them to two mma.sync m16n8k16 as they are (A's rows padded to 16 with zeros): both operands are
-read in one k order the fragments share, which a sum does not care about. The warps' sums meet
-in shared memory, where the epilogue reads them.
+Its tensor-core variant (`matmul_gemv_mma.cu.j2`, template parameter `gemv_mma`, bf16/f16, up to
+16 rows; not a default until a GPU has timed it). At 4-8 rows cuBLAS is 1.1-2.3x faster than the
+CUDA-core kernel, whose instructions grow with the rows (for each 16 bytes of B, 8 conversions
+and FMAs a row: the likely cause, not profiled); an mma takes 16 rows for the same instructions.
+A block takes 8 columns and its `warps` warps split k; a lane loads 16 bytes of one column of B
+and of one or two rows of A a step and feeds them to two mma.sync m16n8k16 as they are (A's rows
+padded to 16 with zeros): both operands are read in one k order the fragments share, which a sum
+does not care about. The warps' sums meet in shared memory, where the epilogue reads them.
 """
 
 from __future__ import annotations
