@@ -11,7 +11,7 @@
 #                                               # bench/matmul_gemv.py at 1-16 rows with every variant
 #                                               # (about 2 minutes)
 #   STAGE=kernels    bash bench/gpu_session.sh  # the GPU tests of the kernels alone: attention
-#                                               # (every head dim, decode), the rotary and group
+#                                               # (every head dim, decode), the few-rows matmul, the rotary and group
 #                                               # norm fusions, cuBLASLt, the convolution
 #   STAGE=models     bash bench/gpu_session.sh  # GPT-2 small and the Llama-style model, bf16,
 #                                               # beside eager, compile and reduce-overhead
@@ -137,7 +137,8 @@ tests() {
 }
 
 kernels() {
-  pytest_gpu_parallel attention 300 test/test_attention_tc.py test/test_attention_decode.py
+  pytest_gpu_parallel attention 300 test/test_attention_tc.py test/test_attention_decode.py \
+    test/test_matmul_gemv.py
   pytest_gpu_parallel fusions 200 test/test_cuda.py -k "rotary or group_norm or concat"
   pytest_gpu_parallel epilogues 200 test/test_planner_cuda.py test/test_conv_tc.py \
     -k "cublaslt or conv"
