@@ -10,6 +10,10 @@
 #   STAGE=gemv       bash bench/gpu_session.sh  # the few-rows matmul: its GPU tests, then
 #                                               # bench/matmul_gemv.py at 1-16 rows with every variant
 #                                               # (about 2 minutes)
+#   STAGE=decode     bash bench/gpu_session.sh  # bench/decode_step.py: the decode step alone,
+#                                               # back to back, batch 1 and 16, eager / tgc /
+#                                               # default, then reduce-overhead in its own process,
+#                                               # each mode's kernels by device time (about 6 min)
 #   STAGE=kernels    bash bench/gpu_session.sh  # the GPU tests of the kernels alone: attention
 #                                               # (every head dim, decode), the few-rows matmul, the rotary and group
 #                                               # norm fusions, cuBLASLt, the convolution
@@ -166,6 +170,20 @@ cuda)
 kernels)
   kernels
   ;;
+decode)
+  for batch in 1 16; do
+    timeout -k 15 200 python3 bench/decode_step.py --commit "$commit" --out "$out" \
+      --batch "$batch" --kernels "$out/kernels-b$batch" ${TGC_DB:+--db "$TGC_DB"} \
+      >"$out/decode-step-b$batch.txt" 2>&1
+    echo "decode_step batch $batch -> exit $?"
+    # reduce-overhead apart: its process died of SIGSEGV in bench/generate.py's runs
+    timeout -k 15 100 python3 bench/decode_step.py --commit "$commit" --out "$out" \
+      --batch "$batch" --modes eager,reduce-overhead >>"$out/decode-step-b$batch.txt" 2>&1
+    echo "decode_step batch $batch reduce-overhead -> exit $?"
+  done
+  tar -czf "$out/kernels-decode.tar.gz" -C "$out" kernels-b1 kernels-b16 2>/dev/null &&
+    rm -rf "$out/kernels-b1" "$out/kernels-b16"
+  ;;
 gemv)
   pytest_gpu_parallel gemv 120 test/test_matmul_gemv.py
   timeout -k 15 300 python3 bench/matmul_gemv.py --commit "$commit" --out "$out" --variants \
@@ -225,7 +243,7 @@ bert)
     test/test_bench_real_models.py
   ;;
 *)
-  echo "STAGE must be tests, validate, cuda, kernels, gemv, models, backend, backend-bert, attention," \
+  echo "STAGE must be tests, validate, cuda, kernels, gemv, decode, models, backend, backend-bert, attention," \
     "grid, autotune, generate, generate16, more, vision-f32, vision-b1 or bert" >&2
   exit 2
   ;;

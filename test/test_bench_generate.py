@@ -14,7 +14,6 @@ transformers (optional extras; CI has neither).
 from __future__ import annotations
 
 import argparse
-
 import importlib.util
 import json
 import sys
