@@ -27,8 +27,8 @@ head and one of `splits` ranges of the cache; the grid is about one wave of the 
 - `stages` (2 to 4, default 4): the ring's buffers per warp; fewer leave room for two blocks
   an SM at head dim 128.
 - `splits` (template parameter, swept by tuning) defaults to the count that fills about one
-  wave of `SM_COUNT[arch]` SMs at the blocks per SM the shared memory allows, with at least one
-  key tile per warp per split.
+  wave of the GPU's SMs at the blocks per SM its shared memory allows (`cuda_target.gpu_limits`
+  of the kernel's `arch`), with at least one key tile per warp per split.
 - Causal (bottom-right aligned, as hl.attention's) and an additive mask are handled in the key
   tiles that need them.
 """
@@ -38,16 +38,13 @@ from __future__ import annotations
 import math
 
 from tgc.codegen.render import render
-from tgc.cuda_target import HOPPER_SHARED_PER_BLOCK
+from tgc.cuda_target import gpu_limits
 from tgc.diagnostics import TgcError
 from tgc.ir import Operation
 
 WARPS = 4
 STAGES = 4  # K/V buffers per warp: 3 tiles in flight while one is computed
 MAX_ROWS = 16  # query rows of a key-value head: one mma row slice
-SHARED_PER_SM = HOPPER_SHARED_PER_BLOCK  # bytes a block may take (sm_90's)
-# SMs of the GPUs tgc targets (nvcc's arch names; H100 SXM and H200 have 132). Others: 132.
-SM_COUNT = {"sm_80": 108, "sm_86": 84, "sm_89": 128, "sm_90": 132}
 # Fewer keys than this: the flash-attention kernels' one block per head is as good.
 MIN_KEYS = 256
 # The module globals the kernel defines, named after its own symbol (format strings): whoever
@@ -132,8 +129,9 @@ def decode_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
         )
     bn, shared_bytes = _layout(d, dv, stages)
     tiles = -(-sk // bn)
-    sms = SM_COUNT.get(params.get("arch") or "", 132)
-    per_sm = max(1, min(SHARED_PER_SM // shared_bytes, 2048 // (32 * WARPS)))
+    limits = gpu_limits(params.get("arch"))
+    sms = limits.sms
+    per_sm = max(1, min(limits.blocks_by_shared(shared_bytes), 2048 // (32 * WARPS)))
     splits = params.get("splits", default_splits(nb, tiles, per_sm, sms))
     if not isinstance(splits, int) or isinstance(splits, bool) or splits < 1:
         raise TgcError(

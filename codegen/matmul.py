@@ -14,14 +14,14 @@ Two skeletons:
 - `matmul_tc.cu.j2`, with the template parameter `tensor_cores` (default true where it fits):
   bf16/f16 on tensor cores, as the attention kernel's (codegen/attention.py): 8 warps (2x4, 4x2
   for a tile taller than wide), each a part of C of 16x8 `mma.sync` accumulator tiles in f32
-  (64x64 at 128x256 or 256x128); A and B tiles in a `stages`-deep `cp.async` pipeline in
-  dynamic shared memory (one barrier per k step), read by `ldmatrix` (transposed for a B whose
-  rows are k) into fragments double-buffered in registers; blocks ordered in groups of 8 tile
-  rows for L2 reuse. It needs A not transposed, k a multiple of 8 and, unless B is transposed,
-  n a multiple of 8 (16-byte rows). Parameters: `block_m`, `block_n` 64, 128 or 256 (at most
-  128x256; default 128x256 where n >= 2048, else 128x128), `block_k` 16, 32 or 64 (default 32),
-  `stages` 2 to 5 (default 4; at most 227 KB of shared memory). Where it does not fit, asking
-  for it is an error (so a parameter search skips the point). The double-buffered 128x128
+  (64x64 at 128x256 or 256x128); A and B tiles in a `stages`-deep `cp.async` pipeline in dynamic
+  shared memory (one barrier per k step), read by `ldmatrix` (transposed for a B whose rows are
+  k) into fragments double-buffered in registers; blocks ordered in groups of 8 tile rows for L2
+  reuse. It needs A not transposed, k a multiple of 8 and, unless B is transposed, n a multiple
+  of 8 (16-byte rows). Parameters: `block_m`, `block_n` 64, 128 or 256 (at most 128x256; default
+  128x256 where n >= 2048, else 128x128), `block_k` 16, 32 or 64 (default 32), `stages` 2 to 5
+  (default 4; at most what a block of the GPU may take, `gpu_limits`). Where it does not fit,
+  asking for it is an error (so a parameter search skips the point). The double-buffered 128x128
   skeleton ran 4096^3 bf16 at 255 TFLOP/s on an H100, a third of cuBLAS's
   (bench/results/matmul_tc-*.md), 14x the SIMT skeleton.
 """
@@ -36,7 +36,7 @@ from tgc.codegen.emitter import Coords, Emitter, broadcast_coords, delinearize, 
 from tgc.codegen.matmul_gemv import gemv_misfit, generate_gemv
 from tgc.codegen.matmul_wgmma import generate_wgmma, wgmma_by_default, wgmma_misfit
 from tgc.codegen.render import KernelSource, idx_type, kernel_label, params_decl, render, yields_of
-from tgc.cuda_target import HOPPER_SHARED_PER_BLOCK
+from tgc.cuda_target import gpu_limits
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import FusedOp
 from tgc.ir import Operation, Value
@@ -128,9 +128,9 @@ def generate_matmul(op: FusedOp, params: dict, symbol: str) -> KernelSource:
 
 TC_TYPES = {"bf16": "bf16", "f16": "f16"}  # element type -> mma.sync's operand type
 TC_TILES, TC_BLOCK_K, TC_STAGES = (64, 128, 256), (16, 32, 64), (2, 3, 4, 5)
-# At most 64x64 of C per warp (128 f32 accumulators per thread of 8 warps), and the shared
-# memory one block of an H100 may have (an A100's: 163 KB).
-TC_MAX_TILE, TC_MAX_SHARED = 128 * 256, HOPPER_SHARED_PER_BLOCK
+# At most 64x64 of C per warp (128 f32 accumulators per thread of 8 warps); the shared memory
+# a block may have is the kernel's GPU's (`cuda_target.gpu_limits`).
+TC_MAX_TILE = 128 * 256
 TC_GROUP_M = 8  # tile rows per group of the block order (L2 reuse)
 TC_WIDE_N = 2048  # the least n whose default tile is 128x256 (`_tc_defaults`)
 
@@ -153,8 +153,10 @@ def _tc_shared_bytes(bm: int, bn: int, bk: int, stages: int, tb: bool) -> int:
     return 2 * stages * (bm * (bk + 8) + b_tile)
 
 
-def _tc_point_misfit(bm: int, bn: int, bk: int, stages: int, shared: int) -> str | None:
-    """Why the tile parameters make no kernel, or None."""
+def _tc_point_misfit(
+    bm: int, bn: int, bk: int, stages: int, shared: int, arch: str | None
+) -> str | None:
+    """Why the tile parameters make no kernel for a GPU of `arch` (None: any), or None."""
     if bm not in TC_TILES or bn not in TC_TILES or bk not in TC_BLOCK_K or stages not in TC_STAGES:
         return (
             f"block_m and block_n 64, 128 or 256, block_k 16, 32 or 64 and stages 2 to 5, "
@@ -162,9 +164,11 @@ def _tc_point_misfit(bm: int, bn: int, bk: int, stages: int, shared: int) -> str
         )
     if bm * bn > TC_MAX_TILE:
         return f"a {bm}x{bn} tile is over 64x64 per warp"
-    if shared > TC_MAX_SHARED:
+    most = gpu_limits(arch).shared_per_block
+    if shared > most:
         return (
             f"{stages} stages of {bm}x{bk} and {bk}x{bn} tiles need {shared} bytes of shared memory"
+            f" (a block may take {most})"
         )
     return None
 
@@ -181,7 +185,7 @@ def _generate_tensor_core(
     bm, bn, bk, stages = _tc_defaults(shape, params)
     shared = _tc_shared_bytes(bm, bn, bk, stages, tb)
     if why is None:
-        why = _tc_point_misfit(bm, bn, bk, stages, shared)
+        why = _tc_point_misfit(bm, bn, bk, stages, shared, params.get("arch"))
     if why is not None:
         raise TgcError(f"the tensor-core matmul cannot run '{kernel_label(op)}': {why}", op.loc)
     # 8 warps, 2x4 (4x2 for a tile taller than wide): 64x64 of C each at 128x256 or 256x128.

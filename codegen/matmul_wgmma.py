@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 
 from tgc.codegen.render import KernelSource, is_gpu_arch, render
-from tgc.cuda_target import HOPPER_SHARED_PER_BLOCK
+from tgc.cuda_target import gpu_limits
 from tgc.diagnostics import TgcError
 
 WGMMA_ARCHS = ("sm_90",)  # the GPUs whose own features (sm_90a) the skeleton needs
@@ -41,10 +41,10 @@ WGMMA_TYPES = ("bf16", "f16")
 WGMMA_BLOCK_M, WGMMA_BLOCK_N = (128, 256), (64, 128, 192, 256)
 WGMMA_MAX_TILE = 128 * 256  # 128 f32 accumulators per consumer thread
 WGMMA_MAX_STAGES = 6
-# One block an SM: 227 KB of dynamic shared memory, less 1 KB to align the stages and the
-# mbarriers.
-WGMMA_MAX_SHARED = HOPPER_SHARED_PER_BLOCK
-WGMMA_SMS = 132
+# One block an SM: sm_90's 227 KB of dynamic shared memory, less 1 KB to align the stages and
+# the mbarriers.
+WGMMA_MAX_SHARED = gpu_limits("sm_90").shared_per_block
+WGMMA_SMS = gpu_limits("sm_90").sms
 WGMMA_GROUP_M = 8
 # setmaxnreg: the producer's 128 threads give registers to the consumers' 256 (65,536 in all).
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232

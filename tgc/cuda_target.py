@@ -11,9 +11,14 @@ generation imports no pass (docs/architecture.md, Layers).
   run this `hl.conv1d/2d/3d`, or None: it takes bf16/f16 (tensor cores), groups whose output
   channels fill at least one 8-wide mma tile (a depthwise convolution is cuDNN's), no empty
   dim. Where it refuses, the planner keeps cuDNN and the im2col decomposition.
+- `gpu_limits(arch)`: what a kernel may take on a GPU of that architecture (its shared memory
+  a block and an SM, its SMs), the one record the generators size their kernels by; sm_90's
+  where the architecture is not named or not known.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from tgc.ir import Operation
 
@@ -23,8 +28,44 @@ MAX_HEAD_DIM = 128  # the exact f32 kernel's
 TC_TYPES = ("bf16", "f16")
 TC_HEAD_DIM_STEP = 8
 TC_MAX_HEAD_DIM = 256
-# The shared memory one block may take on an H100 or H200 (sm_90); an A100's is 163 KB
-HOPPER_SHARED_PER_BLOCK = 227 * 1024
+
+
+@dataclass(frozen=True)
+class GpuLimits:
+    """What kernels may take on one GPU architecture: CUDA's shared memory limits of its compute
+    capability (the most a block may opt into, and an SM's), and the multiprocessors of the
+    part tgc expects of it (a smaller part of the same architecture runs the same kernels in
+    more waves)."""
+
+    sms: int
+    shared_per_block: int
+    shared_per_sm: int
+
+    def blocks_by_shared(self, shared_bytes: int) -> int:
+        """How many blocks of `shared_bytes` of dynamic shared memory an SM holds at once (the
+        system takes 1 KB more of each block on sm_80 and later)."""
+        return self.shared_per_sm // (shared_bytes + SHARED_RESERVED_PER_BLOCK)
+
+
+SHARED_RESERVED_PER_BLOCK = 1024
+
+
+GPU_LIMITS = {
+    "sm_80": GpuLimits(sms=108, shared_per_block=163 * 1024, shared_per_sm=164 * 1024),  # A100
+    "sm_86": GpuLimits(sms=84, shared_per_block=99 * 1024, shared_per_sm=100 * 1024),  # A40
+    "sm_89": GpuLimits(sms=128, shared_per_block=99 * 1024, shared_per_sm=100 * 1024),  # 4090
+    "sm_90": GpuLimits(sms=132, shared_per_block=227 * 1024, shared_per_sm=228 * 1024),  # H100
+}
+# The architecture assumed where a kernel's is not named (kernels for any sm_80 or later, the
+# tests' stand-in devices) or not in the table: the one tgc is measured on (H100 SXM, H200).
+ASSUMED_ARCH = "sm_90"
+
+
+def gpu_limits(arch: str | None) -> GpuLimits:
+    """`arch`'s limits (nvcc's name, "sm_90"); ASSUMED_ARCH's where it is None or unknown."""
+    return GPU_LIMITS.get(arch or ASSUMED_ARCH, GPU_LIMITS[ASSUMED_ARCH])
+
+
 GEMM_TYPES = ("f32", "f64", "f16", "bf16")
 CONV_OPS = ("hl.conv1d", "hl.conv2d", "hl.conv3d")
 CONV_TYPES = ("bf16", "f16")
@@ -95,7 +136,10 @@ __all__ = [
     "TC_HEAD_DIM_STEP",
     "TC_MAX_HEAD_DIM",
     "TC_TYPES",
+    "GPU_LIMITS",
+    "GpuLimits",
     "attention_supported",
     "conv_misfit",
     "cublas_can_run",
+    "gpu_limits",
 ]
