@@ -30,18 +30,18 @@ from __future__ import annotations
 import math
 
 from tgc.codegen.render import KernelSource, render
+from tgc.cuda_target import TC_TYPES
 from tgc.diagnostics import TgcError
 from tgc.ir import Location
+from tgc.types import ELEMENT_BYTES
 
 GEMV_MAX_ROWS = 8
 GEMV_MMA_MAX_ROWS = 16  # the tensor-core variant: A's rows are an mma's 16
-GEMV_MMA_TYPES = {"bf16": "bf16", "f16": "f16"}  # element type -> mma.sync's operand type
 GEMV_TYPES = {  # element type -> (C type of a pair, its conversion to float2), f32 read as float4
     "bf16": ("__nv_bfloat162", "__bfloat1622float2"),
     "f16": ("__half2", "__half22float2"),
     "f32": (None, None),
 }
-ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
 GEMV_WARPS, GEMV_COLUMNS, GEMV_UNROLL = (2, 4, 8), (1, 2, 4), (1, 2, 4, 8)
 
 
@@ -57,7 +57,7 @@ def gemv_misfit(
     """Why the skeleton (`mma`: its tensor-core variant) cannot run the product, or None.
     `rows`: A's rows with the batch folded in; `b_batch`: how many distinct B the batch
     entries read."""
-    if mma and elem not in GEMV_MMA_TYPES:
+    if mma and elem not in TC_TYPES:
         return f"its tensor-core variant takes bf16 and f16, not {elem}"
     if elem not in GEMV_TYPES:
         return f"it takes bf16, f16 and f32, not {elem}"
@@ -123,7 +123,6 @@ def generate_gemv(
         elem=dims["elem"],
         pair_t=pair_t,
         pair_to_float2=pair_to_float2,
-        ptx_type=GEMV_MMA_TYPES.get(dims["elem"]),
         rows=rows,
         m=dims["m"],
         n=dims["n"],

@@ -29,6 +29,9 @@ TC_TYPES = ("bf16", "f16")
 TC_HEAD_DIM_STEP = 8
 TC_MAX_HEAD_DIM = 256
 
+# The shared memory the system keeps of each block on sm_80 and later
+SHARED_RESERVED_PER_BLOCK = 1024
+
 
 @dataclass(frozen=True)
 class GpuLimits:
@@ -45,9 +48,6 @@ class GpuLimits:
         """How many blocks of `shared_bytes` of dynamic shared memory an SM holds at once (the
         system takes 1 KB more of each block on sm_80 and later)."""
         return self.shared_per_sm // (shared_bytes + SHARED_RESERVED_PER_BLOCK)
-
-
-SHARED_RESERVED_PER_BLOCK = 1024
 
 
 GPU_LIMITS = {
