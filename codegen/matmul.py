@@ -1,7 +1,7 @@
 """The matmul template: one `atomic.matmul` of two kernel inputs, tiled over shared memory, with
 the rest of the region as its epilogue (computed per output element from the accumulator).
 
-Two skeletons:
+Its skeletons:
 - `matmul.cu.j2`, every element type: each thread accumulates `thread_m` x `thread_n` elements
   of C in the compute type (f32 for f16/bf16), from tiles of A and B in shared memory. Template
   parameters: `block_m`, `block_n`, `block_k` (the tile of C a block computes and the depth of
@@ -36,7 +36,7 @@ from tgc.codegen.emitter import Coords, Emitter, broadcast_coords, delinearize, 
 from tgc.codegen.matmul_gemv import gemv_misfit, generate_gemv
 from tgc.codegen.matmul_wgmma import generate_wgmma, wgmma_by_default, wgmma_misfit
 from tgc.codegen.render import KernelSource, idx_type, kernel_label, params_decl, render, yields_of
-from tgc.cuda_target import gpu_limits
+from tgc.cuda_target import TC_TYPES, gpu_limits
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import FusedOp
 from tgc.ir import Operation, Value
@@ -126,7 +126,6 @@ def generate_matmul(op: FusedOp, params: dict, symbol: str) -> KernelSource:
     )
 
 
-TC_TYPES = {"bf16": "bf16", "f16": "f16"}  # element type -> mma.sync's operand type
 TC_TILES, TC_BLOCK_K, TC_STAGES = (64, 128, 256), (16, 32, 64), (2, 3, 4, 5)
 # At most 64x64 of C per warp (128 f32 accumulators per thread of 8 warps); the shared memory
 # a block may have is the kernel's GPU's (`cuda_target.gpu_limits`).
@@ -198,7 +197,7 @@ def _generate_tensor_core(
         idx_t=idx_type(op),
         T=STORAGE_CTYPE[elem],
         elem=elem,
-        ptx_type=TC_TYPES[elem],
+        ptx_type=elem,  # mma.sync names bf16 and f16 as tgc does
         m=shape.m,
         n=shape.n,
         k=shape.k,
