@@ -9,19 +9,19 @@ results back as tensors through the same interface.
 
 A replay needs the arguments at the addresses its capture baked in (planner/graphs.py keys a
 graph by them), and a model passes new tensors on every call (token ids, the previous graph's
-outputs): an input that is not a parameter is copied into a buffer of this graph's own from
-the second call whose tensor is another than the first's (`StableInputs`), so from the third
-call on the calls are replays. An input passed as the same tensor every call (a KV cache) is
-read where it is, never copied; one that comes at new memory and then keeps it (the next
-generate()'s cache) is copied once and read where it is again from the second such call. A
-replayed call's results are buffers the next replay overwrites, so each output is cloned on
-the device before it is handed to the user; updates are copied into their tensors. Kernel-by-kernel calls are queued on the legacy default stream
-(the route's), replays on PyTorch's current stream. Called on another stream (inside
-`torch.cuda.stream(s)`), the call waits for s before it starts and s waits for the call's work
-after it: PyTorch makes its streams non-blocking, so the legacy stream would not wait for
-them by itself, and a call would read its inputs before the caller's writes landed. Not while
-a whole call is being captured (whole.py): then every launch goes to the capture's stream, and
-the legacy stream, which no capture may touch, is not asked to wait.
+outputs): an input that is not a parameter is copied into a buffer of this graph's own from the
+second call whose tensor is another than the first's (`StableInputs`), so from the third call on
+the calls are replays. An input passed as the same tensor every call (a KV cache) is read where
+it is, never copied; one that comes at new memory and then keeps it (the next generate()'s
+cache) is copied once and read where it is again from the second such call. A replayed call's
+results are buffers the next replay overwrites, so each output is cloned on the device before it
+is handed to the user; updates are copied into their tensors. Kernel-by-kernel calls are queued
+on the legacy default stream (the route's), replays on PyTorch's current stream. Called on
+another stream (inside `torch.cuda.stream(s)`), the call waits for s before it starts and s
+waits for the call's work after it: PyTorch makes its streams non-blocking, so the legacy stream
+would not wait for them by itself, and a call would read its inputs before the caller's writes
+landed. Not while a whole call is being captured (whole.py): then every launch goes to the
+capture's stream, and the legacy stream, which no capture may touch, is not asked to wait.
 """
 
 from __future__ import annotations

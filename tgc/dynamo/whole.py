@@ -17,16 +17,17 @@ positions) are copied into buffers of the graph's own before each replay and cop
 it, so an in-place update of one reaches the caller's tensor. A 0-d CPU tensor among GPU
 arguments (a StaticCache's `cumulative_length`) is copied to the device for every call, warm-up
 included, and copied back after it, all of a call's in one buffer per element type (one copy
-each way), at the same address every call. A call whose fixed
-arguments come at other addresses is captured for them: Hugging Face's generate() makes a new
-StaticCache for every call unless it is given one, so each generate() after the first brings
-its cache at new addresses for all of its decode steps (before, those calls all ran
-uncaptured, piece by piece: 10.3 ms a decode step of a 1.1 B Llama on an H200,
-bench/results/generate-*). It is captured at once where the graph captured last was replayed
-`REUSED` times; else the call runs as it is and the next one bringing the same addresses is
-captured, so that arguments whose memory is new on every call cost no capture per call. The last `CAPTURES`
-captures of a set of shapes are kept, the least recently used dropped first. The outputs are the graph's buffers, cloned before they are handed out. A capture that
-fails is said once (the logger "tgc") and that set of shapes runs as it is from then on.
+each way), at the same address every call. A call whose fixed arguments come at other addresses
+is captured for them: Hugging Face's generate() makes a new StaticCache for every call unless it
+is given one, so each generate() after the first brings its cache at new addresses for all of
+its decode steps (before, those calls all ran uncaptured, piece by piece: 10.3 ms a decode step
+of a 1.1 B Llama on an H200, bench/results/generate-*). It is captured at once where the graph
+captured last was replayed `REUSED` times; else the call runs as it is and the next one bringing
+the same addresses is captured, so that arguments whose memory is new on every call cost no
+capture per call. The last `CAPTURES` captures of a set of shapes are kept, the least recently
+used dropped first. The outputs are the graph's buffers, cloned before they are handed out. A
+capture that fails is said once (the logger "tgc") and that set of shapes runs as it is from
+then on.
 
 The CPU tests drive it with a stand-in capture (the bookkeeping: which arguments move, the
 copies in and out, the clones, the fallback). On a GPU, test_dynamo_backend.py's test of an
