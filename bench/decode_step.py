@@ -109,11 +109,9 @@ def time_mode(model, mode: str, args, device: str) -> dict:
             total, averages = gen.device_ms(lambda: [step() for _ in range(args.calls)])
             row["device_ms"] = total / args.calls
             if args.kernels:
-                folder = Path(args.kernels)
-                folder.mkdir(parents=True, exist_ok=True)
-                table = averages.table(sort_by="self_cuda_time_total", row_limit=50, max_name_column_width=100)  # fmt: skip
-                title = f"# {mode}: the kernels of {args.calls} decode steps (torch.profiler)"
-                (folder / f"decode-kernels-{mode}.txt").write_text(f"{title}\n\n{table}\n")
+                path = Path(args.kernels) / f"decode-kernels-{mode}.txt"
+                title = f"{mode}: the kernels of {args.calls} decode steps (torch.profiler)"
+                gen.write_kernel_table(averages, path, title, rows=50)
         if mode == "tgc":
             from tgc.dynamo import coverage
 

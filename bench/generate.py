@@ -484,14 +484,18 @@ def gpu_step_ms(model, ids, args, name: str, auto_compile: bool) -> float:
     one, _ = device_ms(lambda: generate(model, ids, 1, cache_len, auto_compile))
     all_, averages = device_ms(lambda: generate(model, ids, new_tokens, cache_len, auto_compile))
     if args.profile:
-        table = averages.table(
-            sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=100
-        )
-        folder = Path(args.profile)
-        folder.mkdir(parents=True, exist_ok=True)
-        title = f"# {name}: the kernels of one generate() of {new_tokens} tokens (torch.profiler)"
-        (folder / f"kernels-{name}.txt").write_text(f"{title}\n\n{table}\n")
+        title = f"{name}: the kernels of one generate() of {new_tokens} tokens (torch.profiler)"
+        write_kernel_table(averages, Path(args.profile) / f"kernels-{name}.txt", title)
     return (all_ - one) / (new_tokens - 1)
+
+
+def write_kernel_table(averages, path: Path, title: str, rows: int = 40) -> None:
+    """torch.profiler's averages (device_ms's) by device time, `rows` kernels, to `path`."""
+    table = averages.table(
+        sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=100
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"# {title}\n\n{table}\n")
 
 
 def profile_generate(model, ids, args, name: str, auto_compile: bool) -> None:
