@@ -13,7 +13,7 @@ PyTorch's in f64 (max error over max |reference|). The default column is the ske
 defaults (above 8 rows, which only its tensor-core variant takes, that variant's). Times are
 medians of 30 CUDA-event timings after 3 warm-ups (`gpu_suite.time_ms`), with L2 holding
 whatever the last call left (B is larger than L2 for every case but GPT-2's). Floor: the bytes of A, B and C over the bandwidth
-of a 1 GiB device-to-device copy measured in the same run. Writes
+of a 1 GiB device-to-device copy measured in the same run (`gpu_suite.copy_bandwidth`). Writes
 <out>/matmul_gemv-<device>-<date>.md.
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from gpu_suite import report_start, time_ms  # noqa: E402
+from gpu_suite import copy_bandwidth, report_start, time_ms  # noqa: E402
 
 # (name, k, n)
 WEIGHTS = [
@@ -115,16 +115,6 @@ def measure(rows, k, n, params, a, b, want) -> tuple[float, float]:
     return time_ms(launch, torch.cuda.current_stream()), error
 
 
-def copy_bandwidth() -> float:
-    """Bytes a second of a 1 GiB device-to-device copy (read + write)."""
-    import torch
-
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src), torch.cuda.current_stream())
-    return 2 * src.numel() / (ms * 1e-3)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--commit", required=True)
@@ -138,7 +128,7 @@ def main(argv=None) -> int:
     from tgc.diagnostics import TgcError
 
     device = torch.cuda.get_device_name()
-    bandwidth = copy_bandwidth()
+    bandwidth = copy_bandwidth(torch.cuda.current_stream())
     title = "tgc's few-rows matmul (gemv) vs cuBLAS"
     path, lines = report_start(Path(args.out), "matmul_gemv", title, device, args.commit)
     lines[-1] += f"; torch {torch.__version__}"
