@@ -4,16 +4,16 @@ PyCUDA and nvcc there), from the repository root:
 
     python3 bench/matmul_gemv.py --commit <hash> [--rows 1,4,8,16] [--variants] [--out DIR]
 
-Each case is C = A B^T, A [rows, k] N(0, 1), B [n, k] (a weight as nn.Linear stores it) N(0,
-1/k), bf16: the linear layers of a 1.1 B Llama (hidden 2048, intermediate 8192, gate and up as
-one weight, vocabulary 32000), of a Llama-3-8B-sized one (4096, 14336, 128256) and GPT-2's (768,
-c_attn and c_fc transposed). tgc's kernel is the region kernel of the product, compiled and
-launched directly through PyCUDA on PyTorch's stream, its result checked against PyTorch's in
-f64 (max error over max |reference|). The default column is the skeleton's defaults (above 8
-rows, which only its tensor-core variant takes, that variant's). Times are medians of 30 CUDA-
-event timings after 3 warm-ups (`gpu_suite.time_ms`), with L2 holding whatever the last call
-left (B is larger than L2 for every case but GPT-2's). Floor: the bytes of A, B and C over the
-bandwidth of a 1 GiB device-to-device copy measured in the same run
+Each case is C = A B^T, A [rows, k] N(0, 1), B [n, k] (a weight as nn.Linear stores it)
+N(0, 1/k), bf16: the linear layers of a 1.1 B Llama (hidden 2048, intermediate 8192, gate and
+up as one weight, vocabulary 32000), of a Llama-3-8B-sized one (4096, 14336, 128256) and
+GPT-2's (768, c_attn and c_fc transposed). tgc's kernel is the region kernel of the product,
+compiled and launched directly through PyCUDA on PyTorch's stream, its result checked against
+PyTorch's in f64 (max error over max |reference|). The default column is the skeleton's
+defaults (above 8 rows, which only its tensor-core variant takes, that variant's). Times are
+medians of 30 CUDA- event timings after 3 warm-ups (`gpu_suite.time_ms`), with L2 holding
+whatever the last call left (B is larger than L2 for every case but GPT-2's). Floor: the bytes
+of A, B and C over the bandwidth of a 1 GiB device-to-device copy measured in the same run
 (`gpu_suite.copy_bandwidth`). Writes <out>/matmul_gemv-<device>-<date>.md.
 """
 
