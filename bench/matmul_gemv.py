@@ -11,7 +11,7 @@ GPT-2's (768, c_attn and c_fc transposed). tgc's kernel is the region kernel of 
 compiled and launched directly through PyCUDA on PyTorch's stream, its result checked against
 PyTorch's in f64 (max error over max |reference|). The default column is the skeleton's
 defaults (above 8 rows, which only its tensor-core variant takes, that variant's). Times are
-medians of 30 CUDA- event timings after 3 warm-ups (`gpu_suite.time_ms`), with L2 holding
+medians of 30 CUDA-event timings after 3 warm-ups (`gpu_suite.time_ms`), with L2 holding
 whatever the last call left (B is larger than L2 for every case but GPT-2's). Floor: the bytes
 of A, B and C over the bandwidth of a 1 GiB device-to-device copy measured in the same run
 (`gpu_suite.copy_bandwidth`). Writes <out>/matmul_gemv-<device>-<date>.md.
