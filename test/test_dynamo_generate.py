@@ -23,7 +23,7 @@ transformers = pytest.importorskip(
     "transformers", reason="generation through torch.compile needs transformers"
 )
 
-from tgc.dynamo import coverage, reset_coverage  # noqa: E402
+from tgc.dynamo import coverage, reset_coverage, tgc_backend  # noqa: E402
 from tgc.dynamo.split import _CountingWrites as CountingWrites  # noqa: E402
 
 # float32 plans against the float64 model over two layers (a few ulp per op, softmax and
@@ -157,6 +157,54 @@ def test_index_copy_and_index_put_write_rows_as_eager(monkeypatch):
     # later call, which runs the piece's own code
     assert len(counted) == 1
     assert written[0] > 0 and written[2] - written[1] == written[1] - written[0] == written[0]
+
+
+class CacheThenWeights(torch.nn.Module):
+    """A cache written in place and read after, beside a value computed from weights alone
+    (`w1 + w2`: a once step of the plan of the piece after the write)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("keys", torch.zeros(1, 2, 8, 4))
+        self.w1 = torch.nn.Parameter(torch.randn(4, 4))
+        self.w2 = torch.nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, k, pos):
+        self.keys.index_copy_(2, pos, k)
+        return self.keys.mean(2) @ (self.w1 + self.w2)
+
+
+def test_a_written_cache_is_no_parameter_and_the_weights_are_packed_once():
+    """Dynamo marks the cache static as it marks the weights; the pieces after the write must
+    not take it for a parameter, or the plan's once steps (the weights' `w1 + w2` with them)
+    run again on every call, the cache's version having changed. Before: once on every call."""
+    from tgc.dynamo.graph import CompiledGraph
+    from tgc.dynamo.split import SplitGraph
+
+    torch.manual_seed(0)
+    model, twin = CacheThenWeights(), CacheThenWeights()
+    twin.load_state_dict(model.state_dict())
+    found = []
+
+    def backend(gm, example_inputs):
+        found.append(tgc_backend(gm, example_inputs, options={"compare_eager": False}))
+        return found[-1]
+
+    run = torch.compile(model, backend=backend)
+    for step in range(4):
+        k = torch.randn(1, 2, 1, 4, generator=torch.Generator().manual_seed(step))
+        pos = torch.tensor([step])
+        with torch.no_grad():
+            got, want = run(k, pos), twin(k, pos)
+        assert_close(got, want.double(), 1e-5)
+    (split,) = found
+    assert isinstance(split, SplitGraph)
+    pieces = [getattr(split.split, n.target) for n in split.pieces]
+    pieces = [piece for piece in pieces if isinstance(piece, CompiledGraph)]
+    planned = [r.planned for piece in pieces for r in piece.runners.values()]
+    with_once_steps = [p for p in planned if len(p.steps) != len(p.per_call)]
+    assert with_once_steps, "the weights' sum is a once step of the piece after the write"
+    assert [p.once_runs for p in with_once_steps] == [1] * len(with_once_steps)
 
 
 # -- generate() --------------------------------------------------------------------------------

@@ -34,12 +34,38 @@ ROW_WRITES = frozenset({"index_copy_", "index_put_"})
 
 
 def is_row_write(node: torch.fx.Node) -> bool:
+    return _op_name(node) in ROW_WRITES
+
+
+# Ops that give a view of their first argument: a write into the view writes the argument.
+VIEWS = frozenset(
+    "view reshape transpose permute select narrow slice unsqueeze squeeze expand as_strided "
+    "getitem __getitem__ t unflatten flatten".split()
+)
+
+
+def _op_name(node: torch.fx.Node) -> str:
     if node.op == "call_method":
-        return node.target in ROW_WRITES
+        return node.target
     if node.op == "call_function":
-        name = getattr(node.target, "__name__", "")
-        return name.split(".")[0] in ROW_WRITES
-    return False
+        return getattr(node.target, "__name__", "").split(".")[0]
+    return ""
+
+
+def written_placeholders(gm: torch.fx.GraphModule) -> set[str]:
+    """The names of the placeholders `gm` writes in place (an op whose name ends in `_`, or
+    item assignment), directly or through views of them."""
+    written = set()
+    for node in gm.graph.nodes:
+        name = _op_name(node)
+        if not (name == "setitem" or name.endswith("_") and not name.startswith("_")):
+            continue
+        target = node.args[0] if node.args else None
+        while isinstance(target, torch.fx.Node) and _op_name(target) in VIEWS:
+            target = target.args[0]
+        if isinstance(target, torch.fx.Node) and target.op == "placeholder":
+            written.add(target.name)
+    return written
 
 
 def has_row_writes(gm: torch.fx.GraphModule) -> bool:
@@ -125,6 +151,12 @@ class SplitGraph:
             for n in gm.graph.nodes
             if n.op == "placeholder" and "tensor_dict" in n.meta
         }
+        # Dynamo marks a StaticCache's tensors static as it marks the weights (transformers
+        # calls mark_static_address on them), and split_module copies the marks into the
+        # pieces; but a tensor the graph writes is state, not a parameter. Taken for one, the
+        # cache changed on every call, so the piece reading it ran all of its plan's once steps
+        # again on every call, the weights' packing among them (bench/results/decode_step-*).
+        written = written_placeholders(gm)
         pieces = [n for n in self.split.graph.nodes if n.op == "call_module"]
         for count, node in enumerate(pieces, start=1):
             sub = getattr(self.split, node.target)
@@ -133,7 +165,11 @@ class SplitGraph:
                 piece = RowWrites(sub)
             else:
                 for p in sub.graph.nodes:  # the parameters' static marks, for static_inputs
-                    if p.op == "placeholder" and p.name in marks:
+                    if p.op != "placeholder":
+                        continue
+                    if p.name in written:
+                        p.meta.pop("tensor_dict", None)
+                    elif p.name in marks:
                         p.meta["tensor_dict"] = marks[p.name]
                 piece = CompiledGraph(sub, options, f"{name} piece {count} of {len(pieces)}")
             delattr(self.split, node.target)
