@@ -9,8 +9,9 @@ Its skeletons:
 - `matmul_wgmma.cu.j2`, with the template parameter `wgmma` (sm_90; a planner option, not yet
   a default): Hopper's wgmma, warp-specialised and persistent (codegen/matmul_wgmma.py).
 - `matmul_gemv.cu.j2`, with the template parameter `gemv` (the default where it fits: at most
-  8 rows against one weight stored [n][k], a decoding step's products): warps streaming B
-  along k in 16-byte loads (codegen/matmul_gemv.py; `gemv_mma` its tensor-core variant).
+  8 rows, 16 in bf16 and f16, against one weight stored [n][k], a decoding step's products):
+  warps streaming B along k in 16-byte loads (codegen/matmul_gemv.py; `gemv_mma` its
+  tensor-core variant, the default from 5 rows).
 - `matmul_tc.cu.j2`, with the template parameter `tensor_cores` (default true where it fits):
   bf16/f16 on tensor cores, as the attention kernel's (codegen/attention.py): 8 warps (2x4, 4x2
   for a tile taller than wide), each a part of C of 16x8 `mma.sync` accumulator tiles in f32
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 
 from tgc.codegen.cuda_ops import COMPUTE_CTYPE, STORAGE_CTYPE, load_expression, store_value
 from tgc.codegen.emitter import Coords, Emitter, broadcast_coords, delinearize, linear_offset
-from tgc.codegen.matmul_gemv import gemv_misfit, generate_gemv
+from tgc.codegen.matmul_gemv import gemv_misfit, gemv_mma_by_default, generate_gemv
 from tgc.codegen.matmul_wgmma import generate_wgmma, wgmma_by_default, wgmma_misfit
 from tgc.codegen.render import KernelSource, idx_type, kernel_label, params_decl, render, yields_of
 from tgc.cuda_target import TC_TYPES, gpu_limits
@@ -81,7 +82,8 @@ def generate_matmul(op: FusedOp, params: dict, symbol: str) -> KernelSource:
     # The few-rows skeleton by default where it runs and no other skeleton was asked for; its
     # parameter is recorded only where it runs, so tuning offers it there.
     asked_other = "tensor_cores" in params or "wgmma" in params
-    rows, mma = m * shape.batch, bool(params.get("gemv_mma"))
+    rows = m * shape.batch
+    mma = bool(params.get("gemv_mma", gemv_mma_by_default(elem, rows)))
     gemv_fits = gemv_misfit(elem, bool(ta), bool(tb), rows, _b_batch(mm), k, mma) is None
     # Tensor cores wherever the skeleton fits: 14x the SIMT skeleton's speed at 4096^3 in bf16
     # on an H100 (bench/results/matmul_tc-*.md).

@@ -16,9 +16,11 @@ transposed and the same for every batch entry, and k a multiple of 16 bytes; whe
 fit, asking for it is a TgcError.
 
 Its tensor-core variant (`matmul_gemv_mma.cu.j2`, template parameter `gemv_mma`, bf16/f16, up to
-16 rows; not a default until a GPU has timed it). At 4-8 rows cuBLAS is 1.1-2.3x faster than the
-CUDA-core kernel, whose instructions grow with the rows (for each 16 bytes of B, 8 conversions
-and FMAs a row: the likely cause, not profiled); an mma takes 16 rows for the same instructions.
+16 rows) is the default from `GEMV_MMA_FROM_ROWS` rows, with 8 warps: timed on an H200 at 8 and
+16 rows it beat the CUDA-core kernel on every product of bench/matmul_gemv.py (by 1.1-1.7x), at
+4 rows on 2 of 11; cuBLAS stays faster than both at 4-16 rows on most products (1.0-2x) and the
+planner, measuring, keeps it there. The CUDA-core kernel's instructions grow with the rows (for
+each 16 bytes of B, 8 conversions and FMAs a row); an mma takes 16 rows for the same ones.
 A block takes 8 columns and its `warps` warps split k; a lane loads 16 bytes of one column of B
 and of one or two rows of A a step and feeds them to two mma.sync m16n8k16 as they are (A's rows
 padded to 16 with zeros): both operands are read in one k order the fragments share, which a sum
@@ -37,6 +39,7 @@ from tgc.types import ELEMENT_BYTES
 
 GEMV_MAX_ROWS = 8
 GEMV_MMA_MAX_ROWS = 16  # the tensor-core variant: A's rows are an mma's 16
+GEMV_MMA_FROM_ROWS = 5  # the tensor-core variant is the default from this many rows (doc)
 GEMV_TYPES = {  # element type -> (C type of a pair, its conversion to float2), f32 read as float4
     "bf16": ("__nv_bfloat162", "__bfloat1622float2"),
     "f16": ("__half2", "__half22float2"),
@@ -75,13 +78,18 @@ def gemv_misfit(
     return None
 
 
+def gemv_mma_by_default(elem: str, rows: int) -> bool:
+    """Whether the tensor-core variant is the default for `rows` rows of `elem` (module doc)."""
+    return elem in TC_TYPES and rows >= GEMV_MMA_FROM_ROWS
+
+
 def generate_gemv(
     symbol: str, dims: dict, operands: dict, params: dict, label: str, loc: Location | None
 ) -> KernelSource:
     """The kernel; `dims`: m, n, k, batch, elem, transpose_a/_b, b_batch, idx_t, T;
     `operands`: params, a, b, a_batch_offset, epilogue, num_inputs, num_outputs, ir_name."""
     rows = dims["m"] * dims["batch"]
-    mma = params.setdefault("gemv_mma", False)
+    mma = params.setdefault("gemv_mma", gemv_mma_by_default(dims["elem"], rows))
     why = gemv_misfit(
         dims["elem"],
         dims["transpose_a"],
@@ -93,7 +101,7 @@ def generate_gemv(
     )
     if why is not None:
         raise TgcError(f"the few-rows matmul cannot run '{label}': {why}", loc)
-    warps = params.setdefault("warps", 4)
+    warps = params.setdefault("warps", 8 if mma else 4)
     unroll = params.setdefault("unroll", 4)
     checked = [("warps", warps, GEMV_WARPS), ("unroll", unroll, GEMV_UNROLL)]
     if mma:

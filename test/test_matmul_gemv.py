@@ -45,8 +45,9 @@ def test_asking_for_another_skeleton_or_gemv_false_keeps_the_others():
 @pytest.mark.parametrize(
     "a, b, dtype, tb, why",
     [
-        ((9, 64), (72, 64), "bf16", True, "it takes at most 8 rows, not 9"),
-        ((3, 3, 64), (72, 64), "bf16", True, "it takes at most 8 rows, not 9"),
+        ((9, 64), (72, 64), "f32", True, "it takes at most 8 rows, not 9"),
+        ((3, 3, 64), (72, 64), "f32", True, "it takes at most 8 rows, not 9"),
+        ((17, 64), (72, 64), "bf16", True, "it takes at most 16 rows, not 17"),
         ((1, 64), (64, 72), "bf16", False, r"B is not transposed \(its rows must be k"),
         ((2, 1, 64), (2, 72, 64), "bf16", True, "B differs between batch entries"),
         ((1, 60), (72, 60), "bf16", True, "k must make rows of a multiple of 16 bytes"),
@@ -77,15 +78,20 @@ def test_points_outside_the_skeletons_choices_are_refused(params, why):
 
 def test_the_tensor_core_variant_takes_8_columns_a_block_and_up_to_16_rows():
     """`gemv_mma`: a block's warps split k for 8 columns, A's rows (at most 16) padded to an
-    mma's 16; not the default until a GPU has timed it."""
+    mma's 16; the default from 5 rows in bf16 and f16, with 8 warps (the faster variant there
+    on an H200, bench/results/matmul_gemv-*.md)."""
     fused = region((4, 4, 264), (130, 264), "f16", tb=True, epilogue="residual_cast")
-    k = generate_kernel(fused, {"gemv_mma": True})
-    assert k.params["gemv"] is True and "columns" not in k.params
-    assert k.grid == (-(-130 // 8), 1, 1) and k.block == (128, 1, 1)
+    k = generate_kernel(fused)
+    assert k.params["gemv"] is True and k.params["gemv_mma"] is True and "columns" not in k.params
+    assert k.grid == (-(-130 // 8), 1, 1) and k.block == (256, 1, 1)
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in k.source
-    assert "ROWS = 16, WARPS = 4, UNROLL = 4" in k.source
-    assert generate_kernel(fused, {"gemv_mma": True, "warps": 8}).block == (256, 1, 1)
-    assert generate_kernel(region((1, 64), (72, 64), tb=True)).params["gemv_mma"] is False
+    assert "ROWS = 16, WARPS = 8, UNROLL = 4" in k.source
+    assert generate_kernel(fused, {"gemv_mma": True, "warps": 4}).block == (128, 1, 1)
+    for rows, mma in ((1, False), (4, False), (5, True), (16, True)):
+        kernel = generate_kernel(region((rows, 64), (72, 64), tb=True))
+        assert kernel.params["gemv"] is True and kernel.params["gemv_mma"] is mma, rows
+    f32 = generate_kernel(region((8, 64), (72, 64), "f32", tb=True))
+    assert f32.params["gemv"] is True and f32.params["gemv_mma"] is False
 
 
 @pytest.mark.parametrize(
