@@ -644,6 +644,25 @@ def test_whole_calls_replay_as_one_cuda_graph(tmp_path):
 
 
 @pytest.mark.cuda
+def test_a_weight_changed_after_the_whole_call_was_captured_is_seen(tmp_path):
+    """The replay of a whole call holds no once steps (the weights packed before the capture):
+    a weight changed in place after it must still reach the results (whole.py). Before, the
+    replays read the old packing."""
+    torch.manual_seed(0)
+    model = MLP().eval().cuda()
+    options = {**IN_TGC, "whole_graphs": True, "db": str(tmp_path / "m.sqlite")}
+    compiled = torch.compile(model, backend=spy_backend([], options))
+    with torch.no_grad():
+        for seed in range(6):
+            compiled(randn(4, 16, seed=seed).cuda())
+        model.fc1.weight.mul_(2)
+        want_model = reference(model).cpu()
+        for seed in range(6, 10):  # the call as it is, the capture anew, replays
+            x = randn(4, 16, seed=seed)
+            assert_close(compiled(x.cuda()).cpu(), want_model(x.double()), 2e-4)
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("whole_graphs", [False, True])
 def test_a_callers_stream_is_followed(tmp_path, whole_graphs):
     """Called inside `torch.cuda.stream(s)`, tgc's work waits for what the caller queued on s

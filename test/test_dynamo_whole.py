@@ -20,7 +20,9 @@ from tgc.dynamo import whole  # noqa: E402
 class Recorded:
     """A stand-in capture: replays run the call on the arguments the capture was given and
     write its outputs into the buffers made at the capture (a graph's outputs are fixed
-    buffers); capturing runs nothing, as capturing a CUDA graph runs nothing."""
+    buffers); capturing runs nothing on the arguments, as capturing a CUDA graph runs nothing on
+    the device, but counts the in-place writes of the capture's Python in their versions, as a
+    real capture does."""
 
     def __init__(self, fail: bool = False) -> None:
         self.fail = fail
@@ -31,7 +33,12 @@ class Recorded:
         if self.fail:
             raise RuntimeError("operation not permitted when stream is capturing")
         self.captures += 1
-        shapes = run(*[a.clone() if isinstance(a, torch.Tensor) else a for a in static_args])
+        clones = [a.clone() if isinstance(a, torch.Tensor) else a for a in static_args]
+        versions = [getattr(a, "_version", None) for a in clones]
+        shapes = run(*clones)
+        for a, c, v in zip(static_args, clones, versions):
+            if v is not None and c._version != v:
+                torch.autograd.graph.increment_version(a)
         outputs = pytree.tree_map(torch.zeros_like, shapes)
 
         def replay():
@@ -115,6 +122,33 @@ def test_a_fixed_argument_at_new_addresses_twice_is_captured_again_and_each_grap
         calls(w, cache, torch.randn(2, 4), torch.tensor(0))
     assert capture.captures == whole.CAPTURES + 2  # the first cache's captured anew
 
+
+
+def test_a_weight_written_in_place_after_the_capture_is_seen():
+    """A replay runs no Python, so the plan's once steps (weights packed) are not in it: a
+    weight changed in place after the capture makes the next call run as it is, where the once
+    steps see it, and the one after is captured anew. The cache the call writes itself changes
+    on every call and is not watched, nor are the 0-d CPU scalars' buffers (otherwise every
+    call would run as it is)."""
+    step, capture = Step(), Recorded()
+    calls = wrapped(step, capture)
+    w, cache = torch.randn(4, 3), torch.zeros(8, 4)
+    for i in range(whole.WARMUP + 3):
+        calls(w, cache, torch.randn(2, 4), torch.tensor(i))
+    assert capture.captures == 1 and capture.replays == 3
+    plain = step.calls - capture.replays
+    with torch.no_grad():
+        w.mul_(2)
+    x = torch.randn(2, 4)
+    want = Step()(w, cache.clone(), x.clone(), torch.tensor(0))
+    got = calls(w, cache, x, torch.tensor(0))
+    assert torch.allclose(got[0], want[0])
+    assert step.calls - capture.replays == plain + 1 and capture.captures == 1  # as it is
+    calls(w, cache, torch.randn(2, 4), torch.tensor(1))
+    assert capture.captures == 2  # captured anew, and replayed from then on
+    for i in range(3):
+        calls(w, cache, torch.randn(2, 4), torch.tensor(i))
+    assert capture.captures == 2 and step.calls - capture.replays == plain + 2
 
 def test_after_a_graph_was_replayed_new_addresses_are_captured_at_once():
     """A generate() after one whose cache's graph was replayed (REUSED times or more): its

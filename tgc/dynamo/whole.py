@@ -25,7 +25,16 @@ of a 1.1 B Llama on an H200, bench/results/generate-*). It is captured at once w
 captured last was replayed `REUSED` times; else the call runs as it is and the next one bringing
 the same addresses is captured, so that arguments whose memory is new on every call cost no
 capture per call. The last `CAPTURES` captures of a set of shapes are kept, the least recently
-used dropped first. The outputs are the graph's buffers, cloned before they are handed out. A
+used dropped first. The outputs are the graph's buffers, cloned before they are handed out.
+
+A replay runs no Python, so it does not see a weight changed in place after its capture (a
+`load_state_dict`, an update between calls): the plan's once steps (weights packed, planner/
+fixed.py) ran before the capture and are not in it, and the replay would read the old packing.
+So a capture notes the version (PyTorch's count of in-place writes) of each fixed argument the
+captured call did not write itself, 0-d CPU scalars' buffers aside; a call that finds one
+changed drops the set of shapes' graphs and runs as it is (the once steps run again, on the new
+weights), and the next call is captured anew. A weight made under `torch.inference_mode()` has
+no version: the plan runs its once steps on every call (tensors.py), in the capture too. A
 capture that fails is said once (the logger "tgc") and that set of shapes runs as it is from
 then on.
 
@@ -67,8 +76,21 @@ class _Shapes:
         self.pending: tuple[int, ...] | None = None  # fixed addresses met once, not captured
         self.last: tuple[int, ...] | None = None  # the fixed addresses captured last
         self.replays_of_last = 0  # the calls after its capture that replayed it
-        # the fixed arguments' addresses -> (replay, outputs), least recently used first
-        self.graphs: OrderedDict[tuple[int, ...], tuple[Callable[[], None], object]] = OrderedDict()
+        # the fixed arguments' addresses -> the graph captured for them, least recently used first
+        self.graphs: OrderedDict[tuple[int, ...], _Captured] = OrderedDict()
+
+
+class _Captured:
+    """One graph of a set of shapes: its replay, its outputs, and the fixed arguments it reads
+    but does not write with their versions at the capture (module doc)."""
+
+    def __init__(self, replay: Callable[[], None], outputs, watched: list[int], args) -> None:
+        self.replay, self.outputs, self.watched = replay, outputs, watched
+        self.versions = [args[i]._version for i in watched]
+
+    def stale(self, args) -> bool:
+        """Whether some argument it reads was written in place since the capture."""
+        return any(args[i]._version != v for i, v in zip(self.watched, self.versions))
 
 
 class WholeGraphCalls:
@@ -103,7 +125,7 @@ class WholeGraphCalls:
         if not on_device or records_autograd(args):
             return self.inner(*args)
         if not scalars:
-            return self._call(args)
+            return self._call(args, ())
         # 0-d CPU tensors go to the device for every call, warm-up included, so that the calls
         # captured and the calls compiled are the same (a capture reads them from the device
         # copy); an update the graph made comes back, a copy the host waits for
@@ -113,7 +135,7 @@ class WholeGraphCalls:
             buffer.copy_(torch.stack([args[i] for i in positions]))
             for k, i in enumerate(positions):
                 moved[i] = buffer[k]  # at the same address every call: read where it is
-        out = self._call(tuple(moved))
+        out = self._call(tuple(moved), scalars)
         for positions, buffer in staged:  # and one back
             values = buffer.cpu()
             for k, i in enumerate(positions):
@@ -137,7 +159,9 @@ class WholeGraphCalls:
             ]
         return staged
 
-    def _call(self, args):
+    def _call(self, args, staged: tuple | list):
+        """One call: plain during the warm-up, else a replay (captured first where needed);
+        `staged`: the positions of the 0-d CPU arguments' device buffers."""
         state = self.shapes.setdefault(shape_key(args), _Shapes())
         if state.failed:
             return self.inner(*args)
@@ -149,6 +173,11 @@ class WholeGraphCalls:
             _classify(state, args)
         fixed_at = tuple(args[i].data_ptr() for i in state.fixed)
         found = state.graphs.get(fixed_at)
+        if found is not None and found.stale(args):
+            # a weight changed in place: run as it is (the once steps see it), capture anew next
+            state.graphs.clear()
+            state.last = state.pending = None
+            return self.inner(*args)
         if found is None:
             # New addresses: captured at once where the graph captured last has been replayed
             # (a generate()'s cache, kept for all of its steps), else only when the next call
@@ -157,27 +186,28 @@ class WholeGraphCalls:
             if not reused and state.pending != fixed_at:
                 state.pending = fixed_at
                 return self.inner(*args)
-            found = self._capture(state, args, fixed_at)
+            found = self._capture(state, args, fixed_at, staged)
             if found is None:
                 return self.inner(*args)
             state.last, state.replays_of_last = fixed_at, 0
         elif fixed_at == state.last:
             state.replays_of_last += 1
         state.graphs.move_to_end(fixed_at)
-        replay, outputs = found
         for i in state.moving:
             state.static[i].copy_(args[i])
-        replay()
+        found.replay()
         for i in state.moving:
             args[i].copy_(state.static[i])  # an update the graph made reaches the caller
-        return pytree.tree_map(_clone, outputs)
+        return pytree.tree_map(_clone, found.outputs)
 
-    def _capture(self, state: _Shapes, args, fixed_at: tuple[int, ...]):
+    def _capture(self, state: _Shapes, args, fixed_at: tuple[int, ...], staged) -> _Captured | None:
         """A graph of this call for the fixed arguments' present addresses, kept in `state`;
         None where capturing failed (said once; the set of shapes runs as it is from then on)."""
         static_args = [state.static.get(i, a) for i, a in enumerate(args)]
+        readable = [i for i in state.fixed if i not in staged and not args[i].is_inference()]
+        before = [args[i]._version for i in readable]
         try:
-            found = self.capture(self.inner, static_args)
+            replay, outputs = self.capture(self.inner, static_args)
         except Exception as e:  # noqa: BLE001  (any capture failure: run the calls as they are)
             state.failed = True
             state.graphs.clear()
@@ -187,6 +217,9 @@ class WholeGraphCalls:
                 reason(e),
             )
             return None
+        # the arguments the call wrote (a cache) change on every call; the others are watched
+        watched = [i for i, v in zip(readable, before) if args[i]._version == v]
+        found = _Captured(replay, outputs, watched, args)
         if len(state.graphs) >= CAPTURES:
             state.graphs.popitem(last=False)
         state.graphs[fixed_at] = found
