@@ -692,6 +692,32 @@ def test_a_callers_stream_is_followed(tmp_path, whole_graphs):
 
 
 @pytest.mark.cuda
+def test_the_plans_pytorch_kernels_run_on_the_routes_stream_under_a_callers_stream(tmp_path):
+    """Under `torch.cuda.stream(s)`, a plan's PyTorch kernels (torch-cuda) must be queued where
+    its generated kernels are (the legacy default stream), not on s: before, they followed s,
+    unordered with the generated ones, and test_a_callers_stream_is_followed failed on an H200
+    where the plan mixed the two (error 0.13)."""
+    torch.manual_seed(0)
+    options = {**IN_TGC, "db": str(tmp_path / "m.sqlite"), "whole_graphs": False}
+    found: list = []
+    compiled = torch.compile(MLP().eval().cuda(), backend=spy_backend(found, options))
+    x = randn(4, 16, seed=1).cuda()
+    with torch.no_grad():
+        compiled(x)
+        ((cuda_graph,),) = [list(g.runners.values()) for g in found]
+        route, streams = cuda_graph.compiled, []
+
+        def recording(values):
+            streams.append(torch.cuda.current_stream())
+            return route(values)
+
+        cuda_graph.compiled = recording
+        with torch.cuda.stream(torch.cuda.Stream()):
+            compiled(x)
+    assert streams == [torch.cuda.default_stream()]
+
+
+@pytest.mark.cuda
 def test_cuda_input_updates_are_written_back(tmp_path):
     torch.manual_seed(0)
     model = Accumulate().eval()

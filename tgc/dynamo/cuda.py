@@ -16,7 +16,8 @@ it is, never copied; one that comes at new memory and then keeps it (the next ge
 cache) is copied once and read where it is again from the second such call. A replayed call's
 results are buffers the next replay overwrites, so each output is cloned on the device before it
 is handed to the user; updates are copied into their tensors. Kernel-by-kernel calls are queued
-on the legacy default stream (the route's), replays on PyTorch's current stream. Called on
+on the legacy default stream (the route's; the plan's PyTorch kernels too, PyTorch's current
+stream being set to it for the call), replays on PyTorch's current stream. Called on
 another stream (inside `torch.cuda.stream(s)`), the call waits for s before it starts and s
 waits for the call's work after it: PyTorch makes its streams non-blocking, so the legacy stream
 would not wait for them by itself, and a call would read its inputs before the caller's writes
@@ -112,7 +113,10 @@ class CudaGraph:
             results = self.compiled(values)
         else:  # the caller's stream and the route's wait for each other (module doc)
             legacy.wait_stream(caller)
-            results = self.compiled(values)
+            # the plan's PyTorch kernels (torch-cuda) follow PyTorch's current stream: on the
+            # route's too, or they would race its generated kernels (a wrong result on an H200)
+            with torch.cuda.stream(legacy):
+                results = self.compiled(values)
             caller.wait_stream(legacy)
 
         # Captured, the whole call's outputs are cloned after each replay: a clone here would
