@@ -123,7 +123,6 @@ def test_a_fixed_argument_at_new_addresses_twice_is_captured_again_and_each_grap
     assert capture.captures == whole.CAPTURES + 2  # the first cache's captured anew
 
 
-
 def test_a_weight_written_in_place_after_the_capture_is_seen():
     """A replay runs no Python, so the plan's once steps (weights packed) are not in it: a
     weight changed in place after the capture makes the next call run as it is, where the once
@@ -149,6 +148,7 @@ def test_a_weight_written_in_place_after_the_capture_is_seen():
     for i in range(3):
         calls(w, cache, torch.randn(2, 4), torch.tensor(i))
     assert capture.captures == 2 and step.calls - capture.replays == plain + 2
+
 
 def test_after_a_graph_was_replayed_new_addresses_are_captured_at_once():
     """A generate() after one whose cache's graph was replayed (REUSED times or more): its
