@@ -457,7 +457,10 @@ def test_mean_variance_normalization(axes):
     attrs = {} if axes is None else {"axes": axes}
     shape = (2, 3, 4, 2)
     model = one_node("MeanVarianceNormalization", [("x", F32, shape)], [("y", F32, shape)], **attrs)
-    check(model, {"x": random(shape) * 2 + 1}, rtol=1e-4, atol=1e-5)
+    # channels 4 apart: over axis 1 alone a variance of 3 random values came near 0 about once
+    # in 300 runs, and f32 rounding, divided by its root, failed the tolerance
+    x = random(shape) * 2 + 1 + 4 * np.arange(shape[1], dtype=np.float32).reshape(1, -1, 1, 1)
+    check(model, {"x": x}, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 5), (2, 3, 4, 5)])
