@@ -10,10 +10,11 @@
 #   STAGE=gemv       bash bench/gpu_session.sh  # the few-rows matmul: its GPU tests, then
 #                                               # bench/matmul_gemv.py at 1-16 rows with every variant
 #                                               # (about 2 minutes)
-#   STAGE=decode     bash bench/gpu_session.sh  # bench/decode_step.py: the decode step alone,
+#   STAGE=decode     bash bench/gpu_session.sh  # the backend's GPU tests, then
+#                                               # bench/decode_step.py: the decode step alone,
 #                                               # back to back, batch 1 and 16, eager / tgc /
 #                                               # default, then reduce-overhead in its own process,
-#                                               # each mode's kernels by device time (about 6 min)
+#                                               # each mode's kernels by device time (about 8 min)
 #   STAGE=kernels    bash bench/gpu_session.sh  # the GPU tests of the kernels alone: attention
 #                                               # (every head dim, decode), the few-rows matmul, the rotary and group
 #                                               # norm fusions, cuBLASLt, the convolution
@@ -171,6 +172,8 @@ kernels)
   kernels
   ;;
 decode)
+  # the torch.compile backend's GPU tests first: the decode step's capture is what is timed
+  pytest_gpu dynamo-cuda 200 test/test_dynamo_backend.py test/test_dynamo_generate.py -k cuda
   for batch in 1 16; do
     timeout -k 15 200 python3 bench/decode_step.py --commit "$commit" --out "$out" \
       --batch "$batch" --kernels "$out/kernels-b$batch" ${TGC_DB:+--db "$TGC_DB"} \
