@@ -174,6 +174,30 @@ class CacheThenWeights(torch.nn.Module):
         return self.keys.mean(2) @ (self.w1 + self.w2)
 
 
+def test_the_placeholders_a_graph_writes_in_place_are_found_through_views():
+    """split.py's `written_placeholders` on Dynamo's own graph: an item assignment into a view,
+    an in-place add, and a tensor only read (not written)."""
+    from tgc.dynamo.split import written_placeholders
+
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def step(buf, counter, w, x):
+        buf.view(-1)[0:2] = x
+        counter.add_(1)
+        return (w * 2).sum() + buf.sum()
+
+    args = (torch.zeros(2, 3), torch.zeros(()), torch.randn(3), torch.randn(2))
+    torch.compile(step, backend=capture)(*args)
+    (gm,) = graphs
+    names = {n.name for n in gm.graph.nodes if n.op == "placeholder"}
+    written = written_placeholders(gm)
+    assert written == {n for n in names if "buf" in n or "counter" in n}, (names, written)
+
+
 def test_a_written_cache_is_no_parameter_and_the_weights_are_packed_once():
     """Dynamo marks the cache static as it marks the weights; the pieces after the write must
     not take it for a parameter, or the plan's once steps (the weights' `w1 + w2` with them)
