@@ -174,6 +174,38 @@ class CacheThenWeights(torch.nn.Module):
         return self.keys.mean(2) @ (self.w1 + self.w2)
 
 
+def test_the_boolean_mask_every_layer_reads_is_made_additive_once(monkeypatch):
+    """Split at the cache writes, each layer's piece made the additive attention mask again
+    from Hugging Face's boolean one (a kernel a layer): now the first piece makes it once and
+    the others read it (split.py `share_additive_masks`), with the same tokens as eager."""
+    from tgc.dynamo import graph
+
+    lowered = []
+    lower = graph.lower_graph
+
+    def keeping(gm, args, statics):  # each piece as imported (it is planned in place after)
+        low = lower(gm, args, statics)
+        inputs = low.func.function_type.inputs
+        wheres = sum(op.name == "atomic.where" for op in low.func.body.ops)
+        lowered.append((any(t.element_type == "i1" for t in inputs), wheres))
+        return low
+
+    monkeypatch.setattr(graph, "lower_graph", keeping)
+    model = tiny_llama()
+    ids = prompt(6, seed=2)
+    want = greedy(tiny_llama(), ids, 3, cache_implementation="static")
+    got = greedy(compiled(model), ids, 3, cache_implementation="static")
+    assert torch.equal(got, want)
+    assert len(lowered) == 2 * PIECES  # the prefill's pieces, then the decode step's
+    for pieces in (lowered[:PIECES], lowered[PIECES:]):
+        # the first piece may take the mask's booleans (generate() passes them to the decode
+        # step) and make the additive mask; no other piece does either
+        takes_booleans, wheres = zip(*pieces)
+        assert takes_booleans[1:] == (False,) * (PIECES - 1), takes_booleans
+        assert wheres[1:] == (0,) * (PIECES - 1), wheres
+    assert lowered[PIECES][1] >= 1  # the decode step's mask, made additive once
+
+
 def test_the_placeholders_a_graph_writes_in_place_are_found_through_views():
     """split.py's `written_placeholders` on Dynamo's own graph: an item assignment into a view,
     an in-place add, and a tensor only read (not written)."""

@@ -68,6 +68,55 @@ def written_placeholders(gm: torch.fx.GraphModule) -> set[str]:
     return written
 
 
+def _sdpa_mask(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The attn_mask node of a scaled_dot_product_attention call, where it is one."""
+    if (
+        node.op != "call_function"
+        or node.target is not torch.nn.functional.scaled_dot_product_attention
+    ):
+        return None
+    mask = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
+    return mask if isinstance(mask, torch.fx.Node) else None
+
+
+def _dtype(node) -> torch.dtype | None:
+    value = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
+    return value.dtype if isinstance(value, torch.Tensor) else None
+
+
+def share_additive_masks(gm: torch.fx.GraphModule) -> int:
+    """A boolean attention mask that several attention calls read (one a layer: Hugging Face's
+    decoders make the mask once) made additive once, right after it is made, in the queries'
+    type (0 where True, -inf where False: what each call would make of it), and each call
+    given that instead. Split at the cache writes, each layer's piece made the additive mask
+    again from the booleans, a kernel a layer. The number of masks so shared."""
+    readers: dict[tuple, list[torch.fx.Node]] = {}
+    for node in gm.graph.nodes:
+        mask = _sdpa_mask(node)
+        dtype = _dtype(node.args[0]) if node.args else None
+        if mask is not None and _dtype(mask) == torch.bool and dtype is not None:
+            readers.setdefault((mask, dtype), []).append(node)
+    shared = 0
+    last_input = [n for n in gm.graph.nodes if n.op == "placeholder"][-1:]
+    for (mask, dtype), calls in readers.items():
+        if len(calls) < 2:
+            continue
+        # after the mask is made; a mask the graph is given, after the graph's inputs
+        with gm.graph.inserting_after(last_input[0] if mask.op == "placeholder" else mask):
+            where = gm.graph.call_function(torch.where, (mask, 0.0, -math.inf))
+        with gm.graph.inserting_after(where):
+            additive = gm.graph.call_method("to", (where, dtype))
+        for call in calls:
+            if "attn_mask" in call.kwargs:
+                call.kwargs = {**call.kwargs, "attn_mask": additive}
+            else:
+                call.args = (*call.args[:3], additive, *call.args[4:])
+        shared += 1
+    if shared:
+        gm.recompile()
+    return shared
+
+
 def has_row_writes(gm: torch.fx.GraphModule) -> bool:
     return any(is_row_write(n) for n in gm.graph.nodes)
 
@@ -134,6 +183,7 @@ class SplitGraph:
     called as the graph is, it runs the pieces in order."""
 
     def __init__(self, gm: torch.fx.GraphModule, options: BackendOptions, name: str) -> None:
+        share_additive_masks(gm)
         part: dict[torch.fx.Node, int] = {}
         current, writing = 0, False
         for node in gm.graph.nodes:
