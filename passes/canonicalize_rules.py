@@ -62,6 +62,15 @@ def reduces_size_one_dims(m: Match) -> bool:
     return all(shape[a] == 1 for a in normalize_axes(m["p"], len(shape)))
 
 
+def moves_only_unit_dims(m: Match) -> bool:
+    """`p` keeps the order of `x`'s dims of size other than 1 (it moves only unit dims, so the
+    elements keep their order: a reshape), and is no matrix transpose, which a matmul absorbs
+    (below)."""
+    shape, perm = m.type("x").shape, tuple(m["p"])
+    kept = [d for d in perm if shape[d] != 1]
+    return kept == sorted(kept) and not swaps_last_two(m) and not identity_perm(m)
+
+
 def compose_perms(m: Match) -> tuple[int, ...]:
     """transpose(transpose(x, p), q) == transpose(x, p[q])."""
     return tuple(m["p"][i] for i in m["q"])
@@ -131,6 +140,8 @@ CANONICALIZE_RULES = RuleTable("canonicalize", [
          atomic.broadcast(x, result_type=ROOT)),             # broadcast∘broadcast -> broadcast
     rule(atomic.transpose(atomic.transpose(x, perm=p), perm=q),
          atomic.transpose(x, perm=compose_perms)),           # transpose∘transpose -> transpose
+    rule(atomic.transpose(x, perm=p), atomic.reshape(x, result_type=ROOT),
+         when=moves_only_unit_dims),                         # transpose of unit dims -> reshape
     rule(atomic.reduce_sum(x, axes=p), atomic.reshape(x, result_type=ROOT) + 0.0,
          when=reduces_size_one_dims),                        # sum over size-1 dims -> x+0 (-0 -> +0)
     rule(atomic.reduce_max(x, axes=p), atomic.reshape(x, result_type=ROOT),
