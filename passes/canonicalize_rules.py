@@ -71,6 +71,11 @@ def moves_only_unit_dims(m: Match) -> bool:
     return kept == sorted(kept) and not swaps_last_two(m) and not identity_perm(m)
 
 
+def adds_only_unit_dims(m: Match) -> bool:
+    """The broadcast's result has as many elements as `x` (it only adds dims of size 1)."""
+    return m.type("x").num_elements == m.root.results[0].type.num_elements
+
+
 def compose_perms(m: Match) -> tuple[int, ...]:
     """transpose(transpose(x, p), q) == transpose(x, p[q])."""
     return tuple(m["p"][i] for i in m["q"])
@@ -91,6 +96,8 @@ CANONICALIZE_RULES = RuleTable("canonicalize", [
     # neutral elements
     rule(x + -0.0, x),                                       # x+(-0) -> x
     rule(x + 0, x, when=integer, name="x + 0 -> x (integers)"),  # x+0 -> x
+    rule(x + 0, atomic.broadcast(x, result_type=ROOT), when=integer,
+         name="x + 0 -> broadcast(x) (integers)"),          # x+zeros of a larger shape -> a view
     rule(x + 0.0, x, fast_math=True),                        # x+0 -> x: -0+0 is +0
     rule(x - 0.0, x),                                        # x-0 -> x
     rule(x - -0.0, x, fast_math=True),                       # x-(-0) -> x: -0-(-0) is +0
@@ -136,6 +143,8 @@ CANONICALIZE_RULES = RuleTable("canonicalize", [
     rule(atomic.broadcast(x), x),                            # broadcast to the same shape -> x
     rule(atomic.transpose(x, perm=p), x, when=identity_perm),  # identity transpose -> x
     rule(atomic.reshape(atomic.reshape(x)), atomic.reshape(x, result_type=ROOT)),  # reshape∘reshape -> reshape
+    rule(atomic.broadcast(x), atomic.reshape(x, result_type=ROOT),
+         when=adds_only_unit_dims),                          # broadcast adding unit dims -> reshape
     rule(atomic.broadcast(atomic.broadcast(x)),
          atomic.broadcast(x, result_type=ROOT)),             # broadcast∘broadcast -> broadcast
     rule(atomic.transpose(atomic.transpose(x, perm=p), perm=q),

@@ -283,6 +283,26 @@ def test_input_and_buffer_updates_are_written_back():
     assert coverage().graphs == coverage().graphs_in_tgc == 1
 
 
+def test_an_output_that_views_an_updated_input_keeps_the_value_read():
+    """`counter + zeros(1)` is the counter reshaped (canonicalize: a view, no kernel), and the
+    graph then advances the counter in place, as a StaticCache's cache position and
+    `cumulative_length`: the position handed back must be the value before the update. Before,
+    the update was written first and the output, sharing the counter's memory, read after it."""
+
+    def step(counter, x):
+        position = counter + torch.zeros(1, dtype=torch.int64)
+        counter.add_(1)
+        return position, x * 2
+
+    compiled = torch.compile(step, backend="tgc", options=IN_TGC)
+    counter, x = torch.tensor(5), randn(3, seed=1)
+    for start in (5, 6, 7):
+        position, doubled = compiled(counter, x)
+        assert position.tolist() == [start] and counter.item() == start + 1
+        assert_close(doubled, x.double() * 2)
+    assert coverage().graphs_in_tgc == coverage().graphs == 1
+
+
 def test_parameters_are_packed_once_and_an_update_is_seen():
     """The plan's once steps (weights packed) run on the first call only, and again after a
     weight is changed in place (its version changes); the result follows the new weight."""

@@ -28,6 +28,7 @@ from torch.utils import _pytree as pytree
 from tgc.builtin import PARAM_ATTR, ModuleOp
 from tgc.fixed import VARIES, fixed_state
 from tgc.ir import BlockArgument
+from tgc.opdef import VIEW, lookup
 from tgc.dynamo import tally
 from tgc.diagnostics import TgcError
 from tgc.importers.torch import core_aten_program, import_exported_program, parameter_values
@@ -68,13 +69,18 @@ class Lowered:
         return values
 
     def hand_back(self, results: list, args: list, tensor_of):
-        """The graph's outputs from the function's `results`: each update copied into its
-        graph argument, the others made tensors by `tensor_of(i, value)` and put in the
-        graph's output structure."""
-        outputs = []
+        """The graph's outputs from the function's `results`: the others made tensors by
+        `tensor_of(i, value)` and put in the graph's output structure, then each update copied
+        into its graph argument. Outputs first: one may be a view of an argument that an update
+        then writes (a cache position that is the step's counter, reshaped), and its copy must
+        hold the value the graph read."""
+        outputs = [
+            tensor_of(i, value)
+            for i, (value, write) in enumerate(zip(results, self.writes))
+            if write is None
+        ]
         for i, (value, write) in enumerate(zip(results, self.writes)):
             if write is None:
-                outputs.append(tensor_of(i, value))
                 continue
             with torch.no_grad():  # the graph's own update, made by tgc: not for autograd
                 args[write].copy_(tensor_of(i, value))
@@ -83,15 +89,35 @@ class Lowered:
 
 
 def kept_results(func) -> set[int]:
-    """The results of `func` (planned or about to be) that are an argument or a value the plan
-    keeps between calls (computed from parameters and constants alone): handed to the user as
-    copies, so that writing to one changes neither an input nor the next call's result."""
+    """The results of `func` (planned or about to be) that are an argument, a view of one, or
+    a value the plan keeps between calls (computed from parameters and constants alone):
+    handed to the user as copies, so that writing to one changes neither an input nor the next
+    call's result, and an input updated later (a cache position that is a view of the counter
+    the graph advances) does not change it."""
     memo: dict = {}
     kept = set()
     for i, value in enumerate(func.body.last.operands):
-        if isinstance(value, BlockArgument) or fixed_state(value, memo) != VARIES:
+        if isinstance(_viewed(value), BlockArgument) or fixed_state(value, memo) != VARIES:
             kept.add(i)
     return kept
+
+
+def _viewed(value):
+    """The value whose memory `value` may share: through view ops (a reshape, a transpose, a
+    slice), and through planned kernels of such ops, which may return views (numpy's do, and
+    the GPU's split and reshape views); else `value` itself."""
+    from tgc.planner.kernel import KERNELS
+
+    while (op := value.defining_op) is not None and op.operands:
+        name = op.name
+        if name == "kernel.call":
+            kernel = KERNELS.get(op.attr("callee"))
+            name = kernel.op if kernel is not None else None
+        op_class = lookup(name) if name else None
+        if op_class is None or VIEW not in op_class.traits:
+            return value
+        value = op.operands[0]
+    return value
 
 
 def static_inputs(gm: torch.fx.GraphModule, args: list) -> set[int]:
