@@ -87,11 +87,11 @@ from tgc.printer import format_attr_dict
 from tgc.types import TensorType
 
 MIN_RUNS = 5
-# At most this many timed calls, however short the call: a median of 200 is within a percent of
-# one of 1000 at a GPU kernel's spread, and on the GPU each call also costs the spin that lets
-# the host queue the calls ahead (runtime/cuda_timing.py). With 1000, a 15-50 µs kernel took
-# about 0.1 s to time, 270 of the 387 instances of a first generate() at batch 16 on an H200
-# (bench/results/generate-*, run 7's database: ~900 calls each).
+# At most this many timed calls, however short the call. At the median spread run 7's database
+# records (p90 - p10 = 0.19 of the median, bench/results/generate-*), the median of 200 calls
+# has a standard error under 1%; and on the GPU each call also costs the spin that lets the host
+# queue the calls ahead (runtime/cuda_timing.py). With 1000, a 15-50 µs kernel took about 0.1 s
+# to time, ~900 calls each: 270 of the 387 instances a first generate() at batch 16 measured.
 MAX_RUNS = 200
 MIN_TIME = 0.05  # seconds of timed calls per instance (after warm-up)
 MIN_SECONDS = 1e-9  # the shortest time recorded (a call faster than the clock)
