@@ -29,6 +29,7 @@ from tgc.builtin import PARAM_ATTR, ModuleOp
 from tgc.fixed import VARIES, fixed_state
 from tgc.ir import BlockArgument
 from tgc.opdef import VIEW, lookup
+from tgc.planner.kernel import KERNELS
 from tgc.dynamo import tally
 from tgc.diagnostics import TgcError
 from tgc.importers.torch import core_aten_program, import_exported_program, parameter_values
@@ -69,11 +70,11 @@ class Lowered:
         return values
 
     def hand_back(self, results: list, args: list, tensor_of):
-        """The graph's outputs from the function's `results`: the others made tensors by
-        `tensor_of(i, value)` and put in the graph's output structure, then each update copied
-        into its graph argument. Outputs first: one may be a view of an argument that an update
-        then writes (a cache position that is the step's counter, reshaped), and its copy must
-        hold the value the graph read."""
+        """The graph's outputs from the function's `results`: the results that update no
+        argument made tensors by `tensor_of(i, value)` and put in the graph's output structure,
+        then each update copied into its graph argument. Outputs first: one may be a view of an
+        argument that an update then writes (a cache position that is the step's counter,
+        reshaped), and its copy must hold the value the graph read."""
         outputs = [
             tensor_of(i, value)
             for i, (value, write) in enumerate(zip(results, self.writes))
@@ -106,8 +107,6 @@ def _viewed(value):
     """The value whose memory `value` may share: through view ops (a reshape, a transpose, a
     slice), and through planned kernels of such ops, which may return views (numpy's do, and
     the GPU's split and reshape views); else `value` itself."""
-    from tgc.planner.kernel import KERNELS
-
     while (op := value.defining_op) is not None and op.operands:
         name = op.name
         if name == "kernel.call":
