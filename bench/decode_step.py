@@ -16,7 +16,7 @@ bench/generate.py compiles it and called `--warmup` times (tgc's first call plan
 measures), then `--calls` times back to back: *step* = wall time over the calls, the device
 synchronised before and after (the host's part included, as in a decode loop with nothing
 else); *device* = torch.profiler's kernel and copy time over `--calls` more calls, divided by
-them. Beside them the *floor*: the bytes the step must read (every weight once, the embedding
+them, and how many kernels and copies that was a step (a replayed graph's nodes). Beside them the *floor*: the bytes the step must read (every weight once, the embedding
 table but a row a sequence, the cache up to the timed calls' middle position) over the
 device's bandwidth (bench/generate.py's table). Each mode's logits are checked against
 eager's (max |difference| / max |eager|). `--kernels DIR` writes each mode's kernels by device
@@ -108,6 +108,10 @@ def time_mode(model, mode: str, args, device: str) -> dict:
         if device == "cuda":
             total, averages = gen.device_ms(lambda: [step() for _ in range(args.calls)])
             row["device_ms"] = total / args.calls
+            # kernels and copies the device ran (a replayed graph's nodes): each costs a launch
+            # gap on the device and a share of the graph's launch on the host
+            work = sum(e.count for e in averages if e.self_device_time_total > 0)
+            row["device_work"] = work / args.calls
             if args.kernels:
                 path = Path(args.kernels) / f"decode-kernels-{mode}.txt"
                 title = f"{mode}: the kernels of {args.calls} decode steps (torch.profiler)"
@@ -136,19 +140,20 @@ def report(rows: list[dict], args, device_name: str, floor_ms: float | None) -> 
         f"{args.layers or 'default'} layers; {args.dtype}; {args.calls} calls timed, "
         f"{args.warmup} before; command: `bench/decode_step.py {' '.join(sys.argv[1:])}`",
         "",
-        "| mode | step (wall, back to back) | device / step | floor | step / floor | first calls | "
-        "logits vs eager | graphs in tgc |",
-        "|---|---|---|---|---|---|---|---|",
+        "| mode | step (wall, back to back) | device / step | kernels and copies / step | floor | "
+        "step / floor | first calls | logits vs eager | graphs in tgc |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "note" in r:
-            lines.append(f"| {r['mode']} | failed: {r['note']} | | | | | | |")
+            lines.append(f"| {r['mode']} | failed: {r['note']} | | | | | | | |")
             continue
         device = f"{r['device_ms']:.3f} ms" if "device_ms" in r else "-"
+        work = f"{r['device_work']:.0f}" if "device_work" in r else "-"
         floor = f"{floor_ms:.3f} ms" if floor_ms else "-"
         ratio = f"{r['step_ms'] / floor_ms:.1f}x" if floor_ms else "-"
         lines.append(
-            f"| {r['mode']} | {r['step_ms']:.3f} ms | {device} | {floor} | {ratio} | "
+            f"| {r['mode']} | {r['step_ms']:.3f} ms | {device} | {work} | {floor} | {ratio} | "
             f"{r['first_s']:.1f} s | {r.get('error', 0.0):.1e} | {r.get('in_tgc', '-')} |"
         )
     return lines

@@ -27,9 +27,11 @@ def test_dry_run_tgc_logits_are_eagers_and_the_report_says_so(tmp_path):
     assert decode_step.main(["--dry-run", "--out", str(tmp_path)]) == 0
     (report,) = tmp_path.glob("decode_step-dry-run-*.md")
     text = report.read_text()
-    assert "prompt 8, the step at positions 8 to 16"  # 6 warm-up, 3 timed in text
+    assert "prompt 8, the step at positions 8 to 16" in text  # 6 warm-up, 3 timed
     tgc = next(line for line in text.splitlines() if line.startswith("| tgc |"))
     assert tgc.endswith("| 3 of 3 |")  # every graph tgc compiled ran in tgc
+    # no device on the CPU: no device time, no count of the device's kernels and copies
+    assert tgc.split(" | ")[2:4] == ["-", "-"]
 
 
 def test_a_failing_mode_is_a_row_saying_why_and_fails_the_dry_run(monkeypatch, tmp_path, capsys):
