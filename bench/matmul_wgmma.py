@@ -135,19 +135,20 @@ def tgc_kernel(case: Case, params: dict):
 
 def measure(case: Case, params: dict, inputs, want) -> tuple[float, float, dict]:
     """(median ms, error, the kernel's parameters) of tgc's kernel with `params`."""
-    import numpy as np
     import torch
+
+    from tgc.runtime.tensor_map import kernel_arguments
 
     kernel, fn = tgc_kernel(case, {"wgmma": True, **params})
     out_dtype = torch.float32 if case.epilogue == "residual_cast" else inputs[0].dtype
     out = torch.full((case.m, case.n), float("nan"), device="cuda", dtype=out_dtype)
     stream = torch.cuda.current_stream()
-    pointers = [np.uintp(x.data_ptr()) for x in (*inputs, out)]
+    arguments = kernel_arguments(kernel, [x.data_ptr() for x in (*inputs, out)])
 
     # The legacy default stream (None), PyTorch's current stream here, as the executor does.
     def launch():
         fn.prepared_async_call(
-            kernel.grid, kernel.block, None, *pointers, shared_size=kernel.shared_bytes
+            kernel.grid, kernel.block, None, *arguments, shared_size=kernel.shared_bytes
         )
 
     launch()
@@ -217,9 +218,10 @@ def main(argv=None) -> int:
         "",
         "## Plain GEMMs",
         "",
-        "| GEMM | wgmma (tile, stages) | mma.sync template | cuBLAS (torch.mm) | TFLOP/s wgmma / "
-        "mma.sync / cuBLAS | wgmma % of cuBLAS | error |",
-        "|---|---|---|---|---|---|---|",
+        "| GEMM | wgmma, TMA copies (tile, stages) | wgmma, cp.async | mma.sync template | "
+        "cuBLAS (torch.mm) | TFLOP/s TMA / cp.async / mma.sync / cuBLAS | TMA % of cuBLAS | "
+        "error |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     stream = torch.cuda.current_stream()
     for case in plain:
@@ -233,18 +235,17 @@ def main(argv=None) -> int:
             except Exception as e:  # noqa: BLE001  (a point that does not fit is a row saying so)
                 print(f"{case.name} {params}: {e}", flush=True)
                 continue
-            tc = "-"
-            if i == 0:
-                tc_ms, _, _ = measure(case, {"wgmma": False}, inputs, want)
-                tc = f"{tc_ms:.4f} ms"
+            # the first point beside the cp.async producer and the mma.sync skeleton
+            others = [{"tma": False}, {"wgmma": False}] if i == 0 else []
+            other_ms = [measure(case, {**params, **o}, inputs, want)[0] for o in others]
+            cells = [f"{x:.4f} ms" for x in other_ms] or ["-", "-"]
+            rates = " / ".join(f"{tflops(case.flops, x):.0f}" for x in (ms, *other_ms))
+            rates += " / - / -" if not other_ms else ""
             tile = f"{chosen['block_m']}x{chosen['block_n']}, {chosen['stages']}"
-            rates = f"{tflops(case.flops, ms):.0f} / " + (
-                f"{tflops(case.flops, tc_ms):.0f}" if i == 0 else "-"
-            )
             line = (
-                f"| {case.name}{'' if i == 0 else ' (variant)'} | {ms:.4f} ms ({tile}) | {tc} | "
-                f"{blas_ms:.4f} ms | {rates} / {tflops(case.flops, blas_ms):.0f} | "
-                f"{100 * blas_ms / ms:.0f}% | {err:.1e} |"
+                f"| {case.name}{'' if i == 0 else ' (variant)'} | {ms:.4f} ms ({tile}) | "
+                f"{' | '.join(cells)} | {blas_ms:.4f} ms | {rates} / "
+                f"{tflops(case.flops, blas_ms):.0f} | {100 * blas_ms / ms:.0f}% | {err:.1e} |"
             )
             print(line, flush=True)
             lines.append(line)

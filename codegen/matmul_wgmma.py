@@ -7,14 +7,20 @@ blocks walking the tiles in groups of 8 tile rows, so that one tile's epilogue r
 next tile's copies are in flight. The epilogue is the region's, per element, as in the other
 skeletons (matmul.py builds it and calls `generate_wgmma`).
 
-The copies are cp.async rather than TMA: a tensor map would be a 128-byte kernel argument made
-on the host (cuTensorMapEncodeTiled) for every operand, which neither the planner's executor
-nor the standalone `.cu` passes today; cp.async needs nothing but the pointers. Each producer
-thread's copies arrive on the stage's full barrier when they land
-(cp.async.mbarrier.arrive.noinc); the consumers fence to the async proxy (wgmma reads through
-it) after waiting there.
+The copies are TMA box copies (`tma`, the default where it fits): one producer thread issues,
+per stage, A's box and B's (one per 64 columns where B is [k][n]), each completing its bytes on
+the stage's full barrier; the hardware swizzles, and fills what lies past the operand's edges
+with zeros. Each operand's tensor map (3-D: inner dim, rows, batch entries) is a 128-byte
+kernel argument the launcher makes from its address (runtime/tensor_map.py; `KernelSource.
+tensor_maps`), so the kernel needs operands 16-byte aligned (an error at launch otherwise).
+With `tma` false, the producer warpgroup's 128 threads copy 16 bytes each with cp.async
+instead, arriving on the full barrier as they land (cp.async.mbarrier.arrive.noinc); the
+consumers then fence to the async proxy (wgmma reads through it). That needs nothing but the
+pointers (the standalone `.cu` passes no tensor maps), and ran 4096^3 bf16 at 39% of cuBLAS
+on an H200: 16 bytes an instruction is the likely limit.
 
-Parameters: `block_m` 128 or 256, `block_n` 64 to 256 in steps of 64 (B as [k][n] is kept in
+Parameters: `tma` (see above; TMA needs each operand's batch entries to be one matrix or
+one each, not a broadcast of some batch dims), `block_m` 128 or 256, `block_n` 64 to 256 in steps of 64 (B as [k][n] is kept in
 blocks of 64 columns; at most 128 accumulators a consumer thread: block_m * block_n <=
 128 * 256), `stages` (default as many as fit, at most 6), `sms` (the grid's size limit,
 default 132: an H100 SXM's and an H200's multiprocessors; a GPU with fewer still runs every
@@ -26,7 +32,7 @@ from __future__ import annotations
 
 import math
 
-from tgc.codegen.render import KernelSource, is_gpu_arch, render
+from tgc.codegen.render import KernelSource, TensorMap, is_gpu_arch, render
 from tgc.cuda_target import gpu_limits
 from tgc.diagnostics import TgcError
 
@@ -62,6 +68,37 @@ def wgmma_misfit(elem: str, transpose_a: bool, tb: bool, n: int, k: int) -> str 
     if k % 8 or (not tb and n % 8):
         return f"k{'' if tb else ' and n'} must be multiples of 8 (16-byte rows)"
     return None
+
+
+def tma_misfit(batch: int, a_batch: int, b_batch: int) -> str | None:
+    """Why TMA copies cannot read the operands, or None: a 3-D tensor map takes an operand's
+    batch entries as one matrix (read by every entry) or one matrix each."""
+    for name, count in (("A", a_batch), ("B", b_batch)):
+        if count not in (1, batch):
+            return f"{name}'s {count} matrices broadcast over {batch} batch entries"
+    return None
+
+
+def tensor_maps(dims: dict, operands: dict, bm: int, bn: int) -> tuple[TensorMap, ...]:
+    """A's and B's tensor maps: A [batch][m][k] in boxes of 64 k x `bm` rows; B [batch][n][k]
+    (transposed) in boxes of 64 k x `bn` rows, or [batch][k][n] in boxes of 64 n x 64 k."""
+    m, n, k, elem = dims["m"], dims["n"], dims["k"], dims["elem"]
+    item = 2  # bf16 and f16 (WGMMA_TYPES)
+    a = TensorMap(
+        operands["a_input"], elem, (k, m, dims["a_batch"]), (k * item, m * k * item), (64, bm, 1)
+    )
+    if dims["transpose_b"]:
+        inner, rows, box = k, n, (64, bn, 1)
+    else:
+        inner, rows, box = n, k, (64, 64, 1)
+    b = TensorMap(
+        operands["b_input"],
+        elem,
+        (inner, rows, dims["b_batch"]),
+        (inner * item, rows * inner * item),
+        box,
+    )
+    return a, b
 
 
 def wgmma_by_default(params: dict, fits: bool) -> bool:
@@ -136,6 +173,10 @@ def generate_wgmma(
     if arch is not None and arch not in WGMMA_ARCHS:
         raise TgcError(f"the wgmma matmul needs an sm_90 GPU, not {arch}", loc)
     bm, bn, stages, sms = wgmma_point(m, n, batch, params)
+    tma_why = tma_misfit(batch, dims["a_batch"], dims["b_batch"])
+    tma = params.setdefault("tma", tma_why is None)
+    if tma and tma_why is not None:
+        raise TgcError(f"the wgmma matmul cannot copy '{label}' with TMA: {tma_why}", loc)
     if not tb and bn % 64:
         raise TgcError(f"the wgmma matmul keeps B as [k][n] in 64 columns: block_n {bn}", loc)
     grid_m, grid_n = math.ceil(m / bm), math.ceil(n / bn)
@@ -169,6 +210,9 @@ def generate_wgmma(
         a_batch_offset=operands["a_batch_offset"],
         b_batch_offset=operands["b_batch_offset"],
         b_n_contiguous=not tb,
+        tma=tma,
+        a_batched=dims["a_batch"] > 1,
+        b_batched=dims["b_batch"] > 1,
         epilogue=operands["epilogue"],
     )
     kernel = KernelSource(
@@ -185,4 +229,6 @@ def generate_wgmma(
     )
     kernel.shared_bytes = shared
     kernel.arch_features = "sm_90a"
+    if tma:
+        kernel.tensor_maps = tensor_maps(dims, operands, bm, bn)
     return kernel

@@ -71,6 +71,31 @@ def is_gpu_arch(arch: object) -> bool:
     return isinstance(arch, str) and re.fullmatch(r"sm_\d+", arch) is not None
 
 
+@dataclass(frozen=True)
+class TensorMap:
+    """A TMA tensor map (Hopper's bulk tensor copies) that a kernel takes by value, before its
+    pointers: the tile box `box` of input `operand`, seen as a tensor of `dims` elements of
+    `elem` (innermost first) whose dims after the first lie `strides` bytes apart, copied into
+    shared memory with 128-byte swizzling, what lies outside read as zeros. The launcher makes
+    it from the operand's address (runtime/tensor_map.py)."""
+
+    operand: int
+    elem: str
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    box: tuple[int, ...]
+
+    # The driver's enums (cuda.h): CUtensorMapDataType by element type, then the swizzle
+    # (128 bytes), L2 promotion (256 bytes) and out-of-bounds fill (zeros) every map takes.
+    DATA_TYPE = {"f16": 6, "f32": 7, "bf16": 9}
+    SWIZZLE_128B, L2_PROMOTION_256B, OOB_FILL_ZEROS = 3, 3, 0
+    BYTES = 128
+
+    @property
+    def data_type(self) -> int:
+        return self.DATA_TYPE[self.elem]
+
+
 @dataclass
 class KernelSource:
     name: str  # the C symbol
@@ -87,6 +112,7 @@ class KernelSource:
     # The architecture whose own features (sm_90a's wgmma) the kernel needs, or "": it is
     # compiled for that target, and runs on that GPU only.
     arch_features: str = ""
+    tensor_maps: tuple[TensorMap, ...] = ()  # its first parameters (TensorMap)
 
     def nvcc_target(self, arch: str) -> list[str]:
         """nvcc's target options for this kernel on a GPU of `arch` ("sm_90"): `-arch=sm_90`,

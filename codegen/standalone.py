@@ -34,7 +34,7 @@ import numpy as np
 from tgc.builtin import FuncOp
 from tgc.codegen.cuda_ops import STORAGE_CTYPE
 from tgc.codegen.names import NameAllocator, c_string_literal, comment_text
-from tgc.codegen.render import KernelSource, prelude, render
+from tgc.codegen.render import KernelSource, TensorMap, prelude, render
 from tgc.dialects.atomic import gather_index_bound
 from tgc.dialects.kernel import CopyOp
 from tgc.ir import Value
@@ -223,19 +223,43 @@ def _checked(call: str) -> str:
     return f"err = {call}; if (err != cudaSuccess) return err;"
 
 
+def _tensor_map_code(i: int, spec: TensorMap, operand: Buffer) -> str:
+    """The call making tensor map `i` of a launch (tgc_tensor_map, standalone.cu.j2)."""
+    numbers = [
+        spec.data_type,
+        _pointer(operand),
+        *spec.dims,
+        *spec.strides,
+        *spec.box,
+        spec.SWIZZLE_128B,
+        spec.L2_PROMOTION_256B,
+        spec.OOB_FILL_ZEROS,
+    ]
+    return _checked(f"tgc_tensor_map(&tgc_maps[{i}], {', '.join(map(str, numbers))})")
+
+
 def _step_code(step: Step) -> str:
     if isinstance(step, Launch):
         k = step.kernel
         args = ", ".join(_pointer(b) for b in step.args)
         grid = ", ".join(map(str, k.grid))
         block = ", ".join(map(str, k.block))
+        maps = [
+            _tensor_map_code(i, spec, step.args[spec.operand])
+            for i, spec in enumerate(k.tensor_maps)
+        ]
+        if maps:
+            args = ", ".join([f"tgc_maps[{i}]" for i in range(len(maps))] + [args])
         launch = f"{k.name}<<<dim3({grid}), dim3({block}), {k.shared_bytes}, stream>>>({args});"
         if k.shared_bytes > 48 * 1024:
             attribute = _checked(
                 f"cudaFuncSetAttribute({k.name}, cudaFuncAttributeMaxDynamicSharedMemorySize, "
                 f"{k.shared_bytes})"
             )
-            return f"{attribute}\n  {launch}"
+            launch = f"{attribute}\n  {launch}"
+        if maps:
+            lines = [f"TgcTensorMap tgc_maps[{len(maps)}];", *maps, launch]
+            return "{\n  " + "\n  ".join(lines) + "\n  }"
         return launch
     if isinstance(step, CublasGemm):
         g = step.gemm
@@ -277,6 +301,7 @@ def write_file(
         target=sorted(features)[0] if features else None,
         cublas=any(isinstance(s, CublasGemm) for s in steps),
         cublaslt=any(isinstance(s, CublasLt) for s in steps),
+        tensor_maps=any(k.tensor_maps for k in kernels),
         prelude=prelude("standalone"),
         kernels=[k.source for k in kernels],
         funcs=[

@@ -25,6 +25,7 @@ from pathlib import Path
 from tgc.codegen.kernels import KernelSource, prelude
 from tgc.codegen.names import display_name
 from tgc.diagnostics import TgcError
+from tgc.runtime.tensor_map import argument_format
 
 try:
     import pycuda.driver as cuda
@@ -133,7 +134,7 @@ def load_kernels(kernels: list[KernelSource]) -> list:
             fn = module.get_function(k.name)
         except cuda.Error as e:
             raise TgcError(f"{_kernel_label(k)} failed to load: {e}", k.loc) from None
-        fn.prepare("P" * (k.num_inputs + k.num_outputs))
+        fn.prepare(argument_format(k))
         if k.shared_bytes > 48 * 1024:
             try:
                 fn.set_attribute(

@@ -85,7 +85,6 @@ def test_wgmma_is_an_sm_90_option_not_yet_a_default():
     assert k.params["wgmma"] is True and k.arch_features == "sm_90a"
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in k.source
     assert "setmaxnreg.inc.sync.aligned.u32 232" in k.source
-    assert "cp.async.mbarrier.arrive.noinc.shared::cta.b64" in k.source
     # 3 x 5 tiles of 128x128 (one wave of 132: 128x256 would waste half of each last tile)
     assert (k.params["block_m"], k.params["block_n"]) == (128, 128)
     assert k.grid == (15, 1, 1) and k.block == (384, 1, 1)
@@ -96,10 +95,67 @@ def test_wgmma_is_an_sm_90_option_not_yet_a_default():
         assert other.arch_features == "" and "mma.sync" in other.source
 
 
-def test_the_planner_may_try_wgmma():
+def test_the_planner_may_try_wgmma_and_its_copies():
     from tgc.planner.backends.cuda_kernels import TUNABLE
 
     assert TUNABLE["matmul"]["wgmma"] == (False, True)
+    assert TUNABLE["matmul"]["tma"] == (True, False)
+
+
+def test_tma_copies_are_the_default_and_cp_async_the_option():
+    """TMA: one thread's box copies, A's and B's tensor maps the kernel's first parameters
+    (3-D: inner dim, rows, batch entries; boxes of 64 x the tile's rows, B as [k][n] in
+    blocks of 64 columns); with tma false, 128 threads' cp.async and no tensor maps."""
+    r = region((300, 64), (64, 520))
+    k = generate_kernel(r, dict(WG))
+    assert k.params["tma"] is True
+    a, b = k.tensor_maps
+    assert (a.operand, a.elem, a.dims, a.strides, a.box) == (
+        0,
+        "bf16",
+        (64, 300, 1),
+        (128, 300 * 128),
+        (64, 128, 1),
+    )
+    assert (b.operand, b.dims, b.strides, b.box) == (
+        1,
+        (520, 64, 1),
+        (1040, 64 * 1040),
+        (64, 64, 1),
+    )
+    assert "const __grid_constant__ TgcTensorMap tgc_map_a" in k.source
+    assert "cp.async.bulk.tensor.3d.shared::cluster.global.tile" in k.source
+    assert "mbarrier.init.shared::cta.b64 [%0], 1;" in k.source
+    assert "cp.async.cg" not in k.source
+    # B transposed ([n][k]) in one box of the tile's n rows; three batch entries of A, one B
+    t = generate_kernel(region((3, 70, 48), (56, 48), "f16", tb=True), WG)
+    a, b = t.tensor_maps
+    assert a.dims == (48, 70, 3) and a.strides == (96, 70 * 96)
+    assert b.dims == (48, 56, 1) and b.box == (64, t.params["block_n"], 1)
+    assert "za = (int) z, zb = 0" in t.source
+    plain = generate_kernel(r, {**WG, "tma": False})
+    assert plain.tensor_maps == () and "TgcTensorMap tgc_map" not in plain.source
+    assert "cp.async.mbarrier.arrive.noinc.shared::cta.b64" in plain.source
+    assert "mbarrier.init.shared::cta.b64 [%0], 128;" in plain.source
+
+
+def test_a_batch_broadcast_in_part_is_copied_without_tma():
+    """B's 3 matrices over A's 2 x 3 batch entries: a 3-D tensor map cannot index them."""
+    r = region((2, 3, 40, 64), (3, 64, 72), epilogue="none")
+    assert generate_kernel(r, dict(WG)).params["tma"] is False
+    with pytest.raises(TgcError, match="B's 3 matrices broadcast over 6 batch entries") as info:
+        generate_kernel(r, {**WG, "tma": True})
+    assert "cannot copy" in str(info.value) and info.value.loc is not None
+
+
+def test_a_launch_passes_the_maps_first_and_refuses_an_unaligned_operand():
+    from tgc.runtime.tensor_map import argument_format, kernel_arguments
+
+    k = generate_kernel(region((300, 64), (64, 520)), dict(WG))
+    assert argument_format(k) == "128s128s" + "P" * (k.num_inputs + k.num_outputs)
+    with pytest.raises(TgcError, match=r"its operand 0 is not 16-byte aligned") as info:
+        kernel_arguments(k, [4096 + 8, 8192, 12288, 16384])
+    assert f"({k.name})" in str(info.value) and info.value.loc is not None
 
 
 def test_the_grid_is_persistent_and_tiles_follow_the_waves():
@@ -163,6 +219,7 @@ COMPILED = [
     ((8192, 3072), (3072, 768), "bf16", False, "bias_gelu_erf_residual", {}),  # 128x192
     ((300, 520), (264, 520), "f16", True, "residual_cast", {"block_m": 256, "block_n": 128}),
     ((2, 33, 64), (2, 64, 136), "bf16", False, "none", {"block_n": 64, "stages": 3}),
+    ((4096, 4096), (4096, 4096), "bf16", False, "none", {"tma": False}),
 ]
 
 
@@ -195,6 +252,17 @@ GPU_CASES = [
     ((517, 264), (392, 264), "f16", True, "residual_cast", {"block_m": 256, "block_n": 128}),
     ((3, 130, 72), (72, 200), "bf16", False, "none", {"block_n": 64, "stages": 3}),
     ((2100, 1032), (1032, 1544), "f16", False, "bias_gelu_tanh", {"sms": 7}),
+    # the batch's 2 B matrices read one each by TMA; then the cp.async producer
+    ((2, 130, 72), (2, 72, 200), "bf16", False, "none", {"block_n": 128}),
+    ((333, 200), (200, 520), "bf16", False, "bias_gelu_tanh", {"tma": False}),
+    (
+        (517, 264),
+        (392, 264),
+        "f16",
+        True,
+        "residual_cast",
+        {"tma": False, "block_m": 256, "block_n": 128},
+    ),
 ]
 TOLERANCE = {"bf16": 2e-2, "f16": 4e-3, "f32": 4e-3}  # of max |reference|; outputs rounded
 
@@ -204,13 +272,15 @@ def _run_poisoned(kernel, inputs: list[np.ndarray], out: np.ndarray) -> np.ndarr
     import pycuda.driver as cuda
 
     from tgc.runtime.cuda_compile import load_kernels
+    from tgc.runtime.tensor_map import kernel_arguments
 
     (fn,) = load_kernels([kernel])
     # As bytes: PyCUDA's buffers take no bf16 (ml_dtypes) arrays.
     device = [cuda.to_device(np.ascontiguousarray(x).view(np.uint8)) for x in inputs]
     poisoned = np.full(out.shape, np.nan, dtype=out.dtype).view(np.uint8)
     d_out = cuda.to_device(poisoned)
-    fn(*device, d_out, block=kernel.block, grid=kernel.grid, shared=kernel.shared_bytes)
+    arguments = kernel_arguments(kernel, [int(d) for d in (*device, d_out)])
+    fn.prepared_call(kernel.grid, kernel.block, *arguments, shared_size=kernel.shared_bytes)
     cuda.Context.synchronize()
     return cuda.from_device_like(d_out, poisoned).view(out.dtype)
 

@@ -379,3 +379,35 @@ def test_parameters_change_nothing_the_file_runs():
     for module in (plain, params):
         PassManager.from_text("lower-for-planning").run(module)
     assert emit_standalone_cuda(params) == emit_standalone_cuda(plain)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_a_kernel_with_tma_tensor_maps_gets_them_made_before_its_launch(tmp_path):
+    """The wgmma matmul with TMA copies takes A's and B's tensor maps as its first arguments:
+    the file makes each from the operand's pointer (tgc_tensor_map, through the driver's
+    entry point) before the launch, and nvcc compiles it with its main."""
+    from test_matmul_wgmma import WG, matmul_text
+
+    from tgc.codegen.kernels import generate_kernel
+    from tgc.planner.backends.cuda_kernels import fused_from_block
+
+    text = matmul_text((300, 64), (64, 520), epilogue="none")
+    func, program = planned(text, libraries=False, arch="sm_90")
+    (launch,) = program.steps
+    body = tgc.parse(text)
+    PassManager.from_text("lower-for-planning").run(body)
+    f = body.funcs[0]
+    fused = fused_from_block(f.body, list(f.function_type.results), "matmul", "mm", f.loc)
+    launch.kernel = generate_kernel(fused, dict(WG))  # as a plan choosing wgmma would have it
+    assert len(launch.kernel.tensor_maps) == 2
+    source = write_file([program], ["tgc_run_f"], module_names(), "tma.tg")
+    assert (
+        "tgc_tensor_map(&tgc_maps[0], 9, (const __nv_bfloat16*) inputs[0], 64, 300, 1, 128, "
+        "38400, 64, 128, 1, 3, 3, 0)" in source
+    )
+    assert "tgc_tensor_map(&tgc_maps[1], 9, (const __nv_bfloat16*) inputs[1], 520, 64, 1" in source
+    assert f"{launch.kernel.name}<<<dim3(15, 1, 1), dim3(384, 1, 1), " in source
+    assert "stream>>>(tgc_maps[0], tgc_maps[1], (const __nv_bfloat16*) inputs[0]" in source
+    flags = [*launch.kernel.nvcc_target("sm_90"), "-DTGC_STANDALONE_MAIN"]
+    ok, log = compile_unit(tmp_path, source, flags)
+    assert ok, log[-4000:]

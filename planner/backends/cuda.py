@@ -61,6 +61,7 @@ from tgc.ir import Operation
 from tgc.planner.backends import Backend, Space, Template
 from tgc.planner.backends import cuda_kernels as planner_side
 from tgc.runtime.cuda_compile import context, device_arch, load_kernels
+from tgc.runtime.tensor_map import kernel_arguments
 from tgc.runtime.cuda_timing import time_queued
 from tgc.types import ELEMENT_TYPE_OF_DTYPE, TensorType
 
@@ -304,9 +305,10 @@ def launcher(source, function, result_types: list[TensorType], loc=None):
 
     def run(values: list) -> list:
         outs = [DeviceArray.empty(shape, dtype) for shape, dtype in results]
-        pointers = [np.uintp(_pointer(v)) for v in values] + [np.uintp(o.ptr) for o in outs]
+        pointers = [_pointer(v) for v in values] + [o.ptr for o in outs]
+        arguments = kernel_arguments(source, pointers)
         try:
-            launch(grid, block, _launch.stream, *pointers, shared_size=shared)
+            launch(grid, block, _launch.stream, *arguments, shared_size=shared)
         except cuda.Error as e:
             raise TgcError(f"{_label(source)} failed to run: {e}", loc) from None
         return outs
