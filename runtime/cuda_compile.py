@@ -25,7 +25,7 @@ from pathlib import Path
 from tgc.codegen.kernels import KernelSource, prelude
 from tgc.codegen.names import display_name
 from tgc.diagnostics import TgcError
-from tgc.runtime.tensor_map import argument_format
+from tgc.runtime.tensor_map import MapKernel
 
 try:
     import pycuda.driver as cuda
@@ -129,12 +129,15 @@ def load_kernels(kernels: list[KernelSource]) -> list:
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(todo)))) as pool:
         cubins = list(pool.map(lambda sk: compile_cubin(sk[0], arch, sk[1]), todo))
     for (s, k), cubin in zip(todo, cubins):
+        if k.tensor_maps:  # launched by the driver itself (runtime/tensor_map.py)
+            _functions[(s, arch)] = (None, MapKernel(cubin, k))
+            continue
         try:
             module = cuda.module_from_buffer(cubin)
             fn = module.get_function(k.name)
         except cuda.Error as e:
             raise TgcError(f"{_kernel_label(k)} failed to load: {e}", k.loc) from None
-        fn.prepare(argument_format(k))
+        fn.prepare("P" * (k.num_inputs + k.num_outputs))
         if k.shared_bytes > 48 * 1024:
             try:
                 fn.set_attribute(
