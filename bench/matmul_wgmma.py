@@ -228,7 +228,7 @@ def main(argv=None) -> int:
         inputs = make_inputs(case)
         want = torch.mm(*inputs).double()
         blas_ms = time_ms(lambda: torch.mm(*inputs), stream)
-        points = [{}] + (VARIANTS if args.variants else [])
+        points = [{"tma": True}] + [{"tma": True, **v} for v in VARIANTS if args.variants]
         for i, params in enumerate(points):
             try:
                 ms, err, chosen = measure(case, params, inputs, want)
@@ -263,7 +263,7 @@ def main(argv=None) -> int:
         want = eager(*inputs).double()
         eager_ms = time_ms(lambda: eager(*inputs), stream)
         compile_ms = None if args.no_compile else torch_compile_ms(case, inputs)
-        ms, err, chosen = measure(case, {}, inputs, want)
+        ms, err, chosen = measure(case, {"tma": True}, inputs, want)
         cms = "-" if compile_ms is None else f"{compile_ms:.4f} ms"
         crate = "-" if compile_ms is None else f"{tflops(case.flops, compile_ms):.0f}"
         cpct = "-" if compile_ms is None else f"{100 * compile_ms / ms:.0f}%"

@@ -7,17 +7,20 @@ blocks walking the tiles in groups of 8 tile rows, so that one tile's epilogue r
 next tile's copies are in flight. The epilogue is the region's, per element, as in the other
 skeletons (matmul.py builds it and calls `generate_wgmma`).
 
-The copies are TMA box copies (`tma`, the default where it fits): one producer thread issues,
-per stage, A's box and B's (one per 64 columns where B is [k][n]), each completing its bytes on
-the stage's full barrier; the hardware swizzles, and fills what lies past the operand's edges
-with zeros. Each operand's tensor map (3-D: inner dim, rows, batch entries) is a 128-byte
-kernel argument the launcher makes from its address (runtime/tensor_map.py; `KernelSource.
-tensor_maps`), so the kernel needs operands 16-byte aligned (an error at launch otherwise).
-With `tma` false, the producer warpgroup's 128 threads copy 16 bytes each with cp.async
-instead, arriving on the full barrier as they land (cp.async.mbarrier.arrive.noinc); the
-consumers then fence to the async proxy (wgmma reads through it). That needs nothing but the
-pointers (the standalone `.cu` passes no tensor maps), and ran 4096^3 bf16 at 39% of cuBLAS
-on an H200: 16 bytes an instruction is the likely limit.
+The producer copies with cp.async by default: its 128 threads copy 16 bytes each, arriving on
+the stage's full barrier as they land (cp.async.mbarrier.arrive.noinc); the consumers then
+fence to the async proxy (wgmma reads through it). That ran 4096^3 bf16 at 39% of cuBLAS on an
+H200: 16 bytes an instruction is the likely limit. With `tma` true the copies are TMA box
+copies: one producer thread issues, per stage, A's box and B's (one per 64 columns where B is
+[k][n]), each completing its bytes on the stage's full barrier; the hardware swizzles, and
+fills what lies past the operand's edges with zeros. Each operand's tensor map (3-D: inner
+dim, rows, batch entries) is a 128-byte kernel argument made at launch from its address
+(runtime/tensor_map.py; `KernelSource.tensor_maps`; the standalone `.cu` makes them too), so
+the operands must be 16-byte aligned (an error at launch otherwise). `tma` is not the default
+until it has run correctly on a GPU: on an H200 its first version faulted (an illegal
+instruction) when PyCUDA launched it, and ran without a fault from the standalone `.cu`; the
+kernel is now launched by the driver with each argument at its own offset (runtime/
+tensor_map.py says why), which has not run yet.
 
 Parameters: `tma` (see above; TMA needs each operand's batch entries to be one matrix or
 one each, not a broadcast of some batch dims), `block_m` 128 or 256, `block_n` 64 to 256 in steps of 64 (B as [k][n] is kept in
@@ -174,7 +177,7 @@ def generate_wgmma(
         raise TgcError(f"the wgmma matmul needs an sm_90 GPU, not {arch}", loc)
     bm, bn, stages, sms = wgmma_point(m, n, batch, params)
     tma_why = tma_misfit(batch, dims["a_batch"], dims["b_batch"])
-    tma = params.setdefault("tma", tma_why is None)
+    tma = params.setdefault("tma", False)
     if tma and tma_why is not None:
         raise TgcError(f"the wgmma matmul cannot copy '{label}' with TMA: {tma_why}", loc)
     if not tb and bn % 64:

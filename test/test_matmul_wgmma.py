@@ -18,6 +18,7 @@ from tgc.pass_manager import PassManager
 
 SM90 = {"arch": "sm_90"}
 WG = {"arch": "sm_90", "wgmma": True}
+TMA = {**WG, "tma": True}
 
 
 def t(shape, dtype) -> str:
@@ -99,15 +100,15 @@ def test_the_planner_may_try_wgmma_and_its_copies():
     from tgc.planner.backends.cuda_kernels import TUNABLE
 
     assert TUNABLE["matmul"]["wgmma"] == (False, True)
-    assert TUNABLE["matmul"]["tma"] == (True, False)
+    assert TUNABLE["matmul"]["tma"] == (False, True)
 
 
-def test_tma_copies_are_the_default_and_cp_async_the_option():
+def test_tma_copies_are_asked_for_and_cp_async_the_default():
     """TMA: one thread's box copies, A's and B's tensor maps the kernel's first parameters
     (3-D: inner dim, rows, batch entries; boxes of 64 x the tile's rows, B as [k][n] in
-    blocks of 64 columns); with tma false, 128 threads' cp.async and no tensor maps."""
+    blocks of 64 columns); by default 128 threads' cp.async and no tensor maps."""
     r = region((300, 64), (64, 520))
-    k = generate_kernel(r, dict(WG))
+    k = generate_kernel(r, TMA)
     assert k.params["tma"] is True
     a, b = k.tensor_maps
     assert (a.operand, a.elem, a.dims, a.strides, a.box) == (
@@ -128,13 +129,17 @@ def test_tma_copies_are_the_default_and_cp_async_the_option():
     assert "mbarrier.init.shared::cta.b64 [%0], 1;" in k.source
     assert "cp.async.cg" not in k.source
     # B transposed ([n][k]) in one box of the tile's n rows; three batch entries of A, one B
-    t = generate_kernel(region((3, 70, 48), (56, 48), "f16", tb=True), WG)
+    t = generate_kernel(region((3, 70, 48), (56, 48), "f16", tb=True), TMA)
     a, b = t.tensor_maps
     assert a.dims == (48, 70, 3) and a.strides == (96, 70 * 96)
     assert b.dims == (48, 56, 1) and b.box == (64, t.params["block_n"], 1)
     assert "za = (int) z, zb = 0" in t.source
-    plain = generate_kernel(r, {**WG, "tma": False})
-    assert plain.tensor_maps == () and "TgcTensorMap tgc_map" not in plain.source
+    plain = generate_kernel(r, dict(WG))
+    assert (
+        plain.params["tma"] is False
+        and plain.tensor_maps == ()
+        and "TgcTensorMap tgc_map" not in plain.source
+    )
     assert "cp.async.mbarrier.arrive.noinc.shared::cta.b64" in plain.source
     assert "mbarrier.init.shared::cta.b64 [%0], 128;" in plain.source
 
@@ -144,14 +149,14 @@ def test_a_batch_broadcast_in_part_is_copied_without_tma():
     r = region((2, 3, 40, 64), (3, 64, 72), epilogue="none")
     assert generate_kernel(r, dict(WG)).params["tma"] is False
     with pytest.raises(TgcError, match="B's 3 matrices broadcast over 6 batch entries") as info:
-        generate_kernel(r, {**WG, "tma": True})
+        generate_kernel(r, TMA)
     assert "cannot copy" in str(info.value) and info.value.loc is not None
 
 
 def test_a_launch_passes_the_maps_first_and_refuses_an_unaligned_operand():
     from tgc.runtime.tensor_map import kernel_arguments
 
-    k = generate_kernel(region((300, 64), (64, 520)), dict(WG))
+    k = generate_kernel(region((300, 64), (64, 520)), TMA)
     with pytest.raises(TgcError, match=r"its operand 0 is not 16-byte aligned") as info:
         kernel_arguments(k, [4096 + 8, 8192, 12288, 16384])
     assert f"({k.name})" in str(info.value) and info.value.loc is not None
@@ -218,7 +223,9 @@ COMPILED = [
     ((8192, 3072), (3072, 768), "bf16", False, "bias_gelu_erf_residual", {}),  # 128x192
     ((300, 520), (264, 520), "f16", True, "residual_cast", {"block_m": 256, "block_n": 128}),
     ((2, 33, 64), (2, 64, 136), "bf16", False, "none", {"block_n": 64, "stages": 3}),
-    ((4096, 4096), (4096, 4096), "bf16", False, "none", {"tma": False}),
+    ((4096, 4096), (4096, 4096), "bf16", False, "bias_gelu_tanh", {"tma": True}),
+    ((300, 520), (264, 520), "f16", True, "residual_cast", {"tma": True, "block_m": 256}),
+    ((2, 33, 64), (2, 64, 136), "bf16", False, "none", {"tma": True, "block_n": 64}),
 ]
 
 
@@ -245,23 +252,33 @@ def test_wgmma_matmuls_compile_for_sm_90a_without_spills(tmp_path):
 # -- on an sm_90 GPU -------------------------------------------------------------------------------
 
 GPU_CASES = [
-    # a, b, dtype, tb, epilogue, params: sizes not multiples of the tile (m, n, k)
+    # a, b, dtype, tb, epilogue, params: sizes not multiples of the tile (m, n, k); the
+    # cp.async producer (the default), then TMA copies
     ((333, 200), (200, 520), "bf16", False, "bias_gelu_tanh", {}),
     ((1000, 136), (136, 712), "bf16", False, "bias_gelu_erf_residual", {"block_n": 192}),
     ((517, 264), (392, 264), "f16", True, "residual_cast", {"block_m": 256, "block_n": 128}),
     ((3, 130, 72), (72, 200), "bf16", False, "none", {"block_n": 64, "stages": 3}),
     ((2100, 1032), (1032, 1544), "f16", False, "bias_gelu_tanh", {"sms": 7}),
-    # the batch's 2 B matrices read one each by TMA; then the cp.async producer
-    ((2, 130, 72), (2, 72, 200), "bf16", False, "none", {"block_n": 128}),
-    ((333, 200), (200, 520), "bf16", False, "bias_gelu_tanh", {"tma": False}),
+    ((333, 200), (200, 520), "bf16", False, "bias_gelu_tanh", {"tma": True}),
+    (
+        (1000, 136),
+        (136, 712),
+        "bf16",
+        False,
+        "bias_gelu_erf_residual",
+        {"tma": True, "block_n": 192},
+    ),
     (
         (517, 264),
         (392, 264),
         "f16",
         True,
         "residual_cast",
-        {"tma": False, "block_m": 256, "block_n": 128},
+        {"tma": True, "block_m": 256, "block_n": 128},
     ),
+    ((3, 130, 72), (72, 200), "bf16", False, "none", {"tma": True, "block_n": 64, "stages": 3}),
+    ((2, 130, 72), (2, 72, 200), "bf16", False, "none", {"tma": True}),  # 2 Bs, one each
+    ((2100, 1032), (1032, 1544), "f16", False, "bias_gelu_tanh", {"tma": True, "sms": 7}),
 ]
 TOLERANCE = {"bf16": 2e-2, "f16": 4e-3, "f32": 4e-3}  # of max |reference|; outputs rounded
 

@@ -386,7 +386,7 @@ def test_a_kernel_with_tma_tensor_maps_gets_them_made_before_its_launch(tmp_path
     """The wgmma matmul with TMA copies takes A's and B's tensor maps as its first arguments:
     the file makes each from the operand's pointer (tgc_tensor_map, through the driver's
     entry point) before the launch, and nvcc compiles it with its main."""
-    from test_matmul_wgmma import WG, matmul_text
+    from test_matmul_wgmma import TMA, matmul_text
 
     from tgc.codegen.kernels import generate_kernel
     from tgc.planner.backends.cuda_kernels import fused_from_block
@@ -398,7 +398,7 @@ def test_a_kernel_with_tma_tensor_maps_gets_them_made_before_its_launch(tmp_path
     PassManager.from_text("lower-for-planning").run(body)
     f = body.funcs[0]
     fused = fused_from_block(f.body, list(f.function_type.results), "matmul", "mm", f.loc)
-    launch.kernel = generate_kernel(fused, dict(WG))  # as a plan choosing wgmma would have it
+    launch.kernel = generate_kernel(fused, TMA)  # as a plan choosing TMA copies would have it
     assert len(launch.kernel.tensor_maps) == 2
     source = write_file([program], ["tgc_run_f"], module_names(), "tma.tg")
     assert (
