@@ -15,6 +15,10 @@
 #                                               # back to back, batch 1 and 16, eager / tgc /
 #                                               # default, then reduce-overhead in its own process,
 #                                               # each mode's kernels by device time (about 8 min)
+#   STAGE=tma        bash bench/gpu_session.sh  # the wgmma matmul's TMA copies: one GPU case
+#                                               # alone first (a fault kills its process), then
+#                                               # its test file and bench/matmul_wgmma.py
+#                                               # (TMA beside cp.async, mma.sync and cuBLAS)
 #   STAGE=kernels    bash bench/gpu_session.sh  # the GPU tests of the kernels alone: attention
 #                                               # (every head dim, decode), the few-rows matmul, the rotary and group
 #                                               # norm fusions, cuBLASLt, the convolution
@@ -187,6 +191,13 @@ decode)
   tar -czf "$out/kernels-decode.tar.gz" -C "$out" kernels-b1 kernels-b16 2>/dev/null &&
     rm -rf "$out/kernels-b1" "$out/kernels-b16"
   ;;
+tma)
+  pytest_gpu tma-first 60 test/test_matmul_wgmma.py -k "float64 and params5"
+  pytest_gpu wgmma 120 test/test_matmul_wgmma.py test/test_standalone.py
+  timeout -k 15 200 python3 bench/matmul_wgmma.py --commit "$commit" --out "$out" --no-compile \
+    >"$out/matmul-wgmma.txt" 2>&1
+  echo "matmul_wgmma -> exit $?"
+  ;;
 gemv)
   pytest_gpu_parallel gemv 120 test/test_matmul_gemv.py
   timeout -k 15 300 python3 bench/matmul_gemv.py --commit "$commit" --out "$out" --variants \
@@ -246,7 +257,7 @@ bert)
     test/test_bench_real_models.py
   ;;
 *)
-  echo "STAGE must be tests, validate, cuda, kernels, gemv, decode, models, backend, backend-bert, attention," \
+  echo "STAGE must be tests, validate, cuda, kernels, tma, gemv, decode, models, backend, backend-bert, attention," \
     "grid, autotune, generate, generate16, more, vision-f32, vision-b1 or bert" >&2
   exit 2
   ;;
