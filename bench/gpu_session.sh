@@ -17,8 +17,9 @@
 #                                               # each mode's kernels by device time (about 8 min)
 #   STAGE=tma        bash bench/gpu_session.sh  # the wgmma matmul's TMA copies: one GPU case
 #                                               # alone first (a fault kills its process), then
-#                                               # its test file and bench/matmul_wgmma.py
-#                                               # (TMA beside cp.async, mma.sync and cuBLAS)
+#                                               # its test file with the few-rows matmul's
+#                                               # prologues' and bench/matmul_wgmma.py (TMA
+#                                               # beside cp.async, mma.sync and cuBLAS)
 #   STAGE=kernels    bash bench/gpu_session.sh  # the GPU tests of the kernels alone: attention
 #                                               # (every head dim, decode), the few-rows matmul, the rotary and group
 #                                               # norm fusions, cuBLASLt, the convolution
@@ -193,7 +194,8 @@ decode)
   ;;
 tma)
   pytest_gpu tma-first 60 test/test_matmul_wgmma.py -k "float64 and params5"
-  pytest_gpu wgmma 120 test/test_matmul_wgmma.py test/test_standalone.py
+  pytest_gpu wgmma 120 test/test_matmul_wgmma.py test/test_standalone.py \
+    test/test_matmul_prologue.py
   timeout -k 15 200 python3 bench/matmul_wgmma.py --commit "$commit" --out "$out" --no-compile \
     >"$out/matmul-wgmma.txt" 2>&1
   echo "matmul_wgmma -> exit $?"

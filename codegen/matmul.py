@@ -11,7 +11,9 @@ Its skeletons:
 - `matmul_gemv.cu.j2`, with the template parameter `gemv` (the default where it fits: at most
   8 rows, 16 in bf16 and f16, against one weight stored [n][k], a decoding step's products):
   warps streaming B along k in 16-byte loads (codegen/matmul_gemv.py; `gemv_mma` its
-  tensor-core variant, the default from 5 rows).
+  tensor-core variant, the default from 5 rows). It alone also takes a prologue: A computed in
+  the kernel from its inputs (`a_prologue`; docs/fusion.md, "Prologues of the few-rows
+  matmul"); every other skeleton needs A and B as kernel inputs.
 - `matmul_tc.cu.j2`, with the template parameter `tensor_cores` (default true where it fits):
   bf16/f16 on tensor cores, as the attention kernel's (codegen/attention.py): 8 warps (2x4, 4x2
   for a tile taller than wide), each a part of C of 16x8 `mma.sync` accumulator tiles in f32
@@ -33,7 +35,14 @@ import math
 from dataclasses import dataclass
 
 from tgc.codegen.cuda_ops import COMPUTE_CTYPE, STORAGE_CTYPE, load_expression, store_value
-from tgc.codegen.emitter import Coords, Emitter, broadcast_coords, delinearize, linear_offset
+from tgc.codegen.emitter import (
+    Coords,
+    Emitter,
+    broadcast_coords,
+    canon,
+    delinearize,
+    linear_offset,
+)
 from tgc.codegen.matmul_gemv import gemv_misfit, gemv_mma_by_default, generate_gemv
 from tgc.codegen.matmul_wgmma import generate_wgmma, wgmma_by_default, wgmma_misfit
 from tgc.codegen.render import KernelSource, idx_type, kernel_label, params_decl, render, yields_of
@@ -72,17 +81,27 @@ def generate_matmul(op: FusedOp, params: dict, symbol: str) -> KernelSource:
     decls, ptrs, outs = params_decl(op)
     mm = matmul_of(op)
     a, b = mm.operands
-    for x in (a, b):
-        if x not in ptrs:
-            raise TgcError("matmul operands must be kernel inputs", mm.loc)
+    if b not in ptrs:
+        raise TgcError("matmul operands must be kernel inputs", mm.loc)
     ta, tb = mm.attr("transpose_a"), mm.attr("transpose_b")
     shape = _shape(mm)
     m, n, k = shape.m, shape.n, shape.k
     elem = mm.results[0].type.element_type
+    rows = m * shape.batch
+    if a not in ptrs:  # A computed in the kernel from its inputs: the few-rows skeleton's prologue
+        if any(params.get(other) for other in ("tensor_cores", "wgmma", "gemv_mma")) or (
+            params.get("gemv") is False
+        ):
+            raise TgcError(
+                "a matmul whose A the kernel computes (a prologue) runs only on the few-rows "
+                "skeleton without tensor cores",
+                mm.loc,
+            )
+        params.update(gemv=True, gemv_mma=False)
+        return _generate_gemv(op, mm, shape, params, symbol, (decls, ptrs, outs))
     # The few-rows skeleton by default where it runs and no other skeleton was asked for; its
     # parameter is recorded only where it runs, so tuning offers it there.
     asked_other = "tensor_cores" in params or "wgmma" in params
-    rows = m * shape.batch
     mma = bool(params.get("gemv_mma", gemv_mma_by_default(elem, rows)))
     gemv_fits = gemv_misfit(elem, bool(ta), bool(tb), rows, _b_batch(mm), k, mma) is None
     # Tensor cores wherever the skeleton fits: 14x the SIMT skeleton's speed at 4096^3 in bf16
@@ -240,7 +259,107 @@ def _generate_gemv(
 ) -> KernelSource:
     """matmul_gemv.cu.j2 (codegen/matmul_gemv.py); a TgcError where it does not fit."""
     dims, operands = _skeleton_arguments(op, mm, shape, decl, indent=8)
+    if mm.operands[0] not in decl[1]:
+        operands["prologue"] = a_prologue(op, mm, shape, decl[1])
     return generate_gemv(symbol, dims, operands, params, kernel_label(op), op.loc)
+
+
+PROLOGUE_REDUCTIONS = {
+    "atomic.reduce_sum": ("0.0f", "{0} + {1}"),
+    "atomic.reduce_max": ("-INFINITY", "tgc_max({0}, {1})"),
+}
+
+
+def a_prologue(op: FusedOp, mm: Operation, shape: _Shape, ptrs: dict[Value, str]) -> dict:
+    """The code of a few-rows matmul whose A the kernel computes from its inputs: elementwise
+    ops, views, and reductions along A's last axis (k) with kept dims, as RMSNorm and layer
+    norm are before a projection, or SiLU(gate) * up before the down projection.
+
+    `rows`: per row r (C variables z and m), the statements that fill `rowv<j>[r]` with each
+    value of one element per row that depends on a reduction (each reduction summed by the
+    warp's lanes over k, then across the warp), in the block's order; `arrays`: those arrays'
+    names; `element`: the statements computing A at (z, m, kk) with those values read from the
+    arrays, and `a_value`, the name holding it. A TgcError where A needs something else (a
+    reduction along another axis, a value the rows mix)."""
+    a = mm.operands[0]
+    k = shape.k
+    batch_shape = shape.out[:-2]
+    a_coords = broadcast_coords(a.type.shape[:-2], batch_shape, shape.bcoords) + ("m", "kk")
+    needed: set[Operation] = set()
+    stack = [a.defining_op]
+    while stack:
+        producer = stack.pop()
+        if producer is None or producer in needed or producer.block is not op.body:
+            continue
+        needed.add(producer)
+        stack += [v.defining_op for v in producer.operands]
+    if mm in needed:
+        raise TgcError("A of the few-rows matmul depends on its own product", mm.loc)
+    ordered = [x for x in op.body.ops if x in needed]
+    per_row: list[Value] = []  # values of one element per row that depend on a reduction
+    for x in ordered:
+        for v in x.results:
+            reduces = x.name in PROLOGUE_REDUCTIONS
+            if reduces:
+                src = x.operands[0]
+                if (
+                    list(x.attr("axes")) not in ([src.type.rank - 1], [-1])
+                    or not x.attr("keepdims")
+                    or src.type.shape[-1] != k
+                ):
+                    raise TgcError(
+                        "a few-rows matmul's prologue reduces only along k, keeping the dim",
+                        x.loc,
+                    )
+            if reduces or (
+                v.type.shape[-1:] == (1,)
+                and any(u.defining_op in ordered and u in per_row for u in x.operands)
+            ):
+                per_row.append(v)
+    arrays = {v: f"rowv{j}" for j, v in enumerate(per_row)}
+
+    def row_coords(v: Value) -> Coords:
+        return canon(v.type.shape, broadcast_coords(v.type.shape, a.type.shape, a_coords))
+
+    def emitter() -> Emitter:
+        em = Emitter(ptrs)
+        for v, array in arrays.items():
+            here = row_coords(v)[:-1] + ("0",)
+            em.hooks[v] = lambda c, here=here, array=array: f"{array}[r]" if c == here else None
+        return em
+
+    rows: list[str] = []
+    for j, v in enumerate(per_row):
+        x = v.defining_op
+        em = emitter()
+        em.hooks.pop(v)
+        if x.name in PROLOGUE_REDUCTIONS:
+            init, combine = PROLOGUE_REDUCTIONS[x.name]
+            src = x.operands[0]
+            src_coords = broadcast_coords(src.type.shape, a.type.shape, a_coords)
+            em.emit("{")
+            em.emit(f"  float s = {init};")
+            em.emit(f"  for (idx_t kk = lane; kk < {k}; kk += 32) {{")
+            em.push()
+            term = em.value(src, src_coords)
+            em.emit(f"    s = {combine.format('s', term)};")
+            em.pop()
+            em.emit("  }")
+            em.emit("  for (int o = 16; o > 0; o /= 2)")
+            em.emit(f"    s = {combine.format('s', '__shfl_xor_sync(0xffffffffu, s, o)')};")
+            em.emit(f"  {arrays[v]}[r] = s;")
+            em.emit("}")
+        else:
+            em.emit("{")
+            name = em.value(v, row_coords(v))
+            em.emit(f"  {arrays[v]}[r] = {name};")
+            em.emit("}")
+        rows.append(em.take(4))
+    em = emitter()
+    value = em.value(a, a_coords)
+    return dict(
+        rows="\n".join(rows), arrays=list(arrays.values()), element=em.take(14), a_value=value
+    )
 
 
 def _skeleton_arguments(
@@ -266,9 +385,9 @@ def _skeleton_arguments(
     )
     operands = dict(
         params=decls,
-        a=ptrs[a],
+        a=ptrs.get(a, ""),  # "" where the kernel computes A (a prologue)
         b=ptrs[b],
-        a_input=list(op.body.args).index(a),
+        a_input=list(op.body.args).index(a) if a in ptrs else -1,
         b_input=list(op.body.args).index(b),
         a_batch_offset=shape.a_offset,
         b_batch_offset=shape.b_offset,

@@ -60,6 +60,7 @@ XW = "%x: tensor<4x8xf32>, %w: tensor<8x16xf32>"
 SUM_ROWS = "%s = atomic.reduce_sum %b_x {axes = [1]} : (tensor<4x8xf32>) -> tensor<4xf32>"
 SUM_COLS = "%s = atomic.reduce_sum %b_x {axes = [0]} : (tensor<4x8xf32>) -> tensor<8xf32>"
 EXP = "%e = atomic.exp %b_x : (tensor<4x8xf32>) -> tensor<4x8xf32>"
+EXP_W = "%f = atomic.exp %b_w : (tensor<8x16xf32>) -> tensor<8x16xf32>"
 MATMUL = "(tensor<4x8xf32>, tensor<8x16xf32>) -> tensor<4x16xf32>"
 ATTENTION = "(tensor<4x16xf32>, tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<4x16xf32>"
 WIDE_ATTENTION = "(tensor<4x200xf32>, tensor<8x200xf32>, tensor<8x16xf32>) -> tensor<4x16xf32>"
@@ -133,12 +134,24 @@ REFUSED = {
         "matmul kernel 'k' needs exactly one atomic.matmul",
         "2:9",
     ),
-    "a matmul operand computed in the kernel": (
+    "a matmul's B computed in the kernel": (
         Region(
-            "matmul", XW, "tensor<4x16xf32>", (EXP, f"%m = atomic.matmul %e, %b_w : {MATMUL}"), "%m"
+            "matmul",
+            XW,
+            "tensor<4x16xf32>",
+            (EXP_W, f"%m = atomic.matmul %b_x, %f : {MATMUL}"),
+            "%m",
         ),
         "matmul operands must be kernel inputs",
         "5:10",
+    ),
+    "a matmul's A computed in the kernel, where the few-rows skeleton cannot run": (
+        Region(
+            "matmul", XW, "tensor<4x16xf32>", (EXP, f"%m = atomic.matmul %e, %b_w : {MATMUL}"), "%m"
+        ),
+        "the few-rows matmul cannot run 'k': B is not transposed (its rows must be k, as a "
+        "weight [n][k] is stored)",
+        "2:9",
     ),
     "a matmul kernel output of another shape": (
         Region(

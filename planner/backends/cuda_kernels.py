@@ -71,6 +71,7 @@ from tgc.builtin import FuncOp, ReturnOp
 from tgc.codegen.cuda_ops import REDUCE_CODE, has_code
 from tgc.codegen.emitter import VIEW_INDEX_MAPS
 from tgc.codegen.kernels import SYMBOL_FORMS, generate_kernel, module_names
+from tgc.codegen.matmul_gemv import GEMV_MAX_ROWS
 from tgc.codegen.names import c_identifier
 from tgc.cuda_target import CONV_OPS, GEMM_TYPES, attention_supported, conv_misfit, cublas_can_run
 from tgc.diagnostics import TgcError
@@ -475,10 +476,50 @@ def fusion_groups(block: Block) -> dict[Operation, list[tuple[str, list[Operatio
                     listed = groups.setdefault(ops[-1], [])
                     if all(set(other) != set(ops) for _, other in listed):
                         listed.append((piece_kind, ops))
+        _add_prologues(block, groups)
     _GROUPS[block] = (len(block), groups)
     while len(_GROUPS) > _GROUP_CACHE_SIZE:
         _GROUPS.popitem(last=False)
     return groups
+
+
+def _add_prologues(
+    block: Block, groups: dict[Operation, list[tuple[str, list[Operation]]]]
+) -> None:
+    """Each few-rows matmul (at most GEMV_MAX_ROWS rows of A) whose A a group of elementwise ops
+    and row reductions computes, read by nothing else, offered once more with that group as
+    its prologue (codegen/matmul.py `a_prologue`): the norm before a decoding step's
+    projection, or SiLU(gate) * up before its down projection, computed where the few-rows
+    kernel reads A instead of in a kernel of their own. The product alone and with its
+    epilogue stay offered; the planner measures each."""
+    position = {op: i for i, op in enumerate(block.ops)}
+    with_epilogue: dict[Operation, list[list[Operation]]] = {}
+    for listed in groups.values():
+        for kind, ops in listed:
+            if kind == "matmul":
+                for op in ops:
+                    if op.name == "atomic.matmul":
+                        with_epilogue.setdefault(op, []).append(ops)
+    for mm in block.ops:
+        if mm.name != "atomic.matmul" or mm.attr("transpose_a"):
+            continue
+        a = mm.operands[0]
+        producer = a.defining_op
+        if producer is None or producer.block is not block or len(list(a.users())) != 1:
+            continue
+        if math.prod(a.type.shape[:-1]) > GEMV_MAX_ROWS:
+            continue
+        prologues = [
+            ops
+            for kind, ops in groups.get(producer, [])
+            if kind in ("elementwise", "row_reduction")
+        ]
+        for before in prologues:
+            for after in [[mm], *with_epilogue.get(mm, [])]:
+                ops = sorted({*before, *after}, key=position.__getitem__)
+                listed = groups.setdefault(ops[-1], [])
+                if all(set(other) != set(ops) for _, other in listed):
+                    listed.append(("matmul", ops))
 
 
 def _pieces(kind: str, group: list[Operation]) -> list[tuple[str, list[Operation]]]:

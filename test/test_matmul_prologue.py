@@ -1,0 +1,177 @@
+"""The few-rows matmul with a prologue (codegen/matmul.py `a_prologue`): A computed in the kernel
+from its inputs, as a decoding step's RMSNorm or layer norm before a projection and SiLU(gate) *
+up before the down projection. The kernel's code and refusals, that the planner offers it for
+few rows only, that nvcc compiles it without spills or warnings (no GPU needed), and on a GPU
+its results against float64, outputs poisoned with NaN first.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_attention_tc import NVCC, compile_kernels
+from test_matmul_wgmma import check_against_float64, fused_region, t
+
+import tgc
+from tgc.codegen.kernels import generate_kernel
+from tgc.diagnostics import TgcError
+from tgc.parser import parse_module
+from tgc.pass_manager import PassManager
+
+SM90 = {"arch": "sm_90"}
+
+
+def rms_norm_text(rows: tuple[int, ...], k: int, n: int, dtype: str = "bf16") -> str:
+    """Hugging Face's Llama RMSNorm (in f32, rounded, times its weight), then x @ W^T."""
+    x, xf, r = t((*rows, k), dtype), t((*rows, k), "f32"), t((*rows, 1), "f32")
+    o = t((*rows, n), dtype)
+    return f"""func.func @f(%x: {x}, %w: {t((k,), dtype)}, %wt: {t((n, k), dtype)}) -> {o} {{
+  %xf = atomic.cast %x : ({x}) -> {xf}
+  %sq = atomic.mul %xf, %xf : ({xf}, {xf}) -> {xf}
+  %mean = hl.mean %sq {{axes = [{len(rows)}], keepdims = true}} : ({xf}) -> {r}
+  %eps = atomic.constant {{value = dense<1.0e-06> : tensor<f32>}} : () -> tensor<f32>
+  %a1 = atomic.add %mean, %eps : ({r}, tensor<f32>) -> {r}
+  %rs = atomic.rsqrt %a1 : ({r}) -> {r}
+  %n = atomic.mul %xf, %rs : ({xf}, {r}) -> {xf}
+  %nb = atomic.cast %n : ({xf}) -> {x}
+  %y = atomic.mul %w, %nb : ({t((k,), dtype)}, {x}) -> {x}
+  %o = atomic.matmul %y, %wt {{transpose_b = true}} : ({x}, {t((n, k), dtype)}) -> {o}
+  func.return %o : {o}
+}}"""
+
+
+def layer_norm_text(rows: tuple[int, ...], k: int, n: int) -> str:
+    """A layer norm (two reductions: the mean, then the variance about it) before a product
+    with a bias: GPT-2's ln_2 and c_fc at one token."""
+    x, r, o = t((*rows, k), "f32"), t((*rows, 1), "f32"), t((*rows, n), "f32")
+    axis = len(rows)
+    return f"""func.func @f(%x: {x}, %g: {t((k,), "f32")}, %wt: {t((n, k), "f32")}, %b: {t((n,), "f32")}) -> {o} {{
+  %mu = hl.mean %x {{axes = [{axis}], keepdims = true}} : ({x}) -> {r}
+  %d = atomic.sub %x, %mu : ({x}, {r}) -> {x}
+  %d2 = atomic.mul %d, %d : ({x}, {x}) -> {x}
+  %var = hl.mean %d2 {{axes = [{axis}], keepdims = true}} : ({x}) -> {r}
+  %eps = atomic.constant {{value = dense<1.0e-05> : tensor<f32>}} : () -> tensor<f32>
+  %v1 = atomic.add %var, %eps : ({r}, tensor<f32>) -> {r}
+  %rs = atomic.rsqrt %v1 : ({r}) -> {r}
+  %xn = atomic.mul %d, %rs : ({x}, {r}) -> {x}
+  %y = atomic.mul %xn, %g : ({x}, {t((k,), "f32")}) -> {x}
+  %c = atomic.matmul %y, %wt {{transpose_b = true}} : ({x}, {t((n, k), "f32")}) -> {o}
+  %cb = atomic.add %c, %b : ({o}, {t((n,), "f32")}) -> {o}
+  func.return %cb : {o}
+}}"""
+
+
+def swiglu_text(rows: tuple[int, ...], inter: int, n: int) -> str:
+    """SiLU(gate) * up from the packed gate+up product's halves, then the down projection and
+    the residual add: a Llama MLP's last product at one token."""
+    gu, h = t((*rows, 2 * inter), "bf16"), t((*rows, inter), "bf16")
+    o = t((*rows, n), "bf16")
+    axis = len(rows)
+    return f"""func.func @f(%gu: {gu}, %wd: {t((n, inter), "bf16")}, %res: {o}) -> {o} {{
+  %g, %u = atomic.split %gu {{axis = {axis}, sizes = [{inter}, {inter}]}} : ({gu}) -> ({h}, {h})
+  %s = hl.silu %g : ({h}) -> {h}
+  %m = atomic.mul %s, %u : ({h}, {h}) -> {h}
+  %d = atomic.matmul %m, %wd {{transpose_b = true}} : ({h}, {t((n, inter), "bf16")}) -> {o}
+  %r = atomic.add %res, %d : ({o}, {o}) -> {o}
+  func.return %r : {o}
+}}"""
+
+
+def test_a_norm_before_a_few_rows_product_is_computed_where_a_is_read():
+    """The few-rows skeleton without tensor cores: per row, the sum of squares by the warp's
+    lanes and across it, then the scale; A's values from x and the weight as B is streamed."""
+    k = generate_kernel(fused_region(rms_norm_text((1, 1), 64, 128)), dict(SM90))
+    assert k.params["gemv"] is True and k.params["gemv_mma"] is False
+    assert "a_rows" not in k.source and "float rowv0[ROWS];" in k.source
+    assert "for (idx_t kk = lane; kk < 64; kk += 32)" in k.source
+    assert "s = s + __shfl_xor_sync(0xffffffffu, s, o);" in k.source
+    assert "rsqrtf(rowv2[r])" in k.source and "rowv3[r]" in k.source
+    assert "acc[r][c] = dot_a(acc[r][c], av, bv[u][c]);" in k.source
+    # four rows (two batch entries of two): rows of A at (z, m)
+    four = generate_kernel(fused_region(rms_norm_text((2, 2), 64, 128)), dict(SM90))
+    assert "ROWS = 4" in four.source and "const idx_t z = r / 2, m = r % 2;" in four.source
+
+
+def test_two_reductions_and_an_epilogue():
+    """A layer norm's variance reads its mean (a row value of the first reduction); the bias
+    add is the epilogue."""
+    k = generate_kernel(fused_region(layer_norm_text((1,), 128, 96)), dict(SM90))
+    assert k.source.count("for (idx_t kk = lane; kk < 128; kk += 32)") == 2
+    assert k.params["gemv"] is True
+
+
+def test_an_elementwise_prologue_reads_the_packed_product_through_its_split():
+    k = generate_kernel(fused_region(swiglu_text((1, 1), 96, 64)), dict(SM90))
+    assert "rowv" not in k.source and "expf" in k.source
+    assert "kk + 96" in k.source  # up: the second half of each row of the packed product
+
+
+@pytest.mark.parametrize("skeleton", ["tensor_cores", "wgmma", "gemv_mma"])
+def test_a_prologue_on_another_skeleton_is_refused(skeleton):
+    r = fused_region(rms_norm_text((1, 1), 64, 128))
+    with pytest.raises(TgcError, match="runs only on the few-rows skeleton") as info:
+        generate_kernel(r, {**SM90, skeleton: True})
+    assert info.value.loc is not None
+
+
+def test_a_reduction_across_rows_is_refused():
+    """A sum over the rows (one value a column, mixing the kernel's rows) is no prologue."""
+    x, c, o = t((1, 4, 64), "bf16"), t((1, 1, 64), "bf16"), t((1, 4, 32), "bf16")
+    text = f"""func.func @f(%x: {x}, %wt: {t((32, 64), "bf16")}) -> {o} {{
+  %s = atomic.reduce_sum %x {{axes = [1], keepdims = true}} : ({x}) -> {c}
+  %y = atomic.mul %x, %s : ({x}, {c}) -> {x}
+  %o = atomic.matmul %y, %wt {{transpose_b = true}} : ({x}, {t((32, 64), "bf16")}) -> {o}
+  func.return %o : {o}
+}}"""
+    with pytest.raises(TgcError, match="prologue reduces only along k") as info:
+        generate_kernel(fused_region(text), dict(SM90))
+    assert info.value.loc is not None
+
+
+def _options(text: str):
+    from tgc.planner.backends import cuda_kernels as ck
+
+    module = tgc.parse(text)
+    PassManager.from_text("lower-for-planning").run(module)
+    func = module.funcs[0]
+    (mm,) = [op for op in func.body.ops if op.name == "atomic.matmul"]
+    with ck.planning_kernels("sm_90"):
+        return [m.kernel.reference for m in ck.cuda_options(mm) if m.kernel.name == "cuda.matmul"]
+
+
+def test_the_planner_offers_the_prologue_beside_the_plain_product_for_few_rows():
+    few = _options(rms_norm_text((1, 1), 64, 128))
+    assert any("atomic.reduce_sum" in ref for ref in few)
+    assert any("atomic.reduce_sum" not in ref for ref in few)  # the product alone, still
+    many = _options(rms_norm_text((1, 64), 64, 128))  # 64 rows: no few-rows kernel
+    assert many and not any("atomic.reduce_sum" in ref for ref in many)
+
+
+CASES = [
+    (rms_norm_text((1, 1), 2048, 520), {}),
+    (rms_norm_text((2, 3), 264, 200), {"columns": 2}),
+    (layer_norm_text((1,), 768, 96), {}),
+    (swiglu_text((1, 1), 344, 136), {"unroll": 8}),
+]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_prologue_kernels_compile_without_spills_or_warnings(tmp_path):
+    kernels = []
+    for text, params in CASES:
+        k = generate_kernel(fused_region(text), {**SM90, **params})
+        kernels.append((k, ("-arch=sm_90", "-cubin", "-Xptxas", "-v")))
+    logs = compile_kernels(tmp_path, kernels)
+    bad = [
+        log[-2000:]
+        for log in logs
+        if "0 bytes spill stores, 0 bytes spill loads" not in log or "warning" in log
+    ]
+    assert not bad, "\n\n".join(bad)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("text, params", CASES)
+def test_prologue_matmul_matches_float64(text, params):
+    fused = fused_region(text)
+    kernel = generate_kernel(fused, dict(params))
+    check_against_float64(parse_module(text).funcs[0], fused, kernel)
