@@ -311,10 +311,7 @@ def a_prologue(op: FusedOp, mm: Operation, shape: _Shape, ptrs: dict[Value, str]
                         "a few-rows matmul's prologue reduces only along k, keeping the dim",
                         x.loc,
                     )
-            if reduces or (
-                v.type.shape[-1:] == (1,)
-                and any(u.defining_op in ordered and u in per_row for u in x.operands)
-            ):
+            if reduces or (v.type.shape[-1:] == (1,) and any(u in per_row for u in x.operands)):
                 per_row.append(v)
     arrays = {v: f"rowv{j}" for j, v in enumerate(per_row)}
 
@@ -328,33 +325,31 @@ def a_prologue(op: FusedOp, mm: Operation, shape: _Shape, ptrs: dict[Value, str]
             em.hooks[v] = lambda c, here=here, array=array: f"{array}[r]" if c == here else None
         return em
 
-    rows: list[str] = []
-    for j, v in enumerate(per_row):
+    rows: list[str] = []  # each row value in a block of its own, inside the loop over rows
+    for v in per_row:
         x = v.defining_op
         em = emitter()
         em.hooks.pop(v)
         if x.name in PROLOGUE_REDUCTIONS:
             init, combine = PROLOGUE_REDUCTIONS[x.name]
             src = x.operands[0]
-            src_coords = broadcast_coords(src.type.shape, a.type.shape, a_coords)
             em.emit("{")
             em.emit(f"  float s = {init};")
             em.emit(f"  for (idx_t kk = lane; kk < {k}; kk += 32) {{")
-            em.push()
-            term = em.value(src, src_coords)
-            em.emit(f"    s = {combine.format('s', term)};")
-            em.pop()
+            head = em.take(4)
+            term = em.value(src, broadcast_coords(src.type.shape, a.type.shape, a_coords))
+            em.emit(f"s = {combine.format('s', term)};")
+            body = em.take(8)
             em.emit("  }")
             em.emit("  for (int o = 16; o > 0; o /= 2)")
             em.emit(f"    s = {combine.format('s', '__shfl_xor_sync(0xffffffffu, s, o)')};")
             em.emit(f"  {arrays[v]}[r] = s;")
             em.emit("}")
+            rows.append("\n".join([head, body, em.take(4)]))
         else:
-            em.emit("{")
             name = em.value(v, row_coords(v))
-            em.emit(f"  {arrays[v]}[r] = {name};")
-            em.emit("}")
-        rows.append(em.take(4))
+            em.emit(f"{arrays[v]}[r] = {name};")
+            rows.append("    {\n" + em.take(6) + "\n    }")
     em = emitter()
     value = em.value(a, a_coords)
     return dict(
