@@ -18,8 +18,9 @@
 #   STAGE=tma        bash bench/gpu_session.sh  # the wgmma matmul's TMA copies: one GPU case
 #                                               # alone first (a fault kills its process), then
 #                                               # its test file with the few-rows matmul's
-#                                               # prologues' and bench/matmul_wgmma.py (TMA
-#                                               # beside cp.async, mma.sync and cuBLAS)
+#                                               # prologues', bench/matmul_wgmma.py (TMA
+#                                               # beside cp.async, mma.sync and cuBLAS) and
+#                                               # bench/matmul_prologue.py
 #   STAGE=kernels    bash bench/gpu_session.sh  # the GPU tests of the kernels alone: attention
 #                                               # (every head dim, decode), the few-rows matmul, the rotary and group
 #                                               # norm fusions, cuBLASLt, the convolution
@@ -199,6 +200,9 @@ tma)
   timeout -k 15 200 python3 bench/matmul_wgmma.py --commit "$commit" --out "$out" --no-compile \
     >"$out/matmul-wgmma.txt" 2>&1
   echo "matmul_wgmma -> exit $?"
+  timeout -k 15 150 python3 bench/matmul_prologue.py --commit "$commit" --out "$out" \
+    >"$out/matmul-prologue.txt" 2>&1
+  echo "matmul_prologue -> exit $?"
   ;;
 gemv)
   pytest_gpu_parallel gemv 120 test/test_matmul_gemv.py

@@ -7,9 +7,12 @@ its results against float64, outputs poisoned with NaN first.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 from test_attention_tc import NVCC, compile_kernels
-from test_matmul_wgmma import check_against_float64, fused_region, t
+from test_matmul_wgmma import check_against_float64, fused_region
 
 import tgc
 from tgc.codegen.kernels import generate_kernel
@@ -17,63 +20,11 @@ from tgc.diagnostics import TgcError
 from tgc.parser import parse_module
 from tgc.pass_manager import PassManager
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+from matmul_prologue import layer_norm_text, main, rms_norm_text, swiglu_text, t  # noqa: E402
+
 SM90 = {"arch": "sm_90"}
-
-
-def rms_norm_text(rows: tuple[int, ...], k: int, n: int, dtype: str = "bf16") -> str:
-    """Hugging Face's Llama RMSNorm (in f32, rounded, times its weight), then x @ W^T."""
-    x, xf, r = t((*rows, k), dtype), t((*rows, k), "f32"), t((*rows, 1), "f32")
-    o = t((*rows, n), dtype)
-    return f"""func.func @f(%x: {x}, %w: {t((k,), dtype)}, %wt: {t((n, k), dtype)}) -> {o} {{
-  %xf = atomic.cast %x : ({x}) -> {xf}
-  %sq = atomic.mul %xf, %xf : ({xf}, {xf}) -> {xf}
-  %mean = hl.mean %sq {{axes = [{len(rows)}], keepdims = true}} : ({xf}) -> {r}
-  %eps = atomic.constant {{value = dense<1.0e-06> : tensor<f32>}} : () -> tensor<f32>
-  %a1 = atomic.add %mean, %eps : ({r}, tensor<f32>) -> {r}
-  %rs = atomic.rsqrt %a1 : ({r}) -> {r}
-  %n = atomic.mul %xf, %rs : ({xf}, {r}) -> {xf}
-  %nb = atomic.cast %n : ({xf}) -> {x}
-  %y = atomic.mul %w, %nb : ({t((k,), dtype)}, {x}) -> {x}
-  %o = atomic.matmul %y, %wt {{transpose_b = true}} : ({x}, {t((n, k), dtype)}) -> {o}
-  func.return %o : {o}
-}}"""
-
-
-def layer_norm_text(rows: tuple[int, ...], k: int, n: int) -> str:
-    """A layer norm (two reductions: the mean, then the variance about it) before a product
-    with a bias: GPT-2's ln_2 and c_fc at one token."""
-    x, r, o = t((*rows, k), "f32"), t((*rows, 1), "f32"), t((*rows, n), "f32")
-    axis = len(rows)
-    return f"""func.func @f(%x: {x}, %g: {t((k,), "f32")}, %wt: {t((n, k), "f32")}, %b: {t((n,), "f32")}) -> {o} {{
-  %mu = hl.mean %x {{axes = [{axis}], keepdims = true}} : ({x}) -> {r}
-  %d = atomic.sub %x, %mu : ({x}, {r}) -> {x}
-  %d2 = atomic.mul %d, %d : ({x}, {x}) -> {x}
-  %var = hl.mean %d2 {{axes = [{axis}], keepdims = true}} : ({x}) -> {r}
-  %eps = atomic.constant {{value = dense<1.0e-05> : tensor<f32>}} : () -> tensor<f32>
-  %v1 = atomic.add %var, %eps : ({r}, tensor<f32>) -> {r}
-  %rs = atomic.rsqrt %v1 : ({r}) -> {r}
-  %xn = atomic.mul %d, %rs : ({x}, {r}) -> {x}
-  %y = atomic.mul %xn, %g : ({x}, {t((k,), "f32")}) -> {x}
-  %c = atomic.matmul %y, %wt {{transpose_b = true}} : ({x}, {t((n, k), "f32")}) -> {o}
-  %cb = atomic.add %c, %b : ({o}, {t((n,), "f32")}) -> {o}
-  func.return %cb : {o}
-}}"""
-
-
-def swiglu_text(rows: tuple[int, ...], inter: int, n: int) -> str:
-    """SiLU(gate) * up from the packed gate+up product's halves, then the down projection and
-    the residual add: a Llama MLP's last product at one token."""
-    gu, h = t((*rows, 2 * inter), "bf16"), t((*rows, inter), "bf16")
-    o = t((*rows, n), "bf16")
-    axis = len(rows)
-    return f"""func.func @f(%gu: {gu}, %wd: {t((n, inter), "bf16")}, %res: {o}) -> {o} {{
-  %g, %u = atomic.split %gu {{axis = {axis}, sizes = [{inter}, {inter}]}} : ({gu}) -> ({h}, {h})
-  %s = hl.silu %g : ({h}) -> {h}
-  %m = atomic.mul %s, %u : ({h}, {h}) -> {h}
-  %d = atomic.matmul %m, %wd {{transpose_b = true}} : ({h}, {t((n, inter), "bf16")}) -> {o}
-  %r = atomic.add %res, %d : ({o}, {o}) -> {o}
-  func.return %r : {o}
-}}"""
 
 
 def test_a_norm_before_a_few_rows_product_is_computed_where_a_is_read():
@@ -175,3 +126,9 @@ def test_prologue_matmul_matches_float64(text, params):
     fused = fused_region(text)
     kernel = generate_kernel(fused, dict(params))
     check_against_float64(parse_module(text).funcs[0], fused, kernel)
+
+
+def test_the_benchmarks_dry_run_generates_every_case(capsys):
+    assert main(["--dry-run", "--rows", "1,4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 10 and all("'gemv': True, 'gemv_mma': False" in x for x in lines)
