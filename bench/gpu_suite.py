@@ -80,6 +80,35 @@ def time_ms(fn, stream, reps: int = 30, warmup: int = 3) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
+def time_region_kernel(kernel, inputs: list, out, want) -> tuple[float, float]:
+    """(median ms, error) of a tgc region kernel (a KernelSource) launched directly through
+    PyCUDA on the legacy default stream (PyTorch's current stream in the bench scripts, as the
+    executor launches) on the torch tensors `inputs` into `out`, filled with NaN first; the
+    error is max |out - want| / max |want| against `want` (f64), NaN where an element of `out`
+    was not written."""
+    import torch
+
+    from tgc.runtime.cuda_compile import load_kernels
+    from tgc.runtime.tensor_map import kernel_arguments
+
+    (fn,) = load_kernels([kernel])
+    out.fill_(float("nan"))
+    arguments = kernel_arguments(kernel, [x.data_ptr() for x in (*inputs, out)])
+
+    def launch():
+        fn.prepared_async_call(
+            kernel.grid, kernel.block, None, *arguments, shared_size=kernel.shared_bytes
+        )
+
+    launch()
+    torch.cuda.synchronize()
+    got = out.double()
+    error = float((got - want).abs().max() / want.abs().max())
+    if torch.isnan(got).any():
+        error = float("nan")
+    return time_ms(launch, torch.cuda.current_stream()), error
+
+
 def copy_bandwidth(stream) -> float:
     """Bytes read plus written per second by a large device-to-device copy."""
     import torch

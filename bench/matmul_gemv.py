@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from gpu_suite import copy_bandwidth, report_start, time_ms  # noqa: E402
+from gpu_suite import copy_bandwidth, report_start, time_ms, time_region_kernel  # noqa: E402
 
 # (name, k, n)
 WEIGHTS = [
@@ -93,26 +93,10 @@ def default_point(rows: int) -> dict:
 
 def measure(rows, k, n, params, a, b, want) -> tuple[float, float]:
     """(median ms, error) of tgc's kernel with `params`."""
-    import numpy as np
     import torch
 
-    from tgc.runtime.cuda_compile import load_kernels
-
-    kernel = make_kernel(rows, k, n, params)
-    (fn,) = load_kernels([kernel])
-    out = torch.full((rows, n), float("nan"), device="cuda", dtype=a.dtype)
-    pointers = [np.uintp(x.data_ptr()) for x in (a, b, out)]
-
-    def launch():  # on the legacy default stream, PyTorch's current stream here
-        fn.prepared_async_call(kernel.grid, kernel.block, None, *pointers)
-
-    launch()
-    torch.cuda.synchronize()
-    got = out.double()
-    error = float((got - want).abs().max() / want.abs().max())
-    if torch.isnan(got).any():
-        error = float("nan")
-    return time_ms(launch, torch.cuda.current_stream()), error
+    out = torch.empty((rows, n), device="cuda", dtype=a.dtype)
+    return time_region_kernel(make_kernel(rows, k, n, params), [a, b], out, want)
 
 
 def main(argv=None) -> int:

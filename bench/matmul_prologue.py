@@ -145,30 +145,6 @@ def torch_case(kind: str, rows: int, k: int, n: int):
     return [randn(1, rows, 2 * k), randn(n, k, scale=k**-0.5), randn(1, rows, n)], g
 
 
-def measure(kernel, inputs, want) -> tuple[float, float]:
-    """(median ms, error) of tgc's kernel on `inputs`."""
-    import torch
-
-    from gpu_suite import time_ms
-    from tgc.runtime.cuda_compile import load_kernels
-    from tgc.runtime.tensor_map import kernel_arguments
-
-    (fn,) = load_kernels([kernel])
-    out = torch.full(tuple(want.shape), float("nan"), device="cuda", dtype=inputs[0].dtype)
-    arguments = kernel_arguments(kernel, [x.data_ptr() for x in (*inputs, out)])
-
-    def launch():  # on the legacy default stream, PyTorch's current stream here
-        fn.prepared_async_call(kernel.grid, kernel.block, None, *arguments)
-
-    launch()
-    torch.cuda.synchronize()
-    got = out.double()
-    error = float((got - want).abs().max() / want.abs().max())
-    if torch.isnan(got).any():
-        error = float("nan")
-    return time_ms(launch, torch.cuda.current_stream()), error
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--commit", default="unknown")
@@ -188,7 +164,7 @@ def main(argv=None) -> int:
         return 0
     import torch
 
-    from gpu_suite import copy_bandwidth, report_start, time_ms
+    from gpu_suite import copy_bandwidth, report_start, time_ms, time_region_kernel
     from tgc.runtime.cuda_compile import load_kernels
 
     load_kernels(list(kernels.values()))  # nvcc in parallel
@@ -210,7 +186,8 @@ def main(argv=None) -> int:
         for rows in row_counts:
             inputs, f = torch_case(kind, rows, k, n)
             want = f(*[x.double() for x in inputs])
-            ms, err = measure(kernels[(name, rows)], inputs, want)
+            out = torch.empty(tuple(want.shape), device="cuda", dtype=inputs[0].dtype)
+            ms, err = time_region_kernel(kernels[(name, rows)], inputs, out, want)
             eager = time_ms(lambda: f(*inputs), stream)
             compiled = torch.compile(f)
             compiled(*inputs)

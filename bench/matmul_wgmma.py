@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from gpu_suite import report_start, tflops, time_ms  # noqa: E402
+from gpu_suite import report_start, tflops, time_ms, time_region_kernel  # noqa: E402
 
 # (m, k, n): a square GEMM, GPT-2's four linear layers (8 x 1024 tokens), a wide one.
 SHAPES = [(4096, 4096, 4096), (8192, 768, 3072), (8192, 3072, 768), (8192, 768, 2304),
@@ -124,41 +124,16 @@ def make_kernel(case: Case, params: dict):
     return generate_kernel(fused, {"arch": "sm_90", **params})
 
 
-def tgc_kernel(case: Case, params: dict):
-    """(the KernelSource, the loaded function) of the region kernel of `case` on sm_90."""
-    from tgc.runtime.cuda_compile import load_kernels
-
-    kernel = make_kernel(case, params)
-    (fn,) = load_kernels([kernel])
-    return kernel, fn
-
-
 def measure(case: Case, params: dict, inputs, want) -> tuple[float, float, dict]:
     """(median ms, error, the kernel's parameters) of tgc's kernel with `params`."""
     import torch
 
-    from tgc.runtime.tensor_map import kernel_arguments
-
-    kernel, fn = tgc_kernel(case, {"wgmma": True, **params})
+    kernel = make_kernel(case, {"wgmma": True, **params})
     out_dtype = torch.float32 if case.epilogue == "residual_cast" else inputs[0].dtype
-    out = torch.full((case.m, case.n), float("nan"), device="cuda", dtype=out_dtype)
-    stream = torch.cuda.current_stream()
-    arguments = kernel_arguments(kernel, [x.data_ptr() for x in (*inputs, out)])
-
-    # The legacy default stream (None), PyTorch's current stream here, as the executor does.
-    def launch():
-        fn.prepared_async_call(
-            kernel.grid, kernel.block, None, *arguments, shared_size=kernel.shared_bytes
-        )
-
-    launch()
-    torch.cuda.synchronize()
-    got = out.double()
-    error = float((got - want).abs().max() / want.abs().max())
-    if torch.isnan(got).any():
-        error = float("nan")
+    out = torch.empty((case.m, case.n), device="cuda", dtype=out_dtype)
+    ms, error = time_region_kernel(kernel, inputs, out, want)
     chosen = {k: kernel.params[k] for k in ("block_m", "block_n", "stages") if k in kernel.params}
-    return time_ms(launch, stream), error, chosen
+    return ms, error, chosen
 
 
 def torch_compile_ms(case: Case, inputs) -> float | None:
