@@ -387,7 +387,14 @@ def run_mode(row: Row, model, ids, args, reference, sync) -> object:
         row.running = "compile"
         compile_forward(model, row.mode, args)
         row.running = "first call"
-        row.first_s, _ = timed(lambda: generate(model, ids, new, cache_len, auto), sync)
+
+        def first():
+            return generate(model, ids, new, cache_len, auto)
+
+        if args.profile_first_call:  # its time then includes cProfile's own
+            name = f"first-call-{row.mode}-b{row.batch}"
+            first = profiled(first, Path(args.profile_first_call), name)
+        row.first_s, _ = timed(first, sync)
         row.running = "warm-up"
         for _ in range(WARM_PREFILLS):
             generate(model, ids, 1, cache_len, auto)
@@ -498,27 +505,41 @@ def write_kernel_table(averages, path: Path, title: str, rows: int = 40) -> None
     path.write_text(f"# {title}\n\n{table}\n")
 
 
+def profiled(call, folder: Path, name: str):
+    """`call` run under cProfile, where the host's time went by own and by cumulative time
+    written to folder/profile-<name>.txt."""
+    import cProfile
+    import io
+    import pstats
+
+    def run():
+        profiler = cProfile.Profile()
+        profiler.enable()
+        try:
+            return call()
+        finally:
+            profiler.disable()
+            text = io.StringIO()
+            stats = pstats.Stats(profiler, stream=text)
+            for order in ("tottime", "cumulative"):
+                stats.sort_stats(order).print_stats(60)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"profile-{name}.txt").write_text(text.getvalue())
+
+    return run
+
+
 def profile_generate(model, ids, args, name: str, auto_compile: bool) -> None:
     """Two more generate() calls under cProfile (`--profile DIR`): one of `--new-tokens`, one of
     a single token (the prefill, TTFT), where the host's time goes by own and by cumulative time,
     to DIR/profile-generate-<mode>-b<batch>.txt and DIR/profile-ttft-<mode>-b<batch>.txt. At
     batch 1 every mode's decode step is host-bound (bench/results/generate-*)."""
-    import cProfile
-    import io
-    import pstats
-
-    folder = Path(args.profile)
-    folder.mkdir(parents=True, exist_ok=True)
     for what, tokens in (("generate", args.new_tokens), ("ttft", 1)):
-        profiler = cProfile.Profile()
-        profiler.enable()
-        generate(model, ids, tokens, args.prompt + args.new_tokens, auto_compile)
-        profiler.disable()
-        text = io.StringIO()
-        stats = pstats.Stats(profiler, stream=text)
-        for order in ("tottime", "cumulative"):
-            stats.sort_stats(order).print_stats(45)
-        (folder / f"profile-{what}-{name}.txt").write_text(text.getvalue())
+
+        def call(tokens=tokens):
+            return generate(model, ids, tokens, args.prompt + args.new_tokens, auto_compile)
+
+        profiled(call, Path(args.profile), f"{what}-{name}")()
 
 
 def run_isolated(row: Row, args, reference: Path | None, work: Path) -> Path | None:
@@ -562,7 +583,8 @@ def child_flags(args) -> list[str]:
     for name, value in asdict(args.size).items():
         flags += ["--" + name.replace("_", "-"), str(value)]
     options = (("--measure-budget", args.measure_budget), ("--db", args.db))
-    for flag, value in (*options, ("--profile", args.profile)):
+    profiles = (("--profile", args.profile), ("--profile-first-call", args.profile_first_call))
+    for flag, value in (*options, *profiles):
         if value is not None:
             flags += [flag, str(value)]
     return flags
@@ -797,6 +819,12 @@ def parse(argv: list[str] | None):
         default=None,
         help="folder: cProfile of one more generate() and TTFT per mode, the kernels by device "
         "time, and tgc's log",
+    )
+    ap.add_argument(
+        "--profile-first-call",
+        default=None,
+        help="folder: cProfile of each mode's first call (compile included; its time then "
+        "includes cProfile's)",
     )
     ap.add_argument(
         "--isolate",

@@ -41,6 +41,9 @@
 #                                               # reduce-overhead compile, compile default and
 #                                               # reduce-overhead, each in a process of its own,
 #                                               # each profiled once more (cProfile)
+#   STAGE=first-call bash bench/gpu_session.sh  # tgc's mode alone, batch 1, a fresh database:
+#                                               # where its first call's minutes go (cProfile,
+#                                               # tgc's log)
 #   STAGE=generate16 bash bench/gpu_session.sh  # the same at batch 16 (TGC_DB=<the database
 #                                               # an earlier stage's archive brought back,
 #                                               # carried in the tree>: tgc measures only what
@@ -226,6 +229,12 @@ generate | generate16)
     --db "$out/measurements-generate.sqlite" >"$out/generate-b$batch.txt" 2>&1
   echo "generate batch $batch -> exit $?"
   ;;
+first-call)
+  timeout -k 15 530 python3 bench/generate.py --commit "$commit" --out "$out" --batches 1 \
+    --modes tgc --profile "$out" --profile-first-call "$out" \
+    --db "$out/measurements-first-call.sqlite" >"$out/generate-first-call.txt" 2>&1
+  echo "generate first call -> exit $?"
+  ;;
 backend)
   model --only gpt2 --dtypes bf16 --modes eager,default,tgc-backend
   model --only llama --dtypes bf16 --modes eager,default,tgc-backend
@@ -264,7 +273,7 @@ bert)
   ;;
 *)
   echo "STAGE must be tests, validate, cuda, kernels, tma, gemv, decode, models, backend, backend-bert, attention," \
-    "grid, autotune, generate, generate16, more, vision-f32, vision-b1 or bert" >&2
+    "grid, autotune, generate, first-call, generate16, more, vision-f32, vision-b1 or bert" >&2
   exit 2
   ;;
 esac

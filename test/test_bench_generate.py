@@ -59,7 +59,7 @@ def _run(tmp_path: Path) -> tuple[dict, str]:
 def test_dry_run_tgc_tokens_are_eagers(tmp_path, capsys):
     profiles = tmp_path / "profiles"
     argv = ["--dry-run", "--out", str(tmp_path), "--reps", "2", "--profile", str(profiles)]
-    assert bench.main(argv) == 0
+    assert bench.main([*argv, "--profile-first-call", str(profiles)]) == 0
     run, md = _run(tmp_path)
     rows = {r["mode"]: r for r in run["rows"]}
     assert list(rows) == ["eager", "tgc"]
@@ -84,6 +84,10 @@ def test_dry_run_tgc_tokens_are_eagers(tmp_path, capsys):
     assert "Ordered by: cumulative time" in tgc_profile and "planner/executor.py" in tgc_profile
     assert "planner/executor.py" not in (profiles / "profile-generate-eager-b1.txt").read_text()
     assert "planner/executor.py" in (profiles / "profile-ttft-tgc-b1.txt").read_text()
+    # --profile-first-call: each mode's first call, tgc's compile of every piece in it
+    first = (profiles / "profile-first-call-tgc-b1.txt").read_text()
+    assert "Ordered by: internal time" in first and "tgc/dynamo/lowering.py" in first
+    assert "tgc/dynamo" not in (profiles / "profile-first-call-eager-b1.txt").read_text()
     # and the tgc logger's lines of tgc's mode: each graph piece it compiled, with its shapes
     log = (profiles / "tgc-log-tgc-b1.txt").read_text()
     assert log.count(" compiled for ") == 6 and not (profiles / "tgc-log-eager-b1.txt").exists()
