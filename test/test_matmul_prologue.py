@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from test_attention_tc import NVCC, compile_kernels
 from test_matmul_wgmma import check_against_float64, fused_region
+from test_planner_cuda import stand_in  # noqa: F401  (the fixture)
 
 import tgc
 from tgc.codegen.kernels import generate_kernel
@@ -132,3 +133,36 @@ def test_the_benchmarks_dry_run_generates_every_case(capsys):
     assert main(["--dry-run", "--rows", "1,4"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 10 and all("'gemv': True, 'gemv_mma': False" in x for x in lines)
+
+
+def test_a_planned_norm_and_product_run_as_one_kernel_matching_float64(stand_in):
+    """On the stand-in device (regions run by their reference on the host, each template
+    kernel costing the same), the plan of a layer norm before a one-row product with a bias
+    is one generated kernel holding both reductions, the product and the bias, and computes
+    the float64 result."""
+    import numpy as np
+    from test_planner_cuda import CUDA_CHEAP
+
+    from tgc.dialects.kernel import CallOp
+    from tgc.planner.executor import run_plan
+    from tgc.planner.select import select_kernels
+    from tgc.runtime.interpreter import random_inputs, run_function
+
+    text = layer_norm_text((1,), 128, 96)
+    module = tgc.parse(text)
+    tgc.run_pipeline(module, "lower-hl")
+    func = module.funcs[0]
+    select_kernels(func, CUDA_CHEAP, tolerance=1e-5, backends=("cuda",))
+    calls = [op for op in func.body.ops if isinstance(op, CallOp)]
+    whole = [
+        op
+        for op in calls
+        if {"atomic.reduce_sum", "atomic.matmul"} <= {x.name for x in op.body.ops}
+    ]
+    assert len(whole) == 1, [op.attr("callee") for op in calls]
+    reference = tgc.parse(text).funcs[0]
+    for seed in range(3):
+        inputs = random_inputs(reference, seed)
+        (want,) = run_function(reference, inputs, "f64")
+        (got,) = run_plan(func, inputs)
+        assert float(np.max(np.abs(got - want))) <= 1e-4 * float(np.max(np.abs(want)))
