@@ -135,7 +135,8 @@ def test_the_benchmarks_dry_run_generates_every_case(capsys):
     assert len(lines) == 10 and all("'gemv': True, 'gemv_mma': False" in x for x in lines)
 
 
-def test_a_planned_norm_and_product_run_as_one_kernel_matching_float64(stand_in):
+@pytest.mark.usefixtures("stand_in")
+def test_a_planned_norm_and_product_run_as_one_kernel_matching_float64():
     """On the stand-in device (regions run by their reference on the host, each template
     kernel costing the same), the plan of a layer norm before a one-row product with a bias
     is one generated kernel holding both reductions, the product and the bias, and computes
