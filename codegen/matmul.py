@@ -276,10 +276,11 @@ def a_prologue(op: FusedOp, mm: Operation, shape: _Shape, ptrs: dict[Value, str]
     norm are before a projection, or SiLU(gate) * up before the down projection.
 
     `rows`: per row r (C variables z and m), the statements that fill `rowv<j>[r]` with each
-    value of one element per row that depends on a reduction (each reduction summed by the
-    warp's lanes over k, then across the warp), in the block's order; `arrays`: those arrays'
-    names; `element`: the statements computing A at (z, m, kk) with those values read from the
-    arrays, and `a_value`, the name holding it. A TgcError where A needs something else (a
+    value of one element per row that depends on a reduction (each reduction split over the
+    block's warps along k, summed across each warp, the warps' shares meeting in shared memory
+    `shares`), in the block's order; `arrays`: those arrays'
+    names; `reduces`: whether there is a reduction; `element`: the statements computing A at
+    (z, m, kk) with those values read from the arrays, and `a_value`, the name holding it. A TgcError where A needs something else (a
     reduction along another axis, a value the rows mix)."""
     a = mm.operands[0]
     k = shape.k
@@ -335,7 +336,7 @@ def a_prologue(op: FusedOp, mm: Operation, shape: _Shape, ptrs: dict[Value, str]
             src = x.operands[0]
             em.emit("{")
             em.emit(f"  float s = {init};")
-            em.emit(f"  for (idx_t kk = lane; kk < {k}; kk += 32) {{")
+            em.emit(f"  for (idx_t kk = (idx_t) warp * 32 + lane; kk < {k}; kk += 32 * WARPS) {{")
             head = em.take(4)
             term = em.value(src, broadcast_coords(src.type.shape, a.type.shape, a_coords))
             em.emit(f"s = {combine.format('s', term)};")
@@ -343,6 +344,12 @@ def a_prologue(op: FusedOp, mm: Operation, shape: _Shape, ptrs: dict[Value, str]
             em.emit("  }")
             em.emit("  for (int o = 16; o > 0; o /= 2)")
             em.emit(f"    s = {combine.format('s', '__shfl_xor_sync(0xffffffffu, s, o)')};")
+            em.emit("  if (lane == 0) shares[warp] = s;")
+            em.emit("  __syncthreads();")
+            em.emit("  s = shares[0];")
+            em.emit("  for (int w = 1; w < WARPS; ++w)")
+            em.emit(f"    s = {combine.format('s', 'shares[w]')};")
+            em.emit("  __syncthreads();  // before the next reduction writes its shares")
             em.emit(f"  {arrays[v]}[r] = s;")
             em.emit("}")
             rows.append("\n".join([head, body, em.take(4)]))
@@ -353,7 +360,11 @@ def a_prologue(op: FusedOp, mm: Operation, shape: _Shape, ptrs: dict[Value, str]
     em = emitter()
     value = em.value(a, a_coords)
     return dict(
-        rows="\n".join(rows), arrays=list(arrays.values()), element=em.take(14), a_value=value
+        rows="\n".join(rows),
+        arrays=list(arrays.values()),
+        reduces=any(v.defining_op.name in PROLOGUE_REDUCTIONS for v in per_row),
+        element=em.take(14),
+        a_value=value,
     )
 
 

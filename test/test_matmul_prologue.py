@@ -34,8 +34,10 @@ def test_a_norm_before_a_few_rows_product_is_computed_where_a_is_read():
     k = generate_kernel(fused_region(rms_norm_text((1, 1), 64, 128)), dict(SM90))
     assert k.params["gemv"] is True and k.params["gemv_mma"] is False
     assert "a_rows" not in k.source and "float rowv0[ROWS];" in k.source
-    assert "for (idx_t kk = lane; kk < 64; kk += 32)" in k.source
+    # the block's warps split k: each sums its share, the shares meet in shared memory
+    assert "for (idx_t kk = (idx_t) warp * 32 + lane; kk < 64; kk += 32 * WARPS)" in k.source
     assert "s = s + __shfl_xor_sync(0xffffffffu, s, o);" in k.source
+    assert "if (lane == 0) shares[warp] = s;" in k.source and "s = s + shares[w];" in k.source
     assert "rsqrtf(rowv2[r])" in k.source and "rowv3[r]" in k.source
     assert "acc[r][c] = dot_a(acc[r][c], av, bv[u][c]);" in k.source
     # four rows (two batch entries of two): rows of A at (z, m)
@@ -47,13 +49,13 @@ def test_two_reductions_and_an_epilogue():
     """A layer norm's variance reads its mean (a row value of the first reduction); the bias
     add is the epilogue."""
     k = generate_kernel(fused_region(layer_norm_text((1,), 128, 96)), dict(SM90))
-    assert k.source.count("for (idx_t kk = lane; kk < 128; kk += 32)") == 2
+    assert k.source.count("kk < 128; kk += 32 * WARPS)") == 2
     assert k.params["gemv"] is True
 
 
 def test_an_elementwise_prologue_reads_the_packed_product_through_its_split():
     k = generate_kernel(fused_region(swiglu_text((1, 1), 96, 64)), dict(SM90))
-    assert "rowv" not in k.source and "expf" in k.source
+    assert "rowv" not in k.source and "shares" not in k.source and "expf" in k.source
     assert "kk + 96" in k.source  # up: the second half of each row of the packed product
 
 
