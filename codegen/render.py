@@ -114,6 +114,12 @@ class KernelSource:
     arch_features: str = ""
     tensor_maps: tuple[TensorMap, ...] = ()  # its first parameters (TensorMap)
 
+    @property
+    def label(self) -> str:
+        """How a diagnostic names the kernel: `kernel 'IR name' (C symbol)`, on one line
+        whatever characters the IR name holds."""
+        return f"kernel '{display_name(self.ir_name or self.name)}' ({self.name})"
+
     def nvcc_target(self, arch: str) -> list[str]:
         """nvcc's target options for this kernel on a GPU of `arch` ("sm_90"): `-arch=sm_90`,
         or for a kernel that needs its architecture's own features the -gencode form (which,

@@ -23,7 +23,6 @@ from pathlib import Path
 
 
 from tgc.codegen.kernels import KernelSource, prelude
-from tgc.codegen.names import display_name
 from tgc.diagnostics import TgcError
 from tgc.runtime.tensor_map import MapKernel
 
@@ -106,7 +105,7 @@ def compile_cubin(source: str, arch: str, what: KernelSource | None = None) -> b
             check=False,
         )
         if proc.returncode != 0:
-            name = _kernel_label(what) if what else "a kernel"
+            name = what.label if what else "a kernel"
             detail = "\n".join(proc.stderr.strip().splitlines()[:12])
             raise TgcError(f"{name} failed to compile:\n{detail}", what.loc if what else None)
         data = Path(out).read_bytes()
@@ -136,7 +135,7 @@ def load_kernels(kernels: list[KernelSource]) -> list:
             module = cuda.module_from_buffer(cubin)
             fn = module.get_function(k.name)
         except cuda.Error as e:
-            raise TgcError(f"{_kernel_label(k)} failed to load: {e}", k.loc) from None
+            raise TgcError(f"{k.label} failed to load: {e}", k.loc) from None
         fn.prepare("P" * (k.num_inputs + k.num_outputs))
         if k.shared_bytes > 48 * 1024:
             try:
@@ -145,13 +144,8 @@ def load_kernels(kernels: list[KernelSource]) -> list:
                 )
             except cuda.Error as e:
                 raise TgcError(
-                    f"{_kernel_label(k)} needs {k.shared_bytes} bytes of shared memory: {e}",
+                    f"{k.label} needs {k.shared_bytes} bytes of shared memory: {e}",
                     k.loc,
                 ) from None
         _functions[(s, arch)] = (module, fn)
     return [_functions[(s, arch)][1] for s in sources]
-
-
-def _kernel_label(k: KernelSource) -> str:
-    """`kernel 'IR name' (C symbol)`, on one line whatever characters the IR name holds."""
-    return f"kernel '{display_name(k.ir_name)}' ({k.name})"

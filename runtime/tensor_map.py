@@ -21,7 +21,6 @@ from functools import cache
 
 import numpy as np
 
-from tgc.codegen.names import display_name
 from tgc.codegen.render import KernelSource, TensorMap
 from tgc.diagnostics import TgcError
 
@@ -101,8 +100,7 @@ def kernel_arguments(kernel: KernelSource, pointers: list[int]) -> list:
         try:
             maps.append(encode(spec, int(pointers[spec.operand])))
         except TgcError as e:
-            name = display_name(kernel.ir_name or kernel.name)
-            raise TgcError(f"kernel '{name}' ({kernel.name}): {e.message}", kernel.loc) from None
+            raise TgcError(f"{kernel.label}: {e.message}", kernel.loc) from None
     return maps + [np.uintp(p) for p in pointers]
 
 
@@ -118,7 +116,7 @@ class MapKernel:
         driver = _driver()
         self._module, self._function = ctypes.c_void_p(), ctypes.c_void_p()
         self._image = ctypes.create_string_buffer(cubin, len(cubin))
-        self._name = f"kernel '{display_name(kernel.ir_name or kernel.name)}' ({kernel.name})"
+        self._name = kernel.label
         self._check(driver.cuModuleLoadData(ctypes.byref(self._module), self._image), "load")
         self._check(
             driver.cuModuleGetFunction(

@@ -54,7 +54,6 @@ except cuda.Error as e:  # a driver that does not initialise: no GPU to use
 from tgc.builtin import ReturnOp
 from tgc.codegen.compact import compact_rows_kernel
 from tgc.codegen.kernels import generate_kernel
-from tgc.codegen.names import display_name
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import CallOp, FusedOp
 from tgc.ir import Operation
@@ -265,11 +264,6 @@ def _source(op: CallOp | FusedOp):
     return source
 
 
-def _label(source) -> str:
-    """How a diagnostic names a generated kernel: its IR name and its symbol."""
-    return f"kernel '{display_name(source.ir_name or source.name)}' ({source.name})"
-
-
 def run_region(op: CallOp | FusedOp, inputs: list) -> list[DeviceArray]:
     """Generate, compile (cached) and launch the kernel of `op`'s region on device inputs."""
     return _region_runner(op)(inputs)
@@ -310,7 +304,7 @@ def launcher(source, function, result_types: list[TensorType], loc=None):
         try:
             launch(grid, block, _launch.stream, *arguments, shared_size=shared)
         except cuda.Error as e:
-            raise TgcError(f"{_label(source)} failed to run: {e}", loc) from None
+            raise TgcError(f"{source.label} failed to run: {e}", loc) from None
         return outs
 
     return run
