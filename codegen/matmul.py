@@ -278,10 +278,10 @@ def a_prologue(op: FusedOp, mm: Operation, shape: _Shape, ptrs: dict[Value, str]
     `rows`: per row r (C variables z and m), the statements that fill `rowv<j>[r]` with each
     value of one element per row that depends on a reduction (each reduction split over the
     block's warps along k, summed across each warp, the warps' shares meeting in shared memory
-    `shares`), in the block's order; `arrays`: those arrays'
-    names; `reduces`: whether there is a reduction; `element`: the statements computing A at
-    (z, m, kk) with those values read from the arrays, and `a_value`, the name holding it. A TgcError where A needs something else (a
-    reduction along another axis, a value the rows mix)."""
+    `shares`), in the block's order; `arrays`: those arrays' names; `reduces`: whether there is
+    a reduction; `element`: the statements computing A at (z, m, kk) with those values read
+    from the arrays, and `a_value`, the name holding it. A TgcError where A needs something
+    else (a reduction along another axis, a value the rows mix)."""
     a = mm.operands[0]
     k = shape.k
     batch_shape = shape.out[:-2]
@@ -299,19 +299,18 @@ def a_prologue(op: FusedOp, mm: Operation, shape: _Shape, ptrs: dict[Value, str]
     ordered = [x for x in op.body.ops if x in needed]
     per_row: list[Value] = []  # values of one element per row that depend on a reduction
     for x in ordered:
+        reduces = x.name in PROLOGUE_REDUCTIONS
+        if reduces:
+            src = x.operands[0]
+            if (
+                list(x.attr("axes")) not in ([src.type.rank - 1], [-1])
+                or not x.attr("keepdims")
+                or src.type.shape[-1] != k
+            ):
+                raise TgcError(
+                    "a few-rows matmul's prologue reduces only along k, keeping the dim", x.loc
+                )
         for v in x.results:
-            reduces = x.name in PROLOGUE_REDUCTIONS
-            if reduces:
-                src = x.operands[0]
-                if (
-                    list(x.attr("axes")) not in ([src.type.rank - 1], [-1])
-                    or not x.attr("keepdims")
-                    or src.type.shape[-1] != k
-                ):
-                    raise TgcError(
-                        "a few-rows matmul's prologue reduces only along k, keeping the dim",
-                        x.loc,
-                    )
             if reduces or (v.type.shape[-1:] == (1,) and any(u in per_row for u in x.operands)):
                 per_row.append(v)
     arrays = {v: f"rowv{j}" for j, v in enumerate(per_row)}

@@ -26,10 +26,10 @@ and of one or two rows of A a step and feeds them to two mma.sync m16n8k16 as th
 padded to 16 with zeros): both operands are read in one k order the fragments share, which a sum
 does not care about. The warps' sums meet in shared memory, where the epilogue reads them.
 
-With `operands["prologue"]` (codegen/matmul.py `a_prologue`) the CUDA-core kernel computes A
-instead of loading it: each warp first fills, for each row, the values of one element a row
-(reductions along k), then computes A's 16 bytes' worth of values at each step from the
-kernel's inputs.
+With `operands["prologue"]` (codegen/matmul.py `a_prologue`; the caller asks for the CUDA-core
+kernel then) the kernel computes A instead of loading it: the block first fills, for each row,
+the values of one element a row (reductions along k, split over its warps), then each warp
+computes A's 16 bytes' worth of values at each step from the kernel's inputs.
 """
 
 from __future__ import annotations
@@ -95,10 +95,6 @@ def generate_gemv(
     `operands`: params, a, b, a_batch_offset, epilogue, num_inputs, num_outputs, ir_name."""
     rows = dims["m"] * dims["batch"]
     mma = params.setdefault("gemv_mma", gemv_mma_by_default(dims["elem"], rows))
-    if mma and operands.get("prologue"):
-        raise TgcError(
-            f"the few-rows matmul's tensor-core variant takes no prologue ('{label}')", loc
-        )
     why = gemv_misfit(
         dims["elem"],
         dims["transpose_a"],

@@ -22,12 +22,12 @@ instruction) when PyCUDA launched it, and ran without a fault from the standalon
 kernel is now launched by the driver with each argument at its own offset (runtime/
 tensor_map.py says why), which has not run yet.
 
-Parameters: `tma` (see above; TMA needs each operand's batch entries to be one matrix or
-one each, not a broadcast of some batch dims), `block_m` 128 or 256, `block_n` 64 to 256 in steps of 64 (B as [k][n] is kept in
-blocks of 64 columns; at most 128 accumulators a consumer thread: block_m * block_n <=
-128 * 256), `stages` (default as many as fit, at most 6), `sms` (the grid's size limit,
-default 132: an H100 SXM's and an H200's multiprocessors; a GPU with fewer still runs every
-tile). Needs bf16 or f16, A not transposed, k a multiple of 8 and, unless B is transposed, n
+Parameters: `tma` (see above; TMA needs each operand's batch entries to be one matrix or one
+each, not a broadcast of some batch dims), `block_m` 128 or 256, `block_n` 64 to 256 in steps
+of 64 (B as [k][n] is kept in blocks of 64 columns; at most 128 accumulators a consumer
+thread: block_m * block_n <= 128 * 256), `stages` (default as many as fit, at most 6), `sms`
+(the grid's size limit, default 132: an H100 SXM's and an H200's multiprocessors; a GPU with
+fewer still runs every tile). Needs bf16 or f16, A not transposed, k a multiple of 8 and, unless B is transposed, n
 a multiple of 8 (16-byte rows); where it does not fit, asking for it is a TgcError.
 """
 
