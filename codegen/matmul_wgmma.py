@@ -1,29 +1,25 @@
 """The Hopper skeleton of the matmul template (`matmul_wgmma.cu.j2`, template parameter
-`wgmma`, sm_90 only, not yet a default: `WGMMA_DEFAULT_ARCHS`): wgmma with f32 accumulators, warp-specialised
-(one producer warpgroup copying 128-byte-swizzled A and B tiles with cp.async into a
-`stages`-deep ring of shared memory under full/empty mbarriers, two consumer warpgroups each
-computing half of a `block_m` x `block_n` tile), and a persistent grid of at most `sms`
-blocks walking the tiles in groups of 8 tile rows, so that one tile's epilogue runs while the
-next tile's copies are in flight. The epilogue is the region's, per element, as in the other
-skeletons (matmul.py builds it and calls `generate_wgmma`).
+`wgmma`, sm_90 only, the default there where it fits: `WGMMA_DEFAULT_ARCHS`): wgmma with f32
+accumulators, warp-specialised (one producer warpgroup filling a `stages`-deep ring of
+128-byte-swizzled A and B tiles in shared memory under full/empty mbarriers, two consumer
+warpgroups each computing half of a `block_m` x `block_n` tile), and a persistent grid of at
+most `sms` blocks walking the tiles in groups of 8 tile rows, so that one tile's epilogue runs
+while the next tile's copies are in flight. The epilogue is the region's, per element, as in
+the other skeletons (matmul.py builds it and calls `generate_wgmma`).
 
-The producer copies with cp.async by default: its 128 threads copy 16 bytes each, arriving on
-the stage's full barrier as they land (cp.async.mbarrier.arrive.noinc); the consumers then
-fence to the async proxy (wgmma reads through it). That ran 4096^3 bf16 at 39% of cuBLAS on an
-H200: 16 bytes an instruction is the likely limit. With `tma` true the copies are TMA box
-copies: one producer thread issues, per stage, A's box and B's (one per 64 columns where B is
-[k][n]), each completing its bytes on the stage's full barrier; the hardware swizzles, and
-fills what lies past the operand's edges with zeros. Each operand's tensor map (3-D: inner
-dim, rows, batch entries) is a 128-byte kernel argument made at launch from its address
-(runtime/tensor_map.py; `KernelSource.tensor_maps`; the standalone `.cu` makes them too), so
-the operands must be 16-byte aligned (an error at launch otherwise). `tma` is not the default
-until it has run correctly on a GPU: on an H200 its first version faulted (an illegal
-instruction) when PyCUDA launched it, and ran without a fault from the standalone `.cu`; the
-kernel is now launched by the driver with each argument at its own offset (runtime/
-tensor_map.py says why), which has not run yet.
+The producer's copies (`tma`) are TMA box copies by default: one thread issues, per stage, A's
+box and B's (one per 64 columns where B is [k][n]), each completing its bytes on the stage's
+full barrier; the hardware swizzles, and fills what lies past the operand's edges with zeros.
+Each operand's tensor map (3-D: inner dim, rows, batch entries) is a 128-byte kernel argument
+made at launch from its address (runtime/tensor_map.py; `KernelSource.tensor_maps`; the
+standalone `.cu` makes them too), so the operands must be 16-byte aligned (an error at launch
+otherwise). Where TMA cannot read an operand (a batch broadcast in part), and with `tma`
+false, the producer's 128 threads copy 16 bytes each with cp.async, arriving on the stage's
+full barrier as they land; the consumers then fence to the async proxy (wgmma reads through
+it). On an H200 (bench/results/matmul_wgmma-tma-f6cb1a2-*.md) TMA ran 4096^3 bf16 at
+79% of cuBLAS's speed, cp.async at 39%: 16 bytes an instruction was the limit.
 
-Parameters: `tma` (see above; TMA needs each operand's batch entries to be one matrix or one
-each, not a broadcast of some batch dims), `block_m` 128 or 256, `block_n` 64 to 256 in steps
+Parameters: `tma` (see above), `block_m` 128 or 256, `block_n` 64 to 256 in steps
 of 64 (B as [k][n] is kept in blocks of 64 columns; at most 128 accumulators a consumer
 thread: block_m * block_n <= 128 * 256), `stages` (default as many as fit, at most 6), `sms`
 (the grid's size limit, default 132: an H100 SXM's and an H200's multiprocessors; a GPU with
@@ -40,12 +36,11 @@ from tgc.cuda_target import gpu_limits
 from tgc.diagnostics import TgcError
 
 WGMMA_ARCHS = ("sm_90",)  # the GPUs whose own features (sm_90a) the skeleton needs
-# The GPUs where it is the default: none yet. On an H200 (bench/results/matmul_wgmma-*.md) it
-# ran 4096^3 bf16 at 316 TFLOP/s against the mma.sync skeleton's 345 and cuBLAS's 808, and no
-# measured shape faster than mma.sync: cp.async issues 16 bytes an instruction where a TMA
-# copy would move a whole tile. The planner tries it (tunable `wgmma`) and keeps it where it
-# measures faster.
-WGMMA_DEFAULT_ARCHS: tuple[str, ...] = ()
+# The GPUs where it is the default: on an H200 (bench/results/matmul_wgmma-tma-f6cb1a2-
+# 2026-11-28.md) with TMA copies it ran every measured shape 1.4x to 2.1x as fast as the
+# mma.sync skeleton (4096^3 bf16: 628 TFLOP/s against 343, cuBLAS 792). The planner measures
+# it beside cuBLAS and keeps the faster.
+WGMMA_DEFAULT_ARCHS: tuple[str, ...] = WGMMA_ARCHS
 WGMMA_TYPES = ("bf16", "f16")
 WGMMA_BLOCK_M, WGMMA_BLOCK_N = (128, 256), (64, 128, 192, 256)
 WGMMA_MAX_TILE = 128 * 256  # 128 f32 accumulators per consumer thread
@@ -177,7 +172,7 @@ def generate_wgmma(
         raise TgcError(f"the wgmma matmul needs an sm_90 GPU, not {arch}", loc)
     bm, bn, stages, sms = wgmma_point(m, n, batch, params)
     tma_why = tma_misfit(batch, dims["a_batch"], dims["b_batch"])
-    tma = params.setdefault("tma", False)
+    tma = params.setdefault("tma", tma_why is None)
     if tma and tma_why is not None:
         raise TgcError(f"the wgmma matmul cannot copy '{label}' with TMA: {tma_why}", loc)
     if not tb and bn % 64:

@@ -116,7 +116,7 @@ class MapKernel:
         driver = _driver()
         self._module, self._function = ctypes.c_void_p(), ctypes.c_void_p()
         self._image = ctypes.create_string_buffer(cubin, len(cubin))
-        self._name = kernel.label
+        self._name, self._loc = kernel.label, kernel.loc
         self._check(driver.cuModuleLoadData(ctypes.byref(self._module), self._image), "load")
         self._check(
             driver.cuModuleGetFunction(
@@ -131,7 +131,6 @@ class MapKernel:
                 ),
                 f"take {kernel.shared_bytes} bytes of shared memory",
             )
-        self._loc = kernel.loc
 
     def _check(self, status: int, what: str) -> None:
         if status != 0:

@@ -78,11 +78,11 @@ def region(a, b, dtype="bf16", tb=False, epilogue="bias_gelu_tanh") -> FusedOp:
     return fused_region(matmul_text(a, b, dtype, tb, epilogue))
 
 
-def test_wgmma_is_an_sm_90_option_not_yet_a_default():
-    """Slower than the mma.sync skeleton where measured (codegen/matmul_wgmma.py), it is asked
-    for by the parameter; the planner tries it."""
+def test_wgmma_is_the_default_on_sm_90_only():
+    """Faster than the mma.sync skeleton where measured (codegen/matmul_wgmma.py), it is sm_90's
+    default where it fits; elsewhere, and with `wgmma` false, the mma.sync skeleton."""
     r = region((300, 64), (64, 520))
-    k = generate_kernel(r, {**SM90, "wgmma": True})
+    k = generate_kernel(r, dict(SM90))
     assert k.params["wgmma"] is True and k.arch_features == "sm_90a"
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in k.source
     assert "setmaxnreg.inc.sync.aligned.u32 232" in k.source
@@ -90,7 +90,7 @@ def test_wgmma_is_an_sm_90_option_not_yet_a_default():
     assert (k.params["block_m"], k.params["block_n"]) == (128, 128)
     assert k.grid == (15, 1, 1) and k.block == (384, 1, 1)
     assert k.params["stages"] == 6 and k.shared_bytes == 6 * 256 * 128 + 1024 + 6 * 16
-    for params in ({}, {"arch": "sm_80"}, dict(SM90)):
+    for params in ({}, {"arch": "sm_80"}, {**SM90, "wgmma": False}):
         other = generate_kernel(r, params)
         assert other.params["wgmma"] is False and "wgmma" not in other.source
         assert other.arch_features == "" and "mma.sync" in other.source
@@ -100,15 +100,15 @@ def test_the_planner_may_try_wgmma_and_its_copies():
     from tgc.planner.backends.cuda_kernels import TUNABLE
 
     assert TUNABLE["matmul"]["wgmma"] == (False, True)
-    assert TUNABLE["matmul"]["tma"] == (False, True)
+    assert TUNABLE["matmul"]["tma"] == (True, False)
 
 
-def test_tma_copies_are_asked_for_and_cp_async_the_default():
+def test_tma_copies_are_the_default_and_cp_async_asked_for():
     """TMA: one thread's box copies, A's and B's tensor maps the kernel's first parameters
     (3-D: inner dim, rows, batch entries; boxes of 64 x the tile's rows, B as [k][n] in
-    blocks of 64 columns); by default 128 threads' cp.async and no tensor maps."""
+    blocks of 64 columns); with `tma` false 128 threads' cp.async and no tensor maps."""
     r = region((300, 64), (64, 520))
-    k = generate_kernel(r, TMA)
+    k = generate_kernel(r, dict(WG))
     assert k.params["tma"] is True
     a, b = k.tensor_maps
     assert (a.operand, a.elem, a.dims, a.strides, a.box) == (
@@ -134,7 +134,7 @@ def test_tma_copies_are_asked_for_and_cp_async_the_default():
     assert a.dims == (48, 70, 3) and a.strides == (96, 70 * 96)
     assert b.dims == (48, 56, 1) and b.box == (64, t.params["block_n"], 1)
     assert "za = (int) z, zb = 0" in t.source
-    plain = generate_kernel(r, dict(WG))
+    plain = generate_kernel(r, {**WG, "tma": False})
     assert (
         plain.params["tma"] is False
         and plain.tensor_maps == ()

@@ -341,7 +341,7 @@ TUNABLE: dict[str, dict[str, tuple]] = {
         "tensor_cores": (False, True),
         "stages": (2, 3, 4),  # the tensor-core skeleton's cp.async pipeline
         "wgmma": (False, True),  # the Hopper skeleton (sm_90), default there where it fits
-        "tma": (False, True),  # its copies: cp.async, or TMA boxes (not yet run on a GPU)
+        "tma": (True, False),  # its copies: TMA boxes (default where they fit), cp.async
         "gemv": (True, False),  # the few-rows skeleton, default where it fits
         "gemv_mma": (False, True),  # its tensor-core variant (not yet run on a GPU)
         "warps": (2, 4, 8),  # its warps a block, columns a warp and loads in flight a lane
