@@ -29,9 +29,17 @@ def test_blocks_an_sm_holds_count_the_kilobyte_the_system_keeps_of_each():
 
 @pytest.mark.parametrize("arch", [None, "sm_90"])
 def test_a_matmul_tile_over_an_a100s_shared_memory_is_refused_there_only(arch):
-    """4 stages of 128x64 and 64x256 tiles: 208,896 bytes, within sm_90's 227 KB a block."""
+    """4 stages of 128x64 and 64x256 tiles of the mma.sync skeleton: 208,896 bytes, within
+    sm_90's 227 KB a block."""
     region = matmul_region((300, 512), (512, 520))
-    point = {"tensor_cores": True, "block_m": 128, "block_n": 256, "block_k": 64, "stages": 4}
+    point = {
+        "tensor_cores": True,
+        "wgmma": False,
+        "block_m": 128,
+        "block_n": 256,
+        "block_k": 64,
+        "stages": 4,
+    }
     assert (
         generate_kernel(region, {**point, **({"arch": arch} if arch else {})}).shared_bytes
         == 208896
