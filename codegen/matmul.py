@@ -397,6 +397,8 @@ def _skeleton_arguments(
         a_batch_offset=shape.a_offset,
         b_batch_offset=shape.b_offset,
         epilogue=_epilogue(op, mm, shape, ptrs, outs, indent=indent),
+        pair_epilogue=_pair_epilogue(op, mm, shape, ptrs, outs, indent=indent),
+        pairs_aligned=_pairs_aligned(op, outs),
         num_inputs=len(op.operands),
         num_outputs=len(op.results),
         ir_name=op.attr("name"),
@@ -513,3 +515,32 @@ def _epilogue(
         val = store_value(em.value(y, coords), r.type.element_type)
         em.emit(f"{outs[j]}[{linear_offset(shape.out, coords)}] = {val};")
     return em.take(indent)
+
+
+def _pair_epilogue(
+    op: FusedOp, mm: Operation, shape: _Shape, ptrs: dict[Value, str], outs: list[str], indent: int
+) -> str:
+    """The statements storing every output at columns n and n1 = n + 1 of (batch, m), the
+    products there being mm_val0 and mm_val1, each output's two elements by one store (for n
+    even, rows of even length and pointers `_pairs_aligned` says take it)."""
+    em = Emitter(ptrs)
+    em.hooks[mm.results[0]] = lambda c: "mm_val1" if c[-1] == "n1" else "mm_val0"
+    first, second = shape.bcoords + ("m", "n"), shape.bcoords + ("m", "n1")
+    for j, (y, r) in enumerate(zip(yields_of(op), op.results)):
+        if r.type.shape != shape.out:
+            raise TgcError(f"matmul kernel '{kernel_label(op)}' yields a value of another shape")
+        elem = r.type.element_type
+        x, w = (store_value(em.value(y, c), elem) for c in (first, second))
+        pair = f"TgcPair<{STORAGE_CTYPE[elem]}>"
+        offset = linear_offset(shape.out, first)
+        em.emit(f"*reinterpret_cast<{pair}*>(&{outs[j]}[{offset}]) = {pair}{{{x}, {w}}};")
+    return em.take(indent)
+
+
+def _pairs_aligned(op: FusedOp, outs: list[str]) -> str:
+    """The C condition that every output's pointer takes `_pair_epilogue`'s stores."""
+    checks = [
+        f"reinterpret_cast<uintptr_t>({name}) % alignof(TgcPair<{STORAGE_CTYPE[r.type.element_type]}>) == 0"
+        for name, r in zip(outs, op.results)
+    ]
+    return " && ".join(f"({c})" for c in checks) or "true"

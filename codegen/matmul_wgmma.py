@@ -212,6 +212,8 @@ def generate_wgmma(
         a_batched=dims["a_batch"] > 1,
         b_batched=dims["b_batch"] > 1,
         epilogue=operands["epilogue"],
+        pair_epilogue=operands["pair_epilogue"],
+        pairs_aligned=operands["pairs_aligned"],
     )
     kernel = KernelSource(
         symbol,

@@ -144,6 +144,23 @@ def test_tma_copies_are_the_default_and_cp_async_asked_for():
     assert "mbarrier.init.shared::cta.b64 [%0], 128;" in plain.source
 
 
+def test_the_epilogue_stores_two_columns_by_one_instruction_where_it_can():
+    """A consumer thread holds columns n and n + 1 of a row: with rows of even length and
+    aligned outputs (checked at run time) each output's two elements are one store, each
+    column's epilogue reading its own inputs; else element by element."""
+    k = generate_kernel(region((300, 64), (64, 520), epilogue="residual_cast"), dict(WG))
+    assert (
+        "const bool pairs = (reinterpret_cast<uintptr_t>(out0) % alignof(TgcPair<float>) == 0);"
+        in k.source
+    )
+    assert "if (N % 2 == 0 && pairs) {" in k.source
+    assert "*reinterpret_cast<TgcPair<float>*>(&out0[m * 520 + n]) = TgcPair<float>{" in k.source
+    assert "in2[m * 520 + n]" in k.source and "in2[m * 520 + n1]" in k.source
+    assert "out0[m * 520 + n] = " in k.source  # the element-by-element path
+    odd = generate_kernel(region((77, 64), (75, 64), tb=True), dict(WG))
+    assert "constexpr int M = 77, N = 75," in odd.source
+
+
 def test_a_batch_broadcast_in_part_is_copied_without_tma():
     """B's 3 matrices over A's 2 x 3 batch entries: a 3-D tensor map cannot index them."""
     r = region((2, 3, 40, 64), (3, 64, 72), epilogue="none")
@@ -253,20 +270,16 @@ def test_wgmma_matmuls_compile_for_sm_90a_without_spills(tmp_path):
 
 GPU_CASES = [
     # a, b, dtype, tb, epilogue, params: sizes not multiples of the tile (m, n, k); the
-    # cp.async producer (the default), then TMA copies
-    ((333, 200), (200, 520), "bf16", False, "bias_gelu_tanh", {}),
-    ((1000, 136), (136, 712), "bf16", False, "bias_gelu_erf_residual", {"block_n": 192}),
-    ((517, 264), (392, 264), "f16", True, "residual_cast", {"block_m": 256, "block_n": 128}),
-    ((3, 130, 72), (72, 200), "bf16", False, "none", {"block_n": 64, "stages": 3}),
-    ((2100, 1032), (1032, 1544), "f16", False, "bias_gelu_tanh", {"sms": 7}),
-    ((333, 200), (200, 520), "bf16", False, "bias_gelu_tanh", {"tma": True}),
+    # cp.async producer, then TMA copies (the default); rows of odd length, whose epilogue
+    # stores element by element
+    ((333, 200), (200, 520), "bf16", False, "bias_gelu_tanh", {"tma": False}),
     (
         (1000, 136),
         (136, 712),
         "bf16",
         False,
         "bias_gelu_erf_residual",
-        {"tma": True, "block_n": 192},
+        {"tma": False, "block_n": 192},
     ),
     (
         (517, 264),
@@ -274,11 +287,18 @@ GPU_CASES = [
         "f16",
         True,
         "residual_cast",
-        {"tma": True, "block_m": 256, "block_n": 128},
+        {"tma": False, "block_m": 256, "block_n": 128},
     ),
-    ((3, 130, 72), (72, 200), "bf16", False, "none", {"tma": True, "block_n": 64, "stages": 3}),
-    ((2, 130, 72), (2, 72, 200), "bf16", False, "none", {"tma": True}),  # 2 Bs, one each
-    ((2100, 1032), (1032, 1544), "f16", False, "bias_gelu_tanh", {"tma": True, "sms": 7}),
+    ((3, 130, 72), (72, 200), "bf16", False, "none", {"tma": False, "block_n": 64, "stages": 3}),
+    ((2100, 1032), (1032, 1544), "f16", False, "bias_gelu_tanh", {"tma": False, "sms": 7}),
+    ((333, 200), (200, 520), "bf16", False, "bias_gelu_tanh", {}),
+    ((1000, 136), (136, 712), "bf16", False, "bias_gelu_erf_residual", {"block_n": 192}),
+    ((517, 264), (392, 264), "f16", True, "residual_cast", {"block_m": 256, "block_n": 128}),
+    ((3, 130, 72), (72, 200), "bf16", False, "none", {"block_n": 64, "stages": 3}),
+    ((2, 130, 72), (2, 72, 200), "bf16", False, "none", {}),  # 2 Bs, one each
+    ((2100, 1032), (1032, 1544), "f16", False, "bias_gelu_tanh", {"sms": 7}),
+    ((77, 64), (75, 64), "bf16", True, "bias_gelu_tanh", {}),
+    ((130, 72), (201, 72), "f16", True, "residual_cast", {"tma": False}),
 ]
 TOLERANCE = {"bf16": 2e-2, "f16": 4e-3, "f32": 4e-3}  # of max |reference|; outputs rounded
 
