@@ -153,19 +153,27 @@ def _wgmma_by_default(att: Operation, ops: dict[str, dict], common: dict, params
         raise TgcError(
             f"attention template parameters: arch names a GPU as nvcc does (sm_90), not {arch!r}"
         )
-    return arch in WGMMA_ARCHS and _wgmma_fits(att, ops, common)
+    fits = _wgmma_fits(att, ops, common)
+    return arch in WGMMA_ARCHS and fits and common["d"] in WGMMA_HEAD_DIMS
 
 
-# Head dims d = d_v the wgmma kernel takes, all sm_90's default: at 256 on an H200 (2026-11-28,
+# The head dims the wgmma kernel's shared-memory layout is made for (blocks of 64 columns,
+# 128-byte swizzled), all sm_90's default: at 256 on an H200 (2026-11-28,
 # bench/results/attention_grid-d256-sweep-*.md) 55-91% of SDPA's speed where the mma.sync
-# kernel ran at 38-43%.
+# kernel ran at 38-43%. Other head dims (multiples of 8) run in the next of these widths, the
+# columns past the head dim zeros (asked for by `wgmma`; the mma.sync kernel is their default).
 WGMMA_HEAD_DIMS = (64, 128, 256)
 
 
 def _wgmma_fits(att: Operation, ops: dict[str, dict], common: dict) -> bool:
-    """bf16/f16 operands the tensor-core kernel takes, head dims d = d_v of `WGMMA_HEAD_DIMS`."""
-    fits = _tensor_core_fits(att, ops, most=TC_MAX_HEAD_DIM)
-    return fits and common["d"] == common["dv"] in WGMMA_HEAD_DIMS
+    """bf16/f16 operands the tensor-core kernel takes, head dims d = d_v (up to 256)."""
+    fits = _tensor_core_fits(att, ops, TC_HEAD_DIM_STEP, TC_MAX_HEAD_DIM)
+    return fits and common["d"] == common["dv"]
+
+
+def _wgmma_width(d: int) -> int:
+    """The shared-memory width of the wgmma kernel for head dim `d`: `d` padded with zeros."""
+    return next(w for w in WGMMA_HEAD_DIMS if w >= d)
 
 
 def _f32_kernel(att: Operation, ops: dict[str, dict], common: dict, params: dict):
@@ -312,7 +320,7 @@ def _tensor_core_kernel(att: Operation, ops: dict[str, dict], common: dict, para
         "warps": warps,
         "head_group": group,
     }
-    if d == dv and d in WGMMA_HEAD_DIMS:
+    if _wgmma_fits(att, ops, common):
         chosen["wgmma"] = False  # the other skeleton that runs it: tuning may try it (sm_90a)
     return source, grid, block, shared_bytes, {**chosen, "q_in_registers": q_in_registers}
 
@@ -391,8 +399,9 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
     if not _wgmma_fits(att, ops, common):
         raise TgcError(
             "attention template parameters: wgmma needs bf16/f16 operands the tensor-core kernel "
-            f"takes and head dims d = d_v of 64, 128 or 256 (got {elem}, {d} and {dv})"
+            f"takes and head dims d = d_v up to 256 (got {elem}, {d} and {dv})"
         )
+    d = _wgmma_width(d)  # the layout's width; the operands' own head dim is common["d"]
     # Head dim 128 by default in 128-key tiles with ping-pong: on an H200 (2026-11-28,
     # bench/results/attention_tile-sweep-*.md) 15% faster than 64-key tiles without it at
     # B4 H32 S2048 (72% of SDPA's speed against 62%, causal) and 10% at B16 H32 S512.
@@ -436,7 +445,8 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
     step = {"k": d * 16, "n": 128}  # bytes between V's core matrices along keys, head dim
     source = render(
         "attention_wgmma.cu.j2",
-        **common,
+        **{**common, "d": d},
+        head_dim=common["d"],
         **_tensor_core_arguments(att, ops, common),
         bn=bn,
         nq=nq,

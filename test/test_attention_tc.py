@@ -282,7 +282,7 @@ def test_template_parameters_choose_keys_per_tile_and_warps():
             generate_kernel(fused, bad)
 
 
-# -- the wgmma skeleton (sm_90a; template parameter `wgmma`, off by default) ------------------
+# -- the wgmma skeleton (sm_90a; template parameter `wgmma`, sm_90's default at 64, 128, 256) ----
 
 
 def test_wgmma_is_off_by_default_and_a_parameter_turns_it_on():
@@ -320,6 +320,27 @@ def test_wgmma_is_off_by_default_and_a_parameter_turns_it_on():
         {"wgmma": True, "overlap": False},
     )
     assert not serial128.params["pingpong"]  # ping-pong needs overlap: off without it
+
+
+def test_wgmma_pads_a_head_dim_between_its_widths_with_zero_columns():
+    """Head dim 80 runs in the layout of 128: copies past column 80 are zeros read from nowhere
+    (src-size 0), and only 80 columns are stored. It is asked for: on sm_90 the mma.sync kernel
+    stays the default there, and records `wgmma` false so that tuning tries the other."""
+    fused = attention_region(heads_text(1, 2, 300, 300, 80, 80, "bf16"))
+    k = generate_kernel(fused, {"arch": "sm_90", "wgmma": True})
+    assert "constexpr int D = 128, DH = 80," in k.source
+    assert "const bool col_ok = copy_col < DH;" in k.source
+    assert "const bool ok = r0 + r < end && c < DH;" in k.source
+    assert "for (int n = 0; n < DH / 8; ++n)" in k.source
+    assert k.shared_bytes == 2 * (128 * 128 + 6 * 128 * 128) + 16 + 1024  # as head dim 128
+    default = generate_kernel(fused, {"arch": "sm_90"})
+    assert default.params["wgmma"] is False and "wgmma.mma_async" not in default.source
+    exact = generate_kernel(attention_region(heads_text(1, 2, 300, 300, 64, 64)), {"wgmma": True})
+    assert "constexpr int D = 64, DH = 64," in exact.source and "col_ok" not in exact.source
+    with pytest.raises(TgcError, match=r"head dims d = d_v up to 256 \(got bf16, 80 and 64\)"):
+        generate_kernel(
+            attention_region(heads_text(1, 2, 65, 65, 80, 64)), {"arch": "sm_90", "wgmma": True}
+        )
 
 
 @pytest.mark.parametrize(
@@ -430,7 +451,7 @@ def test_wgmma_is_sm_90s_kernel_at_head_dim_256():
     "text, params, why",
     [
         (heads_text(1, 2, 65, 65, 64, 64, "f32"), {}, "got f32, 64 and 64"),
-        (heads_text(1, 2, 65, 65, 80, 80), {}, "got bf16, 80 and 80"),
+        (heads_text(1, 2, 65, 65, 20, 20), {}, "got bf16, 20 and 20"),
         (heads_text(1, 2, 65, 65, 32, 128, layout="flat"), {}, "got bf16, 32 and 128"),
         (heads_text(1, 2, 65, 65, 64, 64), {"block_n": 32}, "wgmma takes block_n 64 or 128"),
         (heads_text(1, 2, 65, 65, 64, 64), {"overlap": 1}, "overlap must be true or false, not 1"),
@@ -488,6 +509,10 @@ WGMMA_COMPILED = [
     # head dim 256 (246 registers of 255), with its mask, causal, without overlap
     (heads_text(1, 2, 300, 300, 256, 256, "bf16", False, True, "heads"), {}),
     (heads_text(1, 2, 300, 300, 256, 256, "f16", True, False, "heads"), {"overlap": False}),
+    # head dims padded to the layout's width: 80 in 128 (ping-pong), 96 in 128 without, 160 in 256
+    (heads_text(2, 3, 1000, 1000, 80, 80, "bf16", True, True, "heads"), {}),
+    (heads_text(2, 2, 700, 700, 96, 96, "bf16", False, True, "qkv"), {"pingpong": False}),
+    (heads_text(1, 2, 300, 300, 160, 160, "f16", False, True, "heads"), {}),
 ]
 
 
@@ -911,6 +936,13 @@ WGMMA_VARIANTS = [
     ((1, 2, 300, 300, 256, 256, "heads", True, True), {}),
     ((1, 2, 1030, 1030, 256, 256, "heads", False, True), {}),
     ((1, 2, 200, 333, 256, 256, "flat", False, False), {"overlap": False}),
+    # Head dims between the layout's widths, padded with zero columns: 40 in 64, 72 to 96 in 128
+    # (128-key tiles in ping-pong, or 64 without), 160 in 256; masks, GPT-2's strided rows.
+    ((1, 2, 300, 300, 40, 40, "heads", True, True), {}),
+    ((1, 2, 1030, 1030, 80, 80, "heads", False, True), {}),
+    ((1, 2, 200, 333, 72, 72, "flat", True, False), {}),
+    ((2, 3, 300, 300, 96, 96, "qkv", False, True), {"block_n": 64, "pingpong": False}),
+    ((1, 2, 300, 300, 160, 160, "heads", False, True), {}),
 ]
 
 
