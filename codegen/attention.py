@@ -154,14 +154,17 @@ def _wgmma_by_default(att: Operation, ops: dict[str, dict], common: dict, params
             f"attention template parameters: arch names a GPU as nvcc does (sm_90), not {arch!r}"
         )
     fits = _wgmma_fits(att, ops, common)
-    return arch in WGMMA_ARCHS and fits and common["d"] in WGMMA_HEAD_DIMS
+    return arch in WGMMA_ARCHS and fits and 2 * common["d"] > _wgmma_width(common["d"])
 
 
 # The head dims the wgmma kernel's shared-memory layout is made for (blocks of 64 columns,
-# 128-byte swizzled), all sm_90's default: at 256 on an H200 (2026-11-28,
-# bench/results/attention_grid-d256-sweep-*.md) 55-91% of SDPA's speed where the mma.sync
-# kernel ran at 38-43%. Other head dims (multiples of 8) run in the next of these widths, the
-# columns past the head dim zeros (asked for by `wgmma`; the mma.sync kernel is their default).
+# 128-byte swizzled). Other head dims (multiples of 8) run in the next of these widths, the
+# columns past the head dim zeros. It is sm_90's default where that less than doubles the work
+# (head dims 40 to 256; 32 and below run on the mma.sync kernel). On an H200 (2026-11-28,
+# bench/results/attention_grid-padded-42ef3f7-*.md) head dims 72, 80 and 96 in the width of 128
+# ran at 60-92% of SDPA's speed where the mma.sync kernel ran at 54-77% (but at 72 and 80,
+# S512 causal: 65 and 62% against 70 and 64%); at 256 (bench/results/attention_grid-d256-
+# sweep-*.md) 55-91% against 38-43%.
 WGMMA_HEAD_DIMS = (64, 128, 256)
 
 

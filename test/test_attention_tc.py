@@ -324,17 +324,20 @@ def test_wgmma_is_off_by_default_and_a_parameter_turns_it_on():
 
 def test_wgmma_pads_a_head_dim_between_its_widths_with_zero_columns():
     """Head dim 80 runs in the layout of 128: copies past column 80 are zeros read from nowhere
-    (src-size 0), and only 80 columns are stored. It is asked for: on sm_90 the mma.sync kernel
-    stays the default there, and records `wgmma` false so that tuning tries the other."""
+    (src-size 0), and only 80 columns are stored. Where padding would double the work (32 in
+    64) the mma.sync kernel stays sm_90's default, and records `wgmma` false so that tuning
+    tries the other."""
     fused = attention_region(heads_text(1, 2, 300, 300, 80, 80, "bf16"))
-    k = generate_kernel(fused, {"arch": "sm_90", "wgmma": True})
+    k = generate_kernel(fused, {"arch": "sm_90"})
     assert "constexpr int D = 128, DH = 80," in k.source
     assert "const bool col_ok = copy_col < DH;" in k.source
     assert "const bool ok = r0 + r < end && c < DH;" in k.source
     assert "for (int n = 0; n < DH / 8; ++n)" in k.source
     assert k.shared_bytes == 2 * (128 * 128 + 6 * 128 * 128) + 16 + 1024  # as head dim 128
-    default = generate_kernel(fused, {"arch": "sm_90"})
-    assert default.params["wgmma"] is False and "wgmma.mma_async" not in default.source
+    narrow = generate_kernel(
+        attention_region(heads_text(1, 2, 300, 300, 32, 32)), {"arch": "sm_90"}
+    )
+    assert narrow.params["wgmma"] is False and "wgmma.mma_async" not in narrow.source
     exact = generate_kernel(attention_region(heads_text(1, 2, 300, 300, 64, 64)), {"wgmma": True})
     assert "constexpr int D = 64, DH = 64," in exact.source and "col_ok" not in exact.source
     with pytest.raises(TgcError, match=r"head dims d = d_v up to 256 \(got bf16, 80 and 64\)"):
@@ -350,7 +353,8 @@ def test_wgmma_pads_a_head_dim_between_its_widths_with_zero_columns():
         (heads_text(1, 2, 300, 300, 128, 128, "f16"), "sm_90", True),
         (heads_text(1, 2, 300, 300, 64, 64, "bf16", True), "sm_80", False),
         (heads_text(1, 2, 300, 300, 64, 64, "bf16", True), None, False),
-        (heads_text(1, 2, 300, 300, 80, 80, "bf16"), "sm_90", False),  # head dim 80
+        (heads_text(1, 2, 300, 300, 80, 80, "bf16"), "sm_90", True),  # 80 in the width of 128
+        (heads_text(1, 2, 300, 300, 32, 32, "bf16"), "sm_90", False),  # 32: twice the work in 64
         (heads_text(1, 2, 300, 300, 64, 64, "f32"), "sm_90", False),
     ],
 )
