@@ -17,7 +17,9 @@ otherwise). Where TMA cannot read an operand (a batch broadcast in part), and wi
 false, the producer's 128 threads copy 16 bytes each with cp.async, arriving on the stage's
 full barrier as they land; the consumers then fence to the async proxy (wgmma reads through
 it). On an H200 (bench/results/matmul_wgmma-tma-f6cb1a2-*.md) TMA ran 4096^3 bf16 at
-79% of cuBLAS's speed, cp.async at 39%: 16 bytes an instruction was the limit.
+79% of cuBLAS's speed, cp.async at 39%: 16 bytes an instruction was the limit. The epilogue
+stores a thread's two neighbouring columns by one instruction where it can (matmul.py
+`_pair_epilogue`): 91% (bench/results/matmul_wgmma-pairs-42ef3f7-*.md; docs/gpu.md).
 
 Parameters: `tma` (see above), `block_m` 128 or 256, `block_n` 64 to 256 in steps
 of 64 (B as [k][n] is kept in blocks of 64 columns; at most 128 accumulators a consumer
@@ -36,10 +38,10 @@ from tgc.cuda_target import gpu_limits
 from tgc.diagnostics import TgcError
 
 WGMMA_ARCHS = ("sm_90",)  # the GPUs whose own features (sm_90a) the skeleton needs
-# The GPUs where it is the default: on an H200 (bench/results/matmul_wgmma-tma-f6cb1a2-
-# 2026-11-28.md) with TMA copies it ran every measured shape 1.4x to 2.1x as fast as the
-# mma.sync skeleton (4096^3 bf16: 628 TFLOP/s against 343, cuBLAS 792). The planner measures
-# it beside cuBLAS and keeps the faster.
+# The GPUs where it is the default: on an H200 (bench/results/matmul_wgmma-pairs-42ef3f7-
+# 2026-11-28.md) it ran every measured shape 2.0x to 2.5x as fast as the mma.sync skeleton
+# (4096^3 bf16: 724 TFLOP/s against 345, cuBLAS 794). The planner measures it beside cuBLAS
+# and keeps the faster.
 WGMMA_DEFAULT_ARCHS: tuple[str, ...] = WGMMA_ARCHS
 WGMMA_TYPES = ("bf16", "f16")
 WGMMA_BLOCK_M, WGMMA_BLOCK_N = (128, 256), (64, 128, 192, 256)
