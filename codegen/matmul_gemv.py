@@ -28,14 +28,19 @@ does not care about. The warps' sums meet in shared memory, where the epilogue r
 
 With `operands["prologue"]` (codegen/matmul.py `a_prologue`; the caller asks for the CUDA-core
 kernel then) the kernel computes A instead of loading it: the block first fills, for each row,
-the values of one element a row (reductions along k, split over its warps), then each warp
-computes A's 16 bytes' worth of values at each step from the kernel's inputs.
+the values of one element a row (reductions along k, split over its warps), then, where A's rows
+fit a block's static shared memory (`STAGED_A_BYTES`), computes A there once, in its element
+type as the unfused graph would store it, and the products read it as they read A from memory.
+Else each warp computes A's 16 bytes' worth of values at each step from the kernel's inputs: on
+an H200 (bench/results/matmul_prologue-NVIDIA-H200-2026-11-28.md) that ran at about half the
+plain product's speed, every warp recomputing A with one load an element.
 """
 
 from __future__ import annotations
 
 import math
 
+from tgc.codegen.cuda_ops import store_value
 from tgc.codegen.render import KernelSource, render
 from tgc.cuda_target import TC_TYPES
 from tgc.diagnostics import TgcError
@@ -45,6 +50,9 @@ from tgc.types import ELEMENT_BYTES
 GEMV_MAX_ROWS = 8
 GEMV_MMA_MAX_ROWS = 16  # the tensor-core variant: A's rows are an mma's 16
 GEMV_MMA_FROM_ROWS = 5  # the tensor-core variant is the default from this many rows (doc)
+# A computed by a prologue is kept in static shared memory up to this size (48 KB a block, less
+# the reductions' shares): 1 row of k 24,576 in bf16, or 8 rows of 3,072.
+STAGED_A_BYTES = 48 * 1024 - 256
 GEMV_TYPES = {  # element type -> (C type of a pair, its conversion to float2), f32 read as float4
     "bf16": ("__nv_bfloat162", "__bfloat1622float2"),
     "f16": ("__half2", "__half22float2"),
@@ -127,6 +135,10 @@ def generate_gemv(
                 loc,
             )
     pair_t, pair_to_float2 = GEMV_TYPES[dims["elem"]]
+    prologue = operands.get("prologue")
+    staged = (
+        prologue is not None and rows * dims["k"] * ELEMENT_BYTES[dims["elem"]] <= STAGED_A_BYTES
+    )
     source = render(
         "matmul_gemv_mma.cu.j2" if mma else "matmul_gemv.cu.j2",
         name=symbol,
@@ -146,7 +158,9 @@ def generate_gemv(
         a=operands["a"],
         b=operands["b"],
         a_batch_offset=operands["a_batch_offset"],
-        prologue=operands.get("prologue"),
+        prologue=prologue,
+        staged=staged,
+        stored_a_value=store_value(prologue["a_value"], dims["elem"]) if prologue else "",
         epilogue=operands["epilogue"],
     )
     grid = (math.ceil(dims["n"] / per_block), 1, 1)

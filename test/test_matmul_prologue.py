@@ -30,16 +30,25 @@ SM90 = {"arch": "sm_90"}
 
 def test_a_norm_before_a_few_rows_product_is_computed_where_a_is_read():
     """The few-rows skeleton without tensor cores: per row, the sum of squares by the warp's
-    lanes and across it, then the scale; A's values from x and the weight as B is streamed."""
+    lanes and across it, then the scale; then A from x and the weight, once a block into
+    shared memory in bf16, read there by the products as B is streamed."""
     k = generate_kernel(fused_region(rms_norm_text((1, 1), 64, 128)), dict(SM90))
     assert k.params["gemv"] is True and k.params["gemv_mma"] is False
-    assert "a_rows" not in k.source and "float rowv0[ROWS];" in k.source
+    assert "float rowv0[ROWS];" in k.source
+    assert "__shared__ __align__(16) T a_tile[ROWS * K];" in k.source
+    assert "a_tile[r * K + kk] = __float2bfloat16_rn(" in k.source
+    assert "a_rows[r] = a_tile + r * K;" in k.source
+    assert "acc[r][c] = dot(acc[r][c], av, bv[u][c]);" in k.source
     # the block's warps split k: each sums its share, the shares meet in shared memory
     assert "for (idx_t kk = (idx_t) warp * 32 + lane; kk < 64; kk += 32 * WARPS)" in k.source
     assert "s = s + __shfl_xor_sync(0xffffffffu, s, o);" in k.source
     assert "if (lane == 0) shares[warp] = s;" in k.source and "s = s + shares[w];" in k.source
     assert "rsqrtf(rowv2[r])" in k.source and "rowv3[r]" in k.source
-    assert "acc[r][c] = dot_a(acc[r][c], av, bv[u][c]);" in k.source
+    # 8 rows of 4096 (64 KB) do not fit a block's static shared memory: each warp computes A's
+    # values as it streams B
+    wide = generate_kernel(fused_region(rms_norm_text((1, 8), 4096, 128)), dict(SM90))
+    assert "a_tile" not in wide.source and "a_rows" not in wide.source
+    assert "acc[r][c] = dot_a(acc[r][c], av, bv[u][c]);" in wide.source
     # four rows (two batch entries of two): rows of A at (z, m)
     four = generate_kernel(fused_region(rms_norm_text((2, 2), 64, 128)), dict(SM90))
     assert "ROWS = 4" in four.source and "const idx_t z = r / 2, m = r % 2;" in four.source
@@ -105,6 +114,7 @@ CASES = [
     (rms_norm_text((2, 3), 264, 200), {"columns": 2}),
     (layer_norm_text((1,), 768, 96), {}),
     (swiglu_text((1, 1), 344, 136), {"unroll": 8}),
+    (rms_norm_text((1, 8), 4096, 72), {}),  # A too large for shared memory: computed per warp
 ]
 
 
