@@ -399,6 +399,9 @@ def _skeleton_arguments(
         epilogue=_epilogue(op, mm, shape, ptrs, outs, indent=indent),
         pair_epilogue=_pair_epilogue(op, mm, shape, ptrs, outs, indent=indent),
         pairs_aligned=_pairs_aligned(op, outs),
+        word_epilogue=_word_epilogue(op, mm, shape, ptrs, indent=indent + 4),
+        word_output=outs[0],
+        output_at=linear_offset(shape.out, shape.bcoords + ("m", "nv")),
         num_inputs=len(op.operands),
         num_outputs=len(op.results),
         ir_name=op.attr("name"),
@@ -544,3 +547,22 @@ def _pairs_aligned(op: FusedOp, outs: list[str]) -> str:
         for name, r in zip(outs, op.results)
     ]
     return " && ".join(f"({c})" for c in checks) or "true"
+
+
+def _word_epilogue(
+    op: FusedOp, mm: Operation, shape: _Shape, ptrs: dict[Value, str], indent: int
+) -> str | None:
+    """For a kernel with one output of a 2-byte type: the statements computing it at columns n
+    and n1 = n + 1 of (batch, m) (products mm_val0 and mm_val1) into the 32-bit `word`, which
+    the skeleton gathers with its neighbours' into 16-byte stores; else None."""
+    if len(op.results) != 1 or op.results[0].type.element_type not in ("bf16", "f16"):
+        return None
+    elem = op.results[0].type.element_type
+    em = Emitter(ptrs)
+    em.hooks[mm.results[0]] = lambda c: "mm_val1" if c[-1] == "n1" else "mm_val0"
+    (y,) = yields_of(op)
+    x, w = (store_value(em.value(y, shape.bcoords + ("m", col)), elem) for col in ("n", "n1"))
+    pair = f"TgcPair<{STORAGE_CTYPE[elem]}>"
+    em.emit(f"const {pair} pair{{{x}, {w}}};")
+    em.emit("word = *reinterpret_cast<const uint32_t*>(&pair);")
+    return em.take(indent)

@@ -216,6 +216,9 @@ def generate_wgmma(
         epilogue=operands["epilogue"],
         pair_epilogue=operands["pair_epilogue"],
         pairs_aligned=operands["pairs_aligned"],
+        word_epilogue=operands["word_epilogue"],
+        word_output=operands["word_output"],
+        output_at=operands["output_at"],
     )
     kernel = KernelSource(
         symbol,

@@ -157,8 +157,24 @@ def test_the_epilogue_stores_two_columns_by_one_instruction_where_it_can():
     assert "*reinterpret_cast<TgcPair<float>*>(&out0[m * 520 + n]) = TgcPair<float>{" in k.source
     assert "in2[m * 520 + n]" in k.source and "in2[m * 520 + n1]" in k.source
     assert "out0[m * 520 + n] = " in k.source  # the element-by-element path
+    assert "stores16" not in k.source  # an f32 output: pairs at most
     odd = generate_kernel(region((77, 64), (75, 64), tb=True), dict(WG))
     assert "constexpr int M = 77, N = 75," in odd.source
+
+
+def test_one_2_byte_output_is_stored_16_bytes_a_thread_after_a_shuffle_in_the_quad():
+    """Each thread of a quad holds 2 of 8 neighbouring columns in every column block: each
+    computes its word, 4 shuffles give thread q block j0 + q's 8 columns, one 16-byte store;
+    rows whose length is not a multiple of 8, or an unaligned output, take the pairs' path."""
+    k = generate_kernel(region((300, 64), (64, 520)), dict(WG))
+    src = k.source
+    assert "const bool stores16 = (reinterpret_cast<uintptr_t>(out0) & 15) == 0;" in src
+    assert "if (N % 8 == 0 && stores16) {" in src
+    assert "const TgcPair<__nv_bfloat16> pair{__float2bfloat16_rn(" in src
+    assert "in2[n]" in src and "in2[n1]" in src  # each column's bias
+    assert "__shfl_sync(0xffffffffu, send, (lane & ~3) | from);" in src
+    assert "*reinterpret_cast<uint4*>(&out0[m * 520 + nv]) = make_uint4(" in src
+    assert "if (N % 2 == 0 && pairs) {" in src  # the other path is still there
 
 
 def test_a_batch_broadcast_in_part_is_copied_without_tma():
