@@ -401,6 +401,7 @@ def _skeleton_arguments(
         pairs_aligned=_pairs_aligned(op, outs),
         word_epilogue=_word_epilogue(op, mm, shape, ptrs, indent=indent + 4),
         word_output=outs[0],
+        epilogue_loads=any(x in ptrs for e in op.body.ops if e is not mm for x in e.operands),
         output_at=linear_offset(shape.out, shape.bcoords + ("m", "nv")),
         num_inputs=len(op.operands),
         num_outputs=len(op.results),

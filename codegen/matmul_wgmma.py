@@ -217,6 +217,7 @@ def generate_wgmma(
         pair_epilogue=operands["pair_epilogue"],
         pairs_aligned=operands["pairs_aligned"],
         word_epilogue=operands["word_epilogue"],
+        words_in_flight=min(bn // 8, 16) if operands["epilogue_loads"] else 4,
         word_output=operands["word_output"],
         output_at=operands["output_at"],
     )

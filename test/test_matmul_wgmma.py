@@ -175,6 +175,11 @@ def test_one_2_byte_output_is_stored_16_bytes_a_thread_after_a_shuffle_in_the_qu
     assert "__shfl_sync(0xffffffffu, send, (lane & ~3) | from);" in src
     assert "*reinterpret_cast<uint4*>(&out0[m * 520 + nv]) = make_uint4(" in src
     assert "if (N % 2 == 0 && pairs) {" in src  # the other path is still there
+    # an epilogue that loads (the bias) computes 16 blocks' words before shuffling, one that
+    # loads nothing 4
+    assert "constexpr int WORDS = 16;" in src
+    plain = generate_kernel(region((300, 64), (64, 520), epilogue="none"), dict(WG))
+    assert "constexpr int WORDS = 4;" in plain.source
 
 
 def test_a_batch_broadcast_in_part_is_copied_without_tma():
@@ -254,6 +259,7 @@ COMPILED = [
     # a, b, dtype, tb, epilogue, params
     ((4096, 4096), (4096, 4096), "bf16", False, "bias_gelu_tanh", {}),  # 128x256
     ((8192, 3072), (3072, 768), "bf16", False, "bias_gelu_erf_residual", {}),  # 128x192
+    ((8192, 768), (768, 3072), "bf16", False, "none", {}),  # 128x256, 16-byte stores
     ((300, 520), (264, 520), "f16", True, "residual_cast", {"block_m": 256, "block_n": 128}),
     ((2, 33, 64), (2, 64, 136), "bf16", False, "none", {"block_n": 64, "stages": 3}),
     ((4096, 4096), (4096, 4096), "bf16", False, "bias_gelu_tanh", {"tma": True}),
