@@ -401,7 +401,6 @@ def _skeleton_arguments(
         pairs_aligned=_pairs_aligned(op, outs),
         word_epilogue=_word_epilogue(op, mm, shape, ptrs, indent=indent + 4),
         word_output=outs[0],
-        epilogue_loads=any(x in ptrs for e in op.body.ops if e is not mm for x in e.operands),
         output_at=linear_offset(shape.out, shape.bcoords + ("m", "nv")),
         num_inputs=len(op.operands),
         num_outputs=len(op.results),
@@ -553,10 +552,15 @@ def _pairs_aligned(op: FusedOp, outs: list[str]) -> str:
 def _word_epilogue(
     op: FusedOp, mm: Operation, shape: _Shape, ptrs: dict[Value, str], indent: int
 ) -> str | None:
-    """For a kernel with one output of a 2-byte type: the statements computing it at columns n
-    and n1 = n + 1 of (batch, m) (products mm_val0 and mm_val1) into the 32-bit `word`, which
-    the skeleton gathers with its neighbours' into 16-byte stores; else None."""
+    """For a kernel with one output of a 2-byte type and an epilogue that loads nothing: the
+    statements computing it at columns n and n1 = n + 1 of (batch, m) (products mm_val0 and
+    mm_val1) into the 32-bit `word`, which the skeleton gathers with its neighbours' into
+    16-byte stores; else None. An epilogue that loads (a bias, a residual) stores pairs: its
+    loads cannot pass the gathering shuffles, and on an H200 such epilogues ran 12-36% slower
+    gathered than stored in pairs (bench/results/matmul_wgmma-stores16-*.md)."""
     if len(op.results) != 1 or op.results[0].type.element_type not in ("bf16", "f16"):
+        return None
+    if any(x in ptrs for e in op.body.ops if e is not mm for x in e.operands):
         return None
     elem = op.results[0].type.element_type
     em = Emitter(ptrs)

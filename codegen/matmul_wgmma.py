@@ -19,7 +19,8 @@ full barrier as they land; the consumers then fence to the async proxy (wgmma re
 it). On an H200 (bench/results/matmul_wgmma-tma-f6cb1a2-*.md) TMA ran 4096^3 bf16 at
 79% of cuBLAS's speed, cp.async at 39%: 16 bytes an instruction was the limit. The epilogue
 stores a thread's two neighbouring columns by one instruction where it can (matmul.py
-`_pair_epilogue`): 91% (bench/results/matmul_wgmma-pairs-42ef3f7-*.md; docs/gpu.md).
+`_pair_epilogue`), and one output of 2-byte elements 16 bytes a thread where its epilogue loads
+nothing (`_word_epilogue`): 95% (bench/results/matmul_wgmma-stores16-*.md; docs/gpu.md).
 
 Parameters: `tma` (see above), `block_m` 128 or 256, `block_n` 64 to 256 in steps
 of 64 (B as [k][n] is kept in blocks of 64 columns; at most 128 accumulators a consumer
@@ -38,9 +39,9 @@ from tgc.cuda_target import gpu_limits
 from tgc.diagnostics import TgcError
 
 WGMMA_ARCHS = ("sm_90",)  # the GPUs whose own features (sm_90a) the skeleton needs
-# The GPUs where it is the default: on an H200 (bench/results/matmul_wgmma-pairs-42ef3f7-
-# 2026-11-28.md) it ran every measured shape 2.0x to 2.5x as fast as the mma.sync skeleton
-# (4096^3 bf16: 724 TFLOP/s against 345, cuBLAS 794). The planner measures it beside cuBLAS
+# The GPUs where it is the default: on an H200 (bench/results/matmul_wgmma-stores16-c78e9e0-
+# 2026-11-28.md) it ran every measured shape 2.1x to 2.8x as fast as the mma.sync skeleton
+# (4096^3 bf16: 748 TFLOP/s against 343, cuBLAS 787). The planner measures it beside cuBLAS
 # and keeps the faster.
 WGMMA_DEFAULT_ARCHS: tuple[str, ...] = WGMMA_ARCHS
 WGMMA_TYPES = ("bf16", "f16")
@@ -217,7 +218,6 @@ def generate_wgmma(
         pair_epilogue=operands["pair_epilogue"],
         pairs_aligned=operands["pairs_aligned"],
         word_epilogue=operands["word_epilogue"],
-        words_in_flight=min(bn // 8, 16) if operands["epilogue_loads"] else 4,
         word_output=operands["word_output"],
         output_at=operands["output_at"],
     )

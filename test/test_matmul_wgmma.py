@@ -165,21 +165,18 @@ def test_the_epilogue_stores_two_columns_by_one_instruction_where_it_can():
 def test_one_2_byte_output_is_stored_16_bytes_a_thread_after_a_shuffle_in_the_quad():
     """Each thread of a quad holds 2 of 8 neighbouring columns in every column block: each
     computes its word, 4 shuffles give thread q block j0 + q's 8 columns, one 16-byte store;
-    rows whose length is not a multiple of 8, or an unaligned output, take the pairs' path."""
-    k = generate_kernel(region((300, 64), (64, 520)), dict(WG))
+    rows whose length is not a multiple of 8, or an unaligned output, take the pairs' path, as
+    does an epilogue that loads (a bias)."""
+    k = generate_kernel(region((3, 300, 64), (64, 520), epilogue="none"), dict(WG))
     src = k.source
     assert "const bool stores16 = (reinterpret_cast<uintptr_t>(out0) & 15) == 0;" in src
     assert "if (N % 8 == 0 && stores16) {" in src
-    assert "const TgcPair<__nv_bfloat16> pair{__float2bfloat16_rn(" in src
-    assert "in2[n]" in src and "in2[n1]" in src  # each column's bias
+    assert "const TgcPair<__nv_bfloat16> pair{__float2bfloat16_rn(mm_val0)," in src
     assert "__shfl_sync(0xffffffffu, send, (lane & ~3) | from);" in src
-    assert "*reinterpret_cast<uint4*>(&out0[m * 520 + nv]) = make_uint4(" in src
+    assert "*reinterpret_cast<uint4*>(&out0[z * 156000 + m * 520 + nv]) = make_uint4(" in src
     assert "if (N % 2 == 0 && pairs) {" in src  # the other path is still there
-    # an epilogue that loads (the bias) computes 16 blocks' words before shuffling, one that
-    # loads nothing 4
-    assert "constexpr int WORDS = 16;" in src
-    plain = generate_kernel(region((300, 64), (64, 520), epilogue="none"), dict(WG))
-    assert "constexpr int WORDS = 4;" in plain.source
+    biased = generate_kernel(region((300, 64), (64, 520)), dict(WG))
+    assert "stores16" not in biased.source and "if (N % 2 == 0 && pairs) {" in biased.source
 
 
 def test_a_batch_broadcast_in_part_is_copied_without_tma():
