@@ -526,17 +526,13 @@ def _pair_epilogue(
     """The statements storing every output at columns n and n1 = n + 1 of (batch, m), the
     products there being mm_val0 and mm_val1, each output's two elements by one store (for n
     even, rows of even length and pointers `_pairs_aligned` says take it)."""
-    em = Emitter(ptrs)
-    em.hooks[mm.results[0]] = lambda c: "mm_val1" if c[-1] == "n1" else "mm_val0"
-    first, second = shape.bcoords + ("m", "n"), shape.bcoords + ("m", "n1")
+    em = _pair_emitter(mm, ptrs)
     for j, (y, r) in enumerate(zip(yields_of(op), op.results)):
         if r.type.shape != shape.out:
             raise TgcError(f"matmul kernel '{kernel_label(op)}' yields a value of another shape")
-        elem = r.type.element_type
-        x, w = (store_value(em.value(y, c), elem) for c in (first, second))
-        pair = f"TgcPair<{STORAGE_CTYPE[elem]}>"
-        offset = linear_offset(shape.out, first)
-        em.emit(f"*reinterpret_cast<{pair}*>(&{outs[j]}[{offset}]) = {pair}{{{x}, {w}}};")
+        pair, values = _pair_values(em, shape, y, r.type.element_type)
+        offset = linear_offset(shape.out, shape.bcoords + ("m", "n"))
+        em.emit(f"*reinterpret_cast<{pair}*>(&{outs[j]}[{offset}]) = {pair}{{{values}}};")
     return em.take(indent)
 
 
@@ -562,12 +558,23 @@ def _word_epilogue(
         return None
     if any(x in ptrs for e in op.body.ops if e is not mm for x in e.operands):
         return None
-    elem = op.results[0].type.element_type
-    em = Emitter(ptrs)
-    em.hooks[mm.results[0]] = lambda c: "mm_val1" if c[-1] == "n1" else "mm_val0"
+    em = _pair_emitter(mm, ptrs)
     (y,) = yields_of(op)
-    x, w = (store_value(em.value(y, shape.bcoords + ("m", col)), elem) for col in ("n", "n1"))
-    pair = f"TgcPair<{STORAGE_CTYPE[elem]}>"
-    em.emit(f"const {pair} pair{{{x}, {w}}};")
+    pair, values = _pair_values(em, shape, y, op.results[0].type.element_type)
+    em.emit(f"const {pair} pair{{{values}}};")
     em.emit("word = *reinterpret_cast<const uint32_t*>(&pair);")
     return em.take(indent)
+
+
+def _pair_emitter(mm: Operation, ptrs: dict[Value, str]) -> Emitter:
+    """An emitter reading the product at column n as mm_val0 and at n1 as mm_val1."""
+    em = Emitter(ptrs)
+    em.hooks[mm.results[0]] = lambda c: "mm_val1" if c[-1] == "n1" else "mm_val0"
+    return em
+
+
+def _pair_values(em: Emitter, shape: _Shape, y: Value, elem: str) -> tuple[str, str]:
+    """The C type of a pair of `elem` and its two values, `y` at columns n and n1 (emitting
+    what computes them), as the initialiser "x, w"."""
+    x, w = (store_value(em.value(y, shape.bcoords + ("m", col)), elem) for col in ("n", "n1"))
+    return f"TgcPair<{STORAGE_CTYPE[elem]}>", f"{x}, {w}"
