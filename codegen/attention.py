@@ -48,6 +48,7 @@ from tgc.cuda_target import (
     TC_MAX_HEAD_DIM,
     TC_TYPES,
     attention_supported,
+    gpu_limits,
 )
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import FusedOp
@@ -391,7 +392,10 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
     (default true) S of tile j and P V of tile j - 1 are in flight together and the softmax of
     tile j overlaps P V. With `pingpong` (default false; needs overlap) the two warpgroups run
     half a tile apart, named barriers taking turns, so one's softmax overlaps the other's
-    wgmmas; K and V get 3 buffers each.
+    wgmmas; K and V get 3 buffers each. With `persistent` (default false) the grid is as many
+    blocks as run at once, each taking query tiles in turn (heaviest first) and copying the next
+    tile's Q and first K while it normalises and stores the last one's O: a block's fixed cost
+    was 6-9 us on an H200, as much as 3-4 key tiles (docs/gpu.md).
     bf16/f16 whose tensor-core kernel would run, with d = d_v, 64 or 128; sm_90a only. Two
     blocks share an SM at head dim 64 with 64-key tiles (128 registers a thread; the launch
     bounds say so). What made it fast (bench/results/attention_tc-wgmma-*.md): swizzled
@@ -434,7 +438,12 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
     # dim 64 the 128 registers of two blocks an SM would spill.
     q_in_registers = params.get("q_in_registers", not pingpong and not widest)
     swizzle = params.get("swizzle", True)
-    for name, value in (("q_in_registers", q_in_registers), ("swizzle", swizzle)):
+    persistent = params.get("persistent", False)
+    for name, value in (
+        ("q_in_registers", q_in_registers),
+        ("swizzle", swizzle),
+        ("persistent", persistent),
+    ):
         if not isinstance(value, bool):
             raise TgcError(
                 f"attention template parameters: {name} must be true or false, not {value!r}"
@@ -446,6 +455,7 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
     # with swizzling up to 1023 bytes to align Q to 1024.
     shared_bytes = 2 * (128 * d + 2 * stages * bn * d) + 16 + (1024 if swizzle else 0)
     step = {"k": d * 16, "n": 128}  # bytes between V's core matrices along keys, head dim
+    min_blocks = 2 if (d, bn) == (64, 64) else 1  # blocks an SM (the launch bounds' registers)
     source = render(
         "attention_wgmma.cu.j2",
         **{**common, "d": d},
@@ -459,17 +469,25 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
         swizzle=swizzle,
         group=group,
         stages=stages,
-        min_blocks=2 if (d, bn) == (64, 64) else 1,
+        min_blocks=min_blocks,
+        persistent=persistent,
         shared_bytes=shared_bytes,
         v_lbo=step[WGMMA_V_OFFSETS[0]],
         v_sbo=step[WGMMA_V_OFFSETS[1]],
     )
-    grid = (common["nb"] * nq, 1, 1)
+    items = common["nb"] * nq
+    if persistent:  # as many blocks as run at once on the GPU (module doc of the template)
+        limits = gpu_limits(params.get("arch"))
+        resident = limits.sms * min(min_blocks, limits.blocks_by_shared(shared_bytes))
+        grid = (min(items, resident), 1, 1)
+    else:
+        grid = (items, 1, 1)
     chosen = {
         "block_m": 128,
         "block_n": bn,
         "tensor_cores": True,
         "wgmma": True,
+        "persistent": persistent,
         "overlap": overlap,
         "pingpong": pingpong,
         "q_in_registers": q_in_registers,

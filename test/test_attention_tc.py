@@ -346,6 +346,36 @@ def test_wgmma_pads_a_head_dim_between_its_widths_with_zero_columns():
         )
 
 
+def test_persistent_blocks_take_query_tiles_in_turn_and_copy_the_next_ones_early():
+    """persistent=true: as many blocks as an H100/H200 runs at once (one an SM at head dim 128,
+    two at 64 with 64-key tiles), each looping over the query tiles; the next tile's Q and
+    first K are copied after both warpgroups are done with this one's, before its O is stored.
+    Off by default; a tile count under the grid's keeps one block a tile."""
+    text = heads_text(4, 8, 600, 600, 128, 128, "bf16", True)  # 32 heads x 5 query tiles
+    k = generate_kernel(attention_region(text), {"arch": "sm_90", "persistent": True})
+    assert k.params["persistent"] is True and k.grid == (132, 1, 1)
+    src = k.source
+    assert "constexpr int ITEMS = 32 * NQ;" in src
+    assert "for (int item = blockIdx.x; item < ITEMS; item += gridDim.x) {" in src
+    assert "origin(item + gridDim.x, next_bz, next_q0);" in src
+    assert src.index("load_rows(Qs, q_at(next_bz)") < src.index("// Normalise by the row sums")
+    two = generate_kernel(
+        attention_region(heads_text(8, 8, 600, 600, 64, 64, "bf16")),
+        {"arch": "sm_90", "persistent": True},
+    )
+    assert two.grid == (264, 1, 1) and "__launch_bounds__(256, 2)" in two.source
+    few = generate_kernel(
+        attention_region(heads_text(1, 2, 300, 300, 128, 128)),
+        {"arch": "sm_90", "persistent": True},
+    )
+    assert few.grid == (2 * 3, 1, 1)
+    default = generate_kernel(attention_region(text), {"arch": "sm_90"})
+    assert default.params["persistent"] is False and default.grid == (32 * 5, 1, 1)
+    assert "ITEMS" not in default.source and "next_bz" not in default.source
+    with pytest.raises(TgcError, match="persistent must be true or false, not 1"):
+        generate_kernel(attention_region(text), {"arch": "sm_90", "persistent": 1})
+
+
 @pytest.mark.parametrize(
     "text, arch, wgmma",
     [
@@ -515,6 +545,9 @@ WGMMA_COMPILED = [
     (heads_text(1, 2, 300, 300, 256, 256, "f16", True, False, "heads"), {"overlap": False}),
     # head dims padded to the layout's width: 80 in 128 (ping-pong), 160 in 256
     (heads_text(2, 3, 1000, 1000, 80, 80, "bf16", True, True, "heads"), {}),
+    # persistent blocks: ping-pong at 128, two blocks an SM at 64
+    (heads_text(4, 8, 600, 600, 128, 128, "bf16", False, True, "heads"), {"persistent": True}),
+    (heads_text(8, 8, 600, 600, 64, 64, "bf16", True, False, "qkv"), {"persistent": True}),
     (heads_text(1, 2, 300, 300, 160, 160, "f16", False, True, "heads"), {}),
 ]
 
@@ -946,6 +979,11 @@ WGMMA_VARIANTS = [
     ((1, 2, 200, 333, 72, 72, "flat", True, False), {}),
     ((2, 3, 300, 300, 96, 96, "qkv", False, True), {"block_n": 64, "pingpong": False}),
     ((1, 2, 300, 300, 160, 160, "heads", False, True), {}),
+    # Persistent blocks, more query tiles than blocks (132 at head dims 80 and 128, 264 at 64):
+    # ping-pong, causal; without it, a mask; padded.
+    ((4, 8, 600, 600, 128, 128, "heads", False, True), {"persistent": True}),
+    ((8, 8, 600, 600, 64, 64, "qkv", True, False), {"persistent": True}),
+    ((4, 8, 600, 600, 80, 80, "heads", True, True), {"persistent": True}),
 ]
 
 

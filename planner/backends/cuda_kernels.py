@@ -359,6 +359,7 @@ TUNABLE: dict[str, dict[str, tuple]] = {
         "pingpong": (False, True),
         "head_group": (1, 4, 16, 64),
         "swizzle": (False, True),
+        "persistent": (False, True),  # the wgmma kernel's blocks take query tiles in turn
         "decode": (True, False),  # the split-KV skeleton (codegen/attention_decode.py)
         "splits": (1, 2, 4, 8, 16, 32, 64),
     },
