@@ -21,6 +21,9 @@
 #                                               # prologues', bench/matmul_wgmma.py (TMA
 #                                               # beside cp.async, mma.sync and cuBLAS) and
 #                                               # bench/matmul_prologue.py
+#   STAGE=persistent bash bench/gpu_session.sh  # the wgmma attention's persistent blocks: its GPU
+#                                               # tests, then the grid at head dims 64, 80 and
+#                                               # 128 with persistent=false and true (issue 24)
 #   STAGE=kernels    bash bench/gpu_session.sh  # the GPU tests of the kernels alone: attention
 #                                               # (every head dim, decode), the few-rows matmul, the rotary and group
 #                                               # norm fusions, cuBLASLt, the convolution
@@ -206,6 +209,14 @@ tma)
   timeout -k 15 150 python3 bench/matmul_prologue.py --commit "$commit" --out "$out" \
     >"$out/matmul-prologue.txt" 2>&1
   echo "matmul_prologue -> exit $?"
+  ;;
+persistent)
+  pytest_gpu_parallel persistent 150 test/test_attention_tc.py -k "wgmma"
+  for d in D128 D64 D80; do
+    timeout -k 15 170 python3 bench/attention_tc.py --grid --only "$d" --commit "$commit" \
+      --out "$out/$d" --params "persistent=false;persistent=true" >>"$out/attention-grid.txt" 2>&1
+    echo "attention_tc --grid --only $d persistent -> exit $?"
+  done
   ;;
 gemv)
   pytest_gpu_parallel gemv 120 test/test_matmul_gemv.py
