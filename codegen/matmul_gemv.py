@@ -114,7 +114,10 @@ def generate_gemv(
     )
     if why is not None:
         raise TgcError(f"the few-rows matmul cannot run '{label}': {why}", loc)
-    warps = params.setdefault("warps", 8 if mma else 4)
+    # 8 warps with a prologue: every block computes A, so fewer, wider blocks compute it fewer
+    # times (at 1 row 8 warps streamed B as fast as 4 on an H200: bench/results/matmul_gemv-*-b.md)
+    prologue = operands.get("prologue")
+    warps = params.setdefault("warps", 8 if mma or prologue is not None else 4)
     unroll = params.setdefault("unroll", 4)
     checked = [("warps", warps, GEMV_WARPS), ("unroll", unroll, GEMV_UNROLL)]
     if mma:
@@ -135,7 +138,6 @@ def generate_gemv(
                 loc,
             )
     pair_t, pair_to_float2 = GEMV_TYPES[dims["elem"]]
-    prologue = operands.get("prologue")
     staged = (
         prologue is not None and rows * dims["k"] * ELEMENT_BYTES[dims["elem"]] <= STAGED_A_BYTES
     )

@@ -34,6 +34,7 @@ def test_a_norm_before_a_few_rows_product_is_computed_where_a_is_read():
     shared memory in bf16, read there by the products as B is streamed."""
     k = generate_kernel(fused_region(rms_norm_text((1, 1), 64, 128)), dict(SM90))
     assert k.params["gemv"] is True and k.params["gemv_mma"] is False
+    assert k.params["warps"] == 8 and k.block == (256, 1, 1)  # A computed by fewer blocks
     assert "float rowv0[ROWS];" in k.source
     assert "__shared__ __align__(16) T a_tile[ROWS * K];" in k.source
     assert "a_tile[r * K + kk] = __float2bfloat16_rn(" in k.source
