@@ -50,6 +50,7 @@ from tgc.cuda_target import TC_TYPES, gpu_limits
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import FusedOp
 from tgc.ir import Operation, Value
+from tgc.types import ELEMENT_BYTES
 
 
 @dataclass(frozen=True)
@@ -249,8 +250,17 @@ def _generate_tensor_core(
 def _generate_wgmma(
     op: FusedOp, mm: Operation, shape: _Shape, params: dict, symbol: str, decl: tuple
 ) -> KernelSource:
-    """matmul_wgmma.cu.j2 (codegen/matmul_wgmma.py); a TgcError where it does not fit."""
+    """matmul_wgmma.cu.j2 (codegen/matmul_wgmma.py), with its stores of two and of eight
+    neighbouring columns; a TgcError where it does not fit."""
     dims, operands = _skeleton_arguments(op, mm, shape, decl, indent=12)
+    _, ptrs, outs = decl
+    operands.update(
+        pair_epilogue=_pair_epilogue(op, mm, shape, ptrs, outs, indent=12),
+        pairs_aligned=_pairs_aligned(op, outs),
+        word_epilogue=_word_epilogue(op, mm, shape, ptrs, indent=16),
+        word_output=outs[0],
+        output_at=linear_offset(shape.out, shape.bcoords + ("m", "nv")),
+    )
     return generate_wgmma(symbol, dims, operands, params, kernel_label(op), op.loc)
 
 
@@ -397,11 +407,6 @@ def _skeleton_arguments(
         a_batch_offset=shape.a_offset,
         b_batch_offset=shape.b_offset,
         epilogue=_epilogue(op, mm, shape, ptrs, outs, indent=indent),
-        pair_epilogue=_pair_epilogue(op, mm, shape, ptrs, outs, indent=indent),
-        pairs_aligned=_pairs_aligned(op, outs),
-        word_epilogue=_word_epilogue(op, mm, shape, ptrs, indent=indent + 4),
-        word_output=outs[0],
-        output_at=linear_offset(shape.out, shape.bcoords + ("m", "nv")),
         num_inputs=len(op.operands),
         num_outputs=len(op.results),
         ir_name=op.attr("name"),
@@ -554,7 +559,7 @@ def _word_epilogue(
     16-byte stores; else None. An epilogue that loads (a bias, a residual) stores pairs: its
     loads cannot pass the gathering shuffles, and on an H200 such epilogues ran 12-36% slower
     gathered than stored in pairs (bench/results/matmul_wgmma-stores16-*.md)."""
-    if len(op.results) != 1 or op.results[0].type.element_type not in ("bf16", "f16"):
+    if len(op.results) != 1 or ELEMENT_BYTES[op.results[0].type.element_type] != 2:
         return None
     if any(x in ptrs for e in op.body.ops if e is not mm for x in e.operands):
         return None
