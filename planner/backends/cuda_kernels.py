@@ -343,7 +343,7 @@ TUNABLE: dict[str, dict[str, tuple]] = {
         "wgmma": (False, True),  # the Hopper skeleton (sm_90), default there where it fits
         "tma": (True, False),  # its copies: TMA boxes (default where they fit), cp.async
         "gemv": (True, False),  # the few-rows skeleton, default where it fits
-        "gemv_mma": (False, True),  # its tensor-core variant (not yet run on a GPU)
+        "gemv_mma": (False, True),  # its tensor-core variant
         "warps": (2, 4, 8),  # its warps a block, columns a warp and loads in flight a lane
         "columns": (1, 2, 4),
         "unroll": (1, 2, 4, 8),
