@@ -32,12 +32,13 @@ consumer reads the kernel's buffer as it is and no transpose kernel follows.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from tgc.codegen.attention_decode import decode_by_default, decode_kernel
 from tgc.codegen.cuda_ops import STORAGE_CTYPE
-from tgc.codegen.render import KernelSource, is_gpu_arch, kernel_label, render
+from tgc.codegen.render import KernelSource, TensorMap, is_gpu_arch, kernel_label, render
 
 # The head dims the mma.sync kernel takes: multiples of 8 (one 16-byte copy), padded to the
 # mma's k step of 16 in shared memory with zero columns (72, as some models have, runs as 80),
@@ -100,7 +101,7 @@ def generate_attention(fused: FusedOp, params: dict, symbol: str) -> KernelSourc
         )
     else:
         make = _f32_kernel
-    source, grid, block, shared_bytes, template_params = make(att, ops, common, params)
+    source, grid, block, shared_bytes, template_params, *maps = make(att, ops, common, params)
     params = dict(params)
     for key, value in template_params.items():
         params.setdefault(key, value)
@@ -119,6 +120,8 @@ def generate_attention(fused: FusedOp, params: dict, symbol: str) -> KernelSourc
     ks.shared_bytes = shared_bytes
     if make is _wgmma_kernel:
         ks.arch_features = "sm_90a"
+    if maps:
+        ks.tensor_maps = maps[0]
     return ks
 
 
@@ -408,6 +411,11 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
             "attention template parameters: wgmma needs bf16/f16 operands the tensor-core kernel "
             f"takes and head dims d = d_v up to 256 (got {elem}, {d} and {dv})"
         )
+    tma = params.get("tma", False)
+    if not isinstance(tma, bool):
+        raise TgcError(f"attention template parameters: tma must be true or false, not {tma!r}")
+    if tma:
+        return _wgmma_tma_kernel(att, ops, common, params)
     d = _wgmma_width(d)  # the layout's width; the operands' own head dim is common["d"]
     # Head dim 128 by default in 128-key tiles with ping-pong: on an H200 (2026-11-28,
     # bench/results/attention_tile-sweep-*.md) 15% faster than 64-key tiles without it at
@@ -488,6 +496,7 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
         "tensor_cores": True,
         "wgmma": True,
         "persistent": persistent,
+        "tma": False,
         "overlap": overlap,
         "pingpong": pingpong,
         "q_in_registers": q_in_registers,
@@ -495,6 +504,140 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
         "head_group": group,
     }
     return source, grid, (256, 1, 1), shared_bytes, chosen
+
+
+# The TMA kernel's registers a thread (setmaxnreg): the producer warpgroup's 128 threads give
+# theirs to the two consumer warpgroups' 256 (65,536 in all; 168 each at launch).
+TMA_PRODUCER_REGISTERS, TMA_CONSUMER_REGISTERS = 24, 240
+TMA_MAX_RANK = 5  # a tensor map's dims: the head dim, the rows, at most three batch dims
+TMA_MAX_STAGES = 4
+
+
+@dataclass(frozen=True)
+class _OperandMap:
+    """An attention operand's tensor map and the C expressions of its batch coordinates (of
+    the flat batch index `bz`), innermost first as the copy takes them."""
+
+    spec: TensorMap
+    coords: tuple[str, ...]
+
+    @property
+    def rank(self) -> int:
+        return len(self.spec.dims)
+
+
+def _tma_operand_map(
+    o: dict, batch_shape: list[int], rows: int, head_dim: int, elem: str, box_rows: int
+):
+    """The tensor map of operand layout `o` (q, k or v: `rows` rows of `head_dim` columns
+    per batch entry), in boxes of 64 columns x `box_rows` rows; None where a tensor map cannot
+    describe it (more than three batch dims that are not broadcast)."""
+    item = 2  # bf16 and f16
+    dims, strides, coords = [head_dim, rows], [o["row"] * item], []
+    # Innermost batch dim first; a broadcast dim (stride 0) is no dim of the map, and a dim read
+    # by index / divisor (grouped-query heads) has that many fewer entries.
+    batch = zip(_batch_coords(batch_shape), o["batch"], o["div"], batch_shape)
+    for coord, stride, div, size in reversed(list(batch)):
+        if stride == 0:
+            continue
+        dims.append(-(-size // div))
+        strides.append(stride * item)
+        coords.append(coord if div == 1 else f"({coord} / {div})")
+    if len(dims) > TMA_MAX_RANK:
+        return None
+    box = (64, box_rows) + (1,) * (len(dims) - 2)
+    spec = TensorMap(int(o["ptr"][2:]), elem, tuple(dims), tuple(strides), box, o["offset"] * item)
+    return _OperandMap(spec, tuple(coords))
+
+
+def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: dict):
+    """attention_wgmma_tma.cu.j2 (template parameters `wgmma` and `tma`): warp-specialised,
+    persistent, a TMA producer warpgroup and two consumer warpgroups in ping-pong (the
+    template's header). `block_n` 64 or 128 (default 128, 64 at head dim 256), `stages` (the
+    rings' depth, default as many as fit, at most 4), `q_in_registers` (default at head dim 64
+    and below), `head_group` as the other kernels. Its q, k and v must be 16-byte aligned (a
+    located error at launch otherwise, runtime/tensor_map.py)."""
+    elem, head_dim = att.operands[0].type.element_type, common["d"]
+    d = _wgmma_width(head_dim)
+    for name in ("overlap", "pingpong", "persistent", "swizzle"):
+        if params.get(name, True) is not True:
+            raise TgcError(
+                f"attention template parameters: the TMA kernel always runs {name}; "
+                f"{name}=false needs tma=false"
+            )
+    bn = params.get("block_n", 64 if d == 256 else 128)
+    if bn not in (64, 128) or (d == 256 and bn != 64):
+        raise TgcError(
+            f"attention template parameters: the TMA kernel takes block_n 64 or 128 (64 at head "
+            f"dim 256), not {bn!r}"
+        )
+    q_in_registers = params.get("q_in_registers", d <= 64)
+    if not isinstance(q_in_registers, bool):
+        raise TgcError(
+            "attention template parameters: q_in_registers must be true or false, not "
+            f"{q_in_registers!r}"
+        )
+    limits = gpu_limits("sm_90")
+    tile = 2 * bn * d  # one K or V tile's bytes
+    barriers = 8 * (2 + 4 * TMA_MAX_STAGES) + 16  # the mbarriers and softmax_done's word
+
+    def shared(stages: int) -> int:  # Q, the rings, 1024 bytes to align them, the barriers
+        return 2 * 128 * d + 2 * stages * tile + 1024 + barriers
+
+    fit = max(s for s in range(1, TMA_MAX_STAGES + 1) if shared(s) <= limits.shared_per_block)
+    stages = params.get("stages", fit)
+    if not isinstance(stages, int) or not 2 <= stages <= fit:
+        raise TgcError(
+            f"attention template parameters: the TMA kernel at head dim {d} with block_n {bn} "
+            f"takes 2 to {fit} stages (shared memory), not {stages!r}"
+        )
+    batch_shape = common["batch_shape"]
+    maps = {
+        "q": _tma_operand_map(ops["q"], batch_shape, common["seq_q"], head_dim, elem, 128),
+        "k": _tma_operand_map(ops["k"], batch_shape, common["seq_k"], head_dim, elem, bn),
+        "v": _tma_operand_map(ops["v"], batch_shape, common["seq_k"], head_dim, elem, bn),
+    }
+    if any(m is None for m in maps.values()):
+        raise TgcError(
+            f"attention template parameters: the TMA kernel reads q, k and v with at most "
+            f"{TMA_MAX_RANK - 2} batch dims that are not broadcast, not {len(batch_shape)}"
+        )
+    group = _head_group(common, params)
+    nq = (common["seq_q"] + 127) // 128
+    items = common["nb"] * nq
+    shared_bytes = shared(stages)
+    source = render(
+        "attention_wgmma_tma.cu.j2",
+        **{**common, "d": d},
+        head_dim=head_dim,
+        **_tensor_core_arguments(att, ops, common),
+        bn=bn,
+        nq=nq,
+        stages=stages,
+        group=group,
+        maps=maps,
+        q_in_registers=q_in_registers,
+        overlap=True,
+        swizzle=True,
+        producer_registers=TMA_PRODUCER_REGISTERS,
+        consumer_registers=TMA_CONSUMER_REGISTERS,
+        shared_bytes=shared_bytes,
+        v_lbo=0,  # (the unswizzled layout's; the swizzled one's are constants)
+        v_sbo=0,
+    )
+    chosen = {
+        "block_m": 128,
+        "block_n": bn,
+        "tensor_cores": True,
+        "wgmma": True,
+        "tma": True,
+        "stages": stages,
+        "q_in_registers": q_in_registers,
+        "head_group": group,
+    }
+    grid = (min(items, limits.sms), 1, 1)
+    specs = tuple(maps[n].spec for n in ("q", "k", "v"))
+    return source, grid, (384, 1, 1), shared_bytes, chosen, specs
 
 
 def _f32_literal(x: float) -> str:
@@ -651,15 +794,21 @@ def _mark_vector_loads(ops: dict[str, dict], elem: str, d: int, dv: int) -> None
         )
 
 
-def _bases(ops: dict[str, dict], batch_shape: list[int]) -> dict:
-    """The operand and output layouts and the C expression of each one's start for the flat
-    batch index `bz` (row-major over batch_shape)."""
-    bcoords = []
+def _batch_coords(batch_shape: list[int]) -> list[str]:
+    """The C expression of each batch coordinate of the flat batch index `bz` (row-major)."""
+    coords = []
     rest = "bz"
     for i in range(len(batch_shape) - 1, -1, -1):
         n = batch_shape[i]
-        bcoords.insert(0, f"({rest} % {n})" if i > 0 else rest)
+        coords.insert(0, f"({rest} % {n})" if i > 0 else rest)
         rest = f"({rest} / {n})"
+    return coords
+
+
+def _bases(ops: dict[str, dict], batch_shape: list[int]) -> dict:
+    """The operand and output layouts and the C expression of each one's start for the flat
+    batch index `bz` (row-major over batch_shape)."""
+    bcoords = _batch_coords(batch_shape)
 
     def base(o) -> str:
         divs = o.get("div") or [1] * len(o["batch"])

@@ -77,13 +77,15 @@ class TensorMap:
     pointers: the tile box `box` of input `operand`, seen as a tensor of `dims` elements of
     `elem` (innermost first) whose dims after the first lie `strides` bytes apart, copied into
     shared memory with 128-byte swizzling, what lies outside read as zeros. The launcher makes
-    it from the operand's address (runtime/tensor_map.py)."""
+    it from the operand's address (runtime/tensor_map.py), `offset` bytes on (a view that starts
+    inside its buffer)."""
 
     operand: int
     elem: str
     dims: tuple[int, ...]
     strides: tuple[int, ...]
     box: tuple[int, ...]
+    offset: int = 0
 
     # The driver's enums (cuda.h): CUtensorMapDataType by element type, then the swizzle
     # (128 bytes), L2 promotion (256 bytes) and out-of-bounds fill (zeros) every map takes.

@@ -224,18 +224,35 @@ def _checked(call: str) -> str:
 
 
 def _tensor_map_code(i: int, spec: TensorMap, operand: Buffer) -> str:
-    """The call making tensor map `i` of a launch (tgc_tensor_map, standalone.cu.j2)."""
+    """The call making tensor map `i` of a launch (tgc_tensor_map, standalone.cu.j2), its dims,
+    strides and box in arrays of their own."""
+    rank = len(spec.dims)
+    address = _pointer(operand)
+    if spec.offset:
+        address = f"(const char*) {address} + {spec.offset}"
+
+    def array(ctype: str, name: str, values) -> str:
+        return f"const {ctype} {name}{i}[{len(values)}] = {{{', '.join(map(str, values))}}};"
+
     numbers = [
         spec.data_type,
-        _pointer(operand),
-        *spec.dims,
-        *spec.strides,
-        *spec.box,
+        address,
+        rank,
+        f"tgc_dims{i}",
+        f"tgc_strides{i}",
+        f"tgc_box{i}",
         spec.SWIZZLE_128B,
         spec.L2_PROMOTION_256B,
         spec.OOB_FILL_ZEROS,
     ]
-    return _checked(f"tgc_tensor_map(&tgc_maps[{i}], {', '.join(map(str, numbers))})")
+    return "\n  ".join(
+        [
+            array("unsigned long long", "tgc_dims", spec.dims),
+            array("unsigned long long", "tgc_strides", spec.strides or (0,)),
+            array("unsigned int", "tgc_box", spec.box),
+            _checked(f"tgc_tensor_map(&tgc_maps[{i}], {', '.join(map(str, numbers))})"),
+        ]
+    )
 
 
 def _step_code(step: Step) -> str:

@@ -64,6 +64,7 @@ def _encode_tiled():
 def encode(spec: TensorMap, address: int) -> bytes:
     """The tensor map of `spec` over the operand at device `address`; a TgcError (without the
     kernel's name: `kernel_arguments` adds it) where the driver refuses it."""
+    address += spec.offset
     if address % ALIGNMENT:
         raise TgcError(
             f"its operand {spec.operand} is not {ALIGNMENT}-byte aligned (a TMA copy's need)"

@@ -982,6 +982,20 @@ WGMMA_VARIANTS = [
     ((4, 8, 600, 600, 128, 128, "heads", False, True), {"persistent": True}),
     ((8, 8, 600, 600, 64, 64, "qkv", True, False), {"persistent": True}),
     ((4, 8, 600, 600, 80, 80, "heads", True, True), {"persistent": True}),
+    # The TMA kernel (producer warpgroup, ping-pong consumers, persistent): one key tile, keys
+    # past the queries, stages wrapping over many tiles and over query tiles (more than 132),
+    # both head dims, Q in registers or not, masks, GPT-2's strided qkv rows (offsets into one
+    # buffer), padded head dims (the copies' zero fill), head dim 256.
+    ((2, 3, 63, 63, 64, 64, "heads", False, True), {"tma": True}),
+    ((1, 3, 65, 200, 128, 128, "heads", True, True), {"tma": True}),
+    ((1, 2, 1030, 1030, 128, 128, "heads", False, True), {"tma": True}),
+    ((1, 2, 1030, 1030, 128, 128, "heads", True, False), {"tma": True, "q_in_registers": True}),
+    ((1, 2, 1030, 1030, 64, 64, "heads", True, True), {"tma": True}),
+    ((8, 8, 600, 600, 64, 64, "qkv", False, True), {"tma": True, "q_in_registers": False}),
+    ((4, 8, 600, 600, 128, 128, "heads", False, False), {"tma": True, "stages": 2}),
+    ((4, 8, 600, 600, 80, 80, "heads", True, True), {"tma": True}),
+    ((1, 2, 200, 333, 72, 72, "flat", True, False), {"tma": True, "block_n": 64}),
+    ((1, 2, 300, 300, 256, 256, "heads", True, True), {"tma": True}),
 ]
 
 

@@ -401,11 +401,17 @@ def test_a_kernel_with_tma_tensor_maps_gets_them_made_before_its_launch(tmp_path
     launch.kernel = generate_kernel(fused, TMA)  # as a plan choosing TMA copies would have it
     assert len(launch.kernel.tensor_maps) == 2
     source = write_file([program], ["tgc_run_f"], module_names(), "tma.tg")
+    assert "const unsigned long long tgc_dims0[3] = {64, 300, 1};" in source
+    assert "const unsigned long long tgc_strides0[2] = {128, 38400};" in source
+    assert "const unsigned int tgc_box0[3] = {64, 128, 1};" in source
     assert (
-        "tgc_tensor_map(&tgc_maps[0], 9, (const __nv_bfloat16*) inputs[0], 64, 300, 1, 128, "
-        "38400, 64, 128, 1, 3, 3, 0)" in source
+        "tgc_tensor_map(&tgc_maps[0], 9, (const __nv_bfloat16*) inputs[0], 3, tgc_dims0, "
+        "tgc_strides0, tgc_box0, 3, 3, 0)" in source
     )
-    assert "tgc_tensor_map(&tgc_maps[1], 9, (const __nv_bfloat16*) inputs[1], 520, 64, 1" in source
+    assert "const unsigned long long tgc_dims1[3] = {520, 64, 1};" in source
+    assert (
+        "tgc_tensor_map(&tgc_maps[1], 9, (const __nv_bfloat16*) inputs[1], 3, tgc_dims1" in source
+    )
     assert f"{launch.kernel.name}<<<dim3(15, 1, 1), dim3(384, 1, 1), " in source
     assert "stream>>>(tgc_maps[0], tgc_maps[1], (const __nv_bfloat16*) inputs[0]" in source
     flags = [*launch.kernel.nvcc_target("sm_90"), "-DTGC_STANDALONE_MAIN"]
