@@ -24,6 +24,9 @@
 #   STAGE=persistent bash bench/gpu_session.sh  # the wgmma attention's persistent blocks: its GPU
 #                                               # tests, then the grid at head dims 64, 80 and
 #                                               # 128 with persistent=false and true (issue 24)
+#   STAGE=attention-tma bash bench/gpu_session.sh  # the TMA attention kernel: its GPU tests with
+#                                               # the other wgmma ones, then the grid at head dims
+#                                               # 128, 64 and 80 with tma=false and true (issue 24)
 #   STAGE=kernels    bash bench/gpu_session.sh  # the GPU tests of the kernels alone: attention
 #                                               # (every head dim, decode), the few-rows matmul, the rotary and group
 #                                               # norm fusions, cuBLASLt, the convolution
@@ -218,6 +221,16 @@ persistent)
     echo "attention_tc --grid --only $d persistent -> exit $?"
   done
   ;;
+attention-tma)
+  # one case first: a deadlocked kernel costs its 60 s, not the stage
+  pytest_gpu attention-tma-first 60 test/test_attention_tc.py -k "variants and shape39-params39"
+  pytest_gpu_parallel attention-tma 150 test/test_attention_tc.py -k "wgmma"
+  for d in D128 D64 D80; do
+    timeout -k 15 170 python3 bench/attention_tc.py --grid --only "$d" --commit "$commit" \
+      --out "$out/$d" --params "tma=false;tma=true" >>"$out/attention-grid.txt" 2>&1
+    echo "attention_tc --grid --only $d tma -> exit $?"
+  done
+  ;;
 gemv)
   pytest_gpu_parallel gemv 120 test/test_matmul_gemv.py
   timeout -k 15 300 python3 bench/matmul_gemv.py --commit "$commit" --out "$out" --variants \
@@ -283,7 +296,7 @@ bert)
     test/test_bench_real_models.py
   ;;
 *)
-  echo "STAGE must be tests, validate, cuda, kernels, tma, gemv, decode, models, backend, backend-bert, attention," \
+  echo "STAGE must be tests, validate, cuda, kernels, tma, attention-tma, gemv, decode, models, backend, backend-bert, attention," \
     "grid, autotune, generate, first-call, generate16, more, vision-f32, vision-b1 or bert" >&2
   exit 2
   ;;
