@@ -360,6 +360,8 @@ TUNABLE: dict[str, dict[str, tuple]] = {
         "head_group": (1, 4, 16, 64),
         "swizzle": (False, True),
         "persistent": (False, True),  # the wgmma kernel's blocks take query tiles in turn
+        "tma": (False, True),  # the warp-specialised wgmma kernel: a TMA producer warpgroup
+        "stages": (2, 3, 4),  # its rings' depth
         "decode": (True, False),  # the split-KV skeleton (codegen/attention_decode.py)
         "splits": (1, 2, 4, 8, 16, 32, 64),
     },
