@@ -555,8 +555,8 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
     persistent, a TMA producer warpgroup and two consumer warpgroups in ping-pong (the
     template's header). `block_n` 64 or 128 (default 128, 64 at head dim 256), `stages` (the
     rings' depth, default as many as fit, at most 4), `q_in_registers` (default at head dim 64
-    and below), `head_group` as the other kernels. Its q, k and v must be 16-byte aligned (a
-    located error at launch otherwise, runtime/tensor_map.py)."""
+    and below); the query tiles go in pairs of a batch entry (no `head_group`). Its q, k and v
+    must be 16-byte aligned (a located error at launch otherwise, runtime/tensor_map.py)."""
     elem, head_dim = att.operands[0].type.element_type, common["d"]
     d = _wgmma_width(head_dim)
     for name in ("overlap", "pingpong", "persistent", "swizzle"):
@@ -565,6 +565,11 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
                 f"attention template parameters: the TMA kernel always runs {name}; "
                 f"{name}=false needs tma=false"
             )
+    if "head_group" in params:
+        raise TgcError(
+            "attention template parameters: the TMA kernel orders its query tiles by batch entry "
+            "(the template says why); head_group needs tma=false"
+        )
     bn = params.get("block_n", 64 if d == 256 else 128)
     if bn not in (64, 128) or (d == 256 and bn != 64):
         raise TgcError(
@@ -602,9 +607,8 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
             f"attention template parameters: the TMA kernel reads q, k and v with at most "
             f"{TMA_MAX_RANK - 2} batch dims that are not broadcast, not {len(batch_shape)}"
         )
-    group = _head_group(common, params)
     nq = (common["seq_q"] + 127) // 128
-    items = common["nb"] * nq
+    units = common["nb"] * ((nq + 1) // 2)  # two query tiles a unit (the template says why)
     shared_bytes = shared(stages)
     source = render(
         "attention_wgmma_tma.cu.j2",
@@ -614,7 +618,6 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
         bn=bn,
         nq=nq,
         stages=stages,
-        group=group,
         maps=maps,
         q_in_registers=q_in_registers,
         overlap=True,
@@ -633,9 +636,8 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
         "tma": True,
         "stages": stages,
         "q_in_registers": q_in_registers,
-        "head_group": group,
     }
-    grid = (min(items, limits.sms), 1, 1)
+    grid = (min(units, limits.sms), 1, 1)
     specs = tuple(maps[n].spec for n in ("q", "k", "v"))
     return source, grid, (384, 1, 1), shared_bytes, chosen, specs
 
