@@ -386,6 +386,14 @@ def _tensor_core_arguments(att: Operation, ops: dict[str, dict], common: dict) -
 WGMMA_V_OFFSETS = ("k", "n")
 
 
+def _tma_by_default(common: dict) -> bool:
+    """The TMA kernel is the wgmma kernel's default but at head dims up to 64 with a causal mask:
+    on an H200 (2026-11-29, bench/results/attention_grid-tma-*) it ran head dims 72 to 256 and
+    64 without a mask faster at every measured size, and 64 causal slower from 2k positions
+    (86-90% of SDPA's speed against 94-97%: the other kernel runs two blocks an SM there)."""
+    return _wgmma_width(common["d"]) > 64 or not common["causal"]
+
+
 def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: dict):
     """attention_wgmma.cu.j2 (template parameter `wgmma`; the default where `arch` is sm_90):
     two warpgroups of 64 queries, wgmma for Q K^T (Q from registers with `q_in_registers`,
@@ -411,7 +419,7 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
             "attention template parameters: wgmma needs bf16/f16 operands the tensor-core kernel "
             f"takes and head dims d = d_v up to 256 (got {elem}, {d} and {dv})"
         )
-    tma = params.get("tma", False)
+    tma = params.get("tma", _tma_by_default(common))
     if not isinstance(tma, bool):
         raise TgcError(f"attention template parameters: tma must be true or false, not {tma!r}")
     if tma:
@@ -511,6 +519,10 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
 TMA_PRODUCER_REGISTERS, TMA_CONSUMER_REGISTERS = 24, 240
 TMA_MAX_RANK = 5  # a tensor map's dims: the head dim, the rows, at most three batch dims
 TMA_MAX_STAGES = 4
+# Batch entries a group of the TMA kernel's query tiles (`head_group`): on an H200 (2026-11-29,
+# bench/results/attention_grid-tma-*) 8 ran head dim 64 without a mask 7-8% faster than one
+# entry's tiles after another, and head dim 128 as fast.
+TMA_HEAD_GROUP = 8
 
 
 @dataclass(frozen=True)
@@ -555,8 +567,9 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
     persistent, a TMA producer warpgroup and two consumer warpgroups in ping-pong (the
     template's header). `block_n` 64 or 128 (default 128, 64 at head dim 256), `stages` (the
     rings' depth, default as many as fit, at most 4), `q_in_registers` (default at head dim 64
-    and below); the query tiles go in pairs of a batch entry (no `head_group`). Its q, k and v
-    must be 16-byte aligned (a located error at launch otherwise, runtime/tensor_map.py)."""
+    and below), `head_group` (default TMA_HEAD_GROUP): the query tiles go in pairs of a batch
+    entry, in groups of that many entries. Its q, k and v must be 16-byte aligned (a located
+    error at launch otherwise, runtime/tensor_map.py)."""
     elem, head_dim = att.operands[0].type.element_type, common["d"]
     d = _wgmma_width(head_dim)
     for name in ("overlap", "pingpong", "persistent", "swizzle"):
@@ -565,11 +578,6 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
                 f"attention template parameters: the TMA kernel always runs {name}; "
                 f"{name}=false needs tma=false"
             )
-    if "head_group" in params:
-        raise TgcError(
-            "attention template parameters: the TMA kernel orders its query tiles by batch entry "
-            "(the template says why); head_group needs tma=false"
-        )
     bn = params.get("block_n", 64 if d == 256 else 128)
     if bn not in (64, 128) or (d == 256 and bn != 64):
         raise TgcError(
@@ -609,6 +617,7 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
         )
     nq = (common["seq_q"] + 127) // 128
     units = common["nb"] * ((nq + 1) // 2)  # two query tiles a unit (the template says why)
+    group = _head_group(common, {"head_group": TMA_HEAD_GROUP, **params})
     shared_bytes = shared(stages)
     source = render(
         "attention_wgmma_tma.cu.j2",
@@ -618,6 +627,7 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
         bn=bn,
         nq=nq,
         stages=stages,
+        group=group,
         maps=maps,
         q_in_registers=q_in_registers,
         overlap=True,
@@ -636,6 +646,7 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
         "tma": True,
         "stages": stages,
         "q_in_registers": q_in_registers,
+        "head_group": group,
     }
     grid = (min(units, limits.sms), 1, 1)
     specs = tuple(maps[n].spec for n in ("q", "k", "v"))

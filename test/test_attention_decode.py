@@ -150,9 +150,17 @@ def test_grouped_kv_is_read_by_index_from_the_unexpanded_cache():
     assert k.params["decode"] and "ROWS = 4" in k.source and k.grid[0] == 4 * k.params["splits"]
     prefill = attention_region(gqa_text(1, 8, 2, 100, 100, 64))
     assert [list(a.type.shape) for a in prefill.operands][1] == [1, 2, 100, 64]
-    for params in ({}, {"wgmma": True, "arch": "sm_90"}):
+    for params in ({}, {"wgmma": True, "arch": "sm_90", "tma": False}):
         src = generate_kernel(prefill, params).source
         assert re.search(r"\(\(bz % 8\) / 4\) \* 6400", src), "k's head is the query head / 4"
+    # The TMA kernel's copies: k's tensor map has the 2 key-value heads, its head coordinate the
+    # query head / 4.
+    tma = generate_kernel(prefill, {"wgmma": True, "arch": "sm_90"})
+    q_map, k_map, _ = tma.tensor_maps
+    assert tma.params["tma"] and (q_map.dims, k_map.dims) == ((64, 100, 8), (64, 100, 2))
+    assert k_map.strides == (128, 12800)  # (the one batch entry is no dim)
+    copy_k = tma.source[tma.source.index("auto copy_k") :]
+    assert '"r"((int) (((bz % 8) / 4)))' in copy_k.split("};")[0]
 
 
 # -- nvcc ----------------------------------------------------------------------------------------

@@ -299,7 +299,7 @@ def test_wgmma_is_off_by_default_and_a_parameter_turns_it_on():
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in wide.source  # Q K^T
     assert "__launch_bounds__(256, 1)" in wide.source
     k128 = generate_kernel(
-        attention_region(heads_text(1, 2, 65, 65, 128, 128, "f16")), {"wgmma": True}
+        attention_region(heads_text(1, 2, 65, 65, 128, 128, "f16")), {"wgmma": True, "tma": False}
     )
     # head dim 128: 128-key tiles, the warpgroups in ping-pong, Q from shared memory (measured
     # fastest on an H200, bench/results/attention_tile-sweep-*.md); parameters override them
@@ -312,12 +312,12 @@ def test_wgmma_is_off_by_default_and_a_parameter_turns_it_on():
     assert k128.shared_bytes == 2 * (128 * 128 + 6 * 128 * 128) + 16 + 1024
     plain128 = generate_kernel(
         attention_region(heads_text(1, 2, 65, 65, 128, 128, "f16")),
-        {"wgmma": True, "block_n": 64, "pingpong": False},
+        {"wgmma": True, "tma": False, "block_n": 64, "pingpong": False},
     )
     assert (plain128.params["block_n"], plain128.params["q_in_registers"]) == (64, True)
     serial128 = generate_kernel(
         attention_region(heads_text(1, 2, 65, 65, 128, 128, "f16")),
-        {"wgmma": True, "overlap": False},
+        {"wgmma": True, "tma": False, "overlap": False},
     )
     assert not serial128.params["pingpong"]  # ping-pong needs overlap: off without it
 
@@ -328,7 +328,7 @@ def test_wgmma_pads_a_head_dim_between_its_widths_with_zero_columns():
     64) the mma.sync kernel stays sm_90's default, and records `wgmma` false so that tuning
     tries the other."""
     fused = attention_region(heads_text(1, 2, 300, 300, 80, 80, "bf16"))
-    k = generate_kernel(fused, {"arch": "sm_90"})
+    k = generate_kernel(fused, {"arch": "sm_90", "tma": False})
     assert "constexpr int D = 128, DH = 80," in k.source
     assert "const bool col_ok = copy_col < DH;" in k.source
     assert "const bool ok = r0 + r < end && c < DH;" in k.source
@@ -352,7 +352,8 @@ def test_persistent_blocks_take_query_tiles_in_turn_and_copy_the_next_ones_early
     first K are copied after both warpgroups are done with this one's, before its O is stored.
     Off by default; a tile count under the grid's keeps one block a tile."""
     text = heads_text(4, 8, 600, 600, 128, 128, "bf16", True)  # 32 heads x 5 query tiles
-    k = generate_kernel(attention_region(text), {"arch": "sm_90", "persistent": True})
+    old = {"arch": "sm_90", "tma": False}  # (the TMA kernel is always persistent)
+    k = generate_kernel(attention_region(text), {**old, "persistent": True})
     assert k.params["persistent"] is True and k.grid == (132, 1, 1)
     src = k.source
     assert "constexpr int ITEMS = 32 * NQ;" in src
@@ -361,19 +362,19 @@ def test_persistent_blocks_take_query_tiles_in_turn_and_copy_the_next_ones_early
     assert src.index("load_rows(Qs, q_at(next_bz)") < src.index("// Normalise by the row sums")
     two = generate_kernel(
         attention_region(heads_text(8, 8, 600, 600, 64, 64, "bf16")),
-        {"arch": "sm_90", "persistent": True},
+        {**old, "persistent": True},
     )
     assert two.grid == (264, 1, 1) and "__launch_bounds__(256, 2)" in two.source
     few = generate_kernel(
         attention_region(heads_text(1, 2, 300, 300, 128, 128)),
-        {"arch": "sm_90", "persistent": True},
+        {**old, "persistent": True},
     )
     assert few.grid == (2 * 3, 1, 1)
-    default = generate_kernel(attention_region(text), {"arch": "sm_90"})
+    default = generate_kernel(attention_region(text), old)
     assert default.params["persistent"] is False and default.grid == (32 * 5, 1, 1)
     assert "ITEMS" not in default.source and "next_bz" not in default.source
     with pytest.raises(TgcError, match="persistent must be true or false, not 1"):
-        generate_kernel(attention_region(text), {"arch": "sm_90", "persistent": 1})
+        generate_kernel(attention_region(text), {**old, "persistent": 1})
 
 
 @pytest.mark.parametrize(
@@ -396,9 +397,7 @@ def test_the_wgmma_kernel_is_the_default_for_sm_90_where_it_runs(text, arch, wgm
     assert k.params.get("wgmma", False) is wgmma
     assert ("wgmma.mma_async" in k.source) is wgmma
     if wgmma:
-        assert k.params["swizzle"] and k.arch_features == "sm_90a"
-        # Q in registers but with ping-pong, the default at head dim 128
-        assert k.params["q_in_registers"] is not k.params["pingpong"]
+        assert k.arch_features == "sm_90a"
         assert not generate_kernel(fused, {"arch": arch, "wgmma": False}).params["wgmma"]
 
 
@@ -466,7 +465,7 @@ def test_wgmma_is_sm_90s_kernel_at_head_dim_256():
     KB of shared memory); sm_90's default there (55-91% of SDPA's speed on an H200 where the
     mma.sync kernel ran at 38-43%), the mma.sync kernel elsewhere."""
     fused = attention_region(heads_text(1, 2, 300, 300, 256, 256, "bf16", True))
-    k = generate_kernel(fused, {"wgmma": True})
+    k = generate_kernel(fused, {"wgmma": True, "tma": False})
     assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16" in k.source  # P V
     assert (k.params["block_n"], k.params["pingpong"], k.params["q_in_registers"]) == (
         64,
@@ -478,7 +477,7 @@ def test_wgmma_is_sm_90s_kernel_at_head_dim_256():
     assert not generate_kernel(fused, {"arch": "sm_80"}).params["wgmma"]
     for params in ({"block_n": 128}, {"pingpong": True}, {"q_in_registers": True}):
         with pytest.raises(TgcError, match="wgmma at head dim 256 takes block_n 64, no pingpong"):
-            generate_kernel(fused, {"wgmma": True, **params})
+            generate_kernel(fused, {"wgmma": True, "tma": False, **params})
 
 
 @pytest.mark.parametrize(
@@ -505,7 +504,78 @@ def test_wgmma_is_sm_90s_kernel_at_head_dim_256():
 )
 def test_what_wgmma_cannot_run_is_an_error_naming_why(text, params, why):
     with pytest.raises(TgcError, match=why):
-        generate_kernel(attention_region(text), {"wgmma": True, **params})
+        generate_kernel(attention_region(text), {"wgmma": True, "tma": False, **params})
+
+
+# -- the TMA kernel (warp-specialised, persistent; `tma`, sm_90's default but at 64 causal) --------
+
+
+def test_the_tma_kernel_is_sm_90s_default_but_at_head_dims_to_64_with_a_causal_mask():
+    """On sm_90 the TMA kernel runs head dims 72-256, and 64 without a causal mask: a producer
+    warpgroup and two consumers (384 threads), one block an SM (as many as there are units of
+    two query tiles, at most 132), q, k and v read through tensor maps (head dim, rows, then
+    the batch dims, innermost first; the columns past the head dim read as zeros)."""
+    for d, causal, tma in (
+        (128, True, True),
+        (80, False, True),
+        (64, False, True),
+        (64, True, False),
+    ):
+        k = generate_kernel(
+            attention_region(heads_text(2, 3, 1000, 1000, d, d, "bf16", causal)), {"arch": "sm_90"}
+        )
+        assert k.params["wgmma"] and k.params["tma"] is tma, (d, causal)
+        assert (k.block == (384, 1, 1)) is tma and bool(k.tensor_maps) is tma
+    k = generate_kernel(
+        attention_region(heads_text(2, 3, 1000, 1000, 80, 80, "bf16")), {"arch": "sm_90"}
+    )
+    assert k.grid == (2 * 3 * 4, 1, 1)  # 8 query tiles a head: 4 units
+    q, kmap, v = k.tensor_maps
+    # q: the (b, s, h, d) buffer transposed: rows 3 * 80 elements apart, heads 80, batches 1000 rows
+    assert q.dims == (80, 1000, 3, 2) and q.strides == (480, 160, 480_000)
+    assert q.box == (64, 128, 1, 1) and kmap.box == v.box == (64, 128, 1, 1)
+    assert "constexpr int D = 128, DH = 80, BM = 128, BN = 128, STAGES = 3;" in k.source
+    assert "setmaxnreg.dec.sync.aligned.u32 24;" in k.source
+    assert "setmaxnreg.inc.sync.aligned.u32 240;" in k.source
+    assert k.source.count("cp.async.bulk.tensor.4d") == 3  # q, k, v
+    big = generate_kernel(
+        attention_region(heads_text(4, 8, 2048, 2048, 128, 128, "bf16")), {"arch": "sm_90"}
+    )
+    assert big.grid == (132, 1, 1) and big.params["head_group"] == 8
+    assert not generate_kernel(
+        attention_region(heads_text(2, 3, 1000, 1000, 80, 80, "bf16")),
+        {"arch": "sm_90", "tma": False},
+    ).tensor_maps
+
+
+def test_the_tma_kernels_query_tiles_go_in_pairs_of_equal_keys():
+    """A unit is query tiles NQ - 1 - p and p of one batch entry (the heavier first): under a
+    causal mask every unit sees NQ + 1 key tiles, so blocks taking units in turn stay balanced."""
+    k = generate_kernel(
+        attention_region(heads_text(1, 2, 1000, 1000, 128, 128, "bf16", True)), {"arch": "sm_90"}
+    )
+    assert "constexpr int NQ = 8, PAIRS = (NQ + 1) / 2, UNITS = 2 * PAIRS, G = 2;" in k.source
+    assert "qt = k % 2 == 0 ? NQ - 1 - p : p;" in k.source
+
+
+@pytest.mark.parametrize(
+    "params, why",
+    [
+        ({"tma": 1}, "tma must be true or false, not 1"),
+        ({"overlap": False}, "the TMA kernel always runs overlap; overlap=false needs tma=false"),
+        ({"pingpong": False}, "always runs pingpong"),
+        ({"persistent": False}, "always runs persistent"),
+        ({"block_n": 32}, "the TMA kernel takes block_n 64 or 128"),
+        ({"stages": 1}, "takes 2 to 3 stages \\(shared memory\\), not 1"),
+        ({"stages": 4}, "takes 2 to 3 stages"),
+        ({"q_in_registers": "no"}, "q_in_registers must be true or false"),
+        ({"head_group": 0}, "head_group must be a positive integer"),
+    ],
+)
+def test_what_the_tma_kernel_cannot_run_is_an_error_naming_why(params, why):
+    fused = attention_region(heads_text(1, 2, 300, 300, 128, 128, "bf16"))
+    with pytest.raises(TgcError, match=why):
+        generate_kernel(fused, {"arch": "sm_90", "tma": True, **params})
 
 
 def test_a_kernel_that_needs_sm_90a_is_built_for_it_and_refused_elsewhere():
@@ -523,30 +593,37 @@ def test_a_kernel_that_needs_sm_90a_is_built_for_it_and_refused_elsewhere():
 # case costs seconds of ptxas in the suite)
 WGMMA_COMPILED = [
     (heads_text(2, 3, 100, 130, 64, 64, "bf16", True, False, "heads"), {}),
-    (heads_text(2, 3, 1000, 1000, 128, 128, "f16", False, True, "heads"), {}),
-    (heads_text(2, 3, 1000, 1000, 128, 128, "f16", True, False, "heads"), {"block_n": 128}),
+    (heads_text(2, 3, 1000, 1000, 128, 128, "f16", False, True, "heads"), {"tma": False}),
+    (
+        heads_text(2, 3, 1000, 1000, 128, 128, "f16", True, False, "heads"),
+        {"tma": False, "block_n": 128},
+    ),
     (heads_text(2, 2, 700, 700, 64, 64, "bf16", True, False, "qkv"), {"overlap": False}),
     (heads_text(2, 3, 1000, 1000, 64, 64, "bf16", True, True, "heads"), {"pingpong": True}),
     (
         heads_text(2, 3, 1000, 1000, 128, 128, "f16", False, True, "heads"),
-        {"pingpong": True, "block_n": 128},
+        {"tma": False, "pingpong": True, "block_n": 128},
     ),
     (
         heads_text(2, 3, 1000, 1000, 64, 64, "bf16", True, False, "heads"),
         {"q_in_registers": True},
     ),
     (heads_text(2, 3, 1000, 1000, 64, 64, "bf16", True, False, "heads"), {"swizzle": True}),
-    (
-        heads_text(2, 3, 1000, 1000, 128, 128, "f16", False, True, "heads"),
-        {"swizzle": True, "q_in_registers": True, "pingpong": True},
-    ),
     # head dim 256 (246 registers of 255), with its mask, causal, without overlap
-    (heads_text(1, 2, 300, 300, 256, 256, "bf16", False, True, "heads"), {}),
-    (heads_text(1, 2, 300, 300, 256, 256, "f16", True, False, "heads"), {"overlap": False}),
+    (heads_text(1, 2, 300, 300, 256, 256, "bf16", False, True, "heads"), {"tma": False}),
+    (
+        heads_text(1, 2, 300, 300, 256, 256, "f16", True, False, "heads"),
+        {"tma": False, "overlap": False},
+    ),
     # a head dim padded to the layout's width (80 in 128, ping-pong); persistent blocks
+    (heads_text(2, 3, 1000, 1000, 80, 80, "bf16", True, True, "heads"), {"tma": False}),
+    (
+        heads_text(4, 8, 600, 600, 128, 128, "bf16", False, True, "heads"),
+        {"tma": False, "persistent": True},
+    ),
+    # the TMA kernel: padded, causal (its default), and at head dim 64 with a mask, Q in registers
     (heads_text(2, 3, 1000, 1000, 80, 80, "bf16", True, True, "heads"), {}),
-    (heads_text(4, 8, 600, 600, 128, 128, "bf16", False, True, "heads"), {"persistent": True}),
-    (heads_text(1, 2, 300, 300, 160, 160, "f16", False, True, "heads"), {}),
+    (heads_text(2, 2, 700, 700, 64, 64, "f16", True, False, "qkv"), {"tma": True}),
 ]
 
 
