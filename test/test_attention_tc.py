@@ -558,6 +558,19 @@ def test_the_tma_kernels_query_tiles_go_in_pairs_of_equal_keys():
     assert "qt = k % 2 == 0 ? NQ - 1 - p : p;" in k.source
 
 
+def test_the_tma_kernel_refuses_an_unaligned_operand_at_launch():
+    """A tensor map needs a 16-byte aligned address: a launch over an operand 2 bytes past one
+    is a located error naming the kernel and the operand, made before anything reaches the GPU."""
+    from tgc.runtime.tensor_map import kernel_arguments
+
+    text = heads_text(2, 2, 100, 150, 128, 128, "bf16", True, True, "flat")
+    k = generate_kernel(attention_region(text), {"arch": "sm_90"})
+    assert k.params["tma"]
+    with pytest.raises(TgcError, match=r"its operand 0 is not 16-byte aligned") as info:
+        kernel_arguments(k, [4096 + 2, 8192, 12288, 16384, 20480])
+    assert f"({k.name})" in str(info.value) and info.value.loc is not None
+
+
 @pytest.mark.parametrize(
     "params, why",
     [
@@ -1015,7 +1028,7 @@ WGMMA_VARIANTS = [
     ((1, 2, 1030, 1030, 128, 128, "heads", False, True), {"block_n": 128}),
     ((1, 2, 1030, 1030, 128, 128, "heads", False, True), {}),
     ((1, 2, 1030, 1030, 64, 64, "qkv", False, True), {"overlap": False}),
-    ((1, 2, 200, 333, 128, 128, "flat", True, False), {"overlap": False}),
+    ((1, 2, 200, 333, 128, 128, "flat", True, False), {"tma": False, "overlap": False}),
     # Ping-pong: one tile (tiles == 1), a few, many (the three buffers wrapping around), a mask.
     ((2, 3, 63, 63, 64, 64, "heads", False, True), {"pingpong": True}),
     ((1, 3, 65, 200, 64, 64, "heads", True, True), {"pingpong": True}),
@@ -1029,7 +1042,10 @@ WGMMA_VARIANTS = [
     ((1, 2, 1030, 1030, 64, 64, "heads", True, True), {"q_in_registers": True}),
     ((1, 2, 777, 777, 64, 64, "qkv", False, True), {"q_in_registers": True, "block_n": 128}),
     ((1, 2, 1030, 1030, 128, 128, "heads", False, True), {"q_in_registers": True}),
-    ((1, 2, 200, 333, 128, 128, "flat", True, False), {"q_in_registers": True, "overlap": False}),
+    (
+        (1, 2, 200, 333, 128, 128, "flat", True, False),
+        {"tma": False, "q_in_registers": True, "overlap": False},
+    ),
     ((1, 2, 1030, 1030, 64, 64, "heads", False, True), {"q_in_registers": True, "pingpong": True}),
     # 128-byte swizzled shared memory: both head dims (D 128: two column blocks, LBO), Q in
     # registers or not, 128-key tiles, ping-pong, a mask, GPT-2's strided qkv rows.
@@ -1046,13 +1062,16 @@ WGMMA_VARIANTS = [
     # Head dim 256: a mask, causal, many tiles, no overlap.
     ((1, 2, 300, 300, 256, 256, "heads", True, True), {}),
     ((1, 2, 1030, 1030, 256, 256, "heads", False, True), {}),
-    ((1, 2, 200, 333, 256, 256, "flat", False, False), {"overlap": False}),
+    ((1, 2, 200, 333, 256, 256, "flat", False, False), {"tma": False, "overlap": False}),
     # Head dims between the layout's widths, padded with zero columns: 40 in 64, 72 to 96 in 128
     # (128-key tiles in ping-pong, or 64 without), 160 in 256; masks, GPT-2's strided rows.
     ((1, 2, 300, 300, 40, 40, "heads", True, True), {}),
     ((1, 2, 1030, 1030, 80, 80, "heads", False, True), {}),
     ((1, 2, 200, 333, 72, 72, "flat", True, False), {}),
-    ((2, 3, 300, 300, 96, 96, "qkv", False, True), {"block_n": 64, "pingpong": False}),
+    (
+        (2, 3, 300, 300, 96, 96, "qkv", False, True),
+        {"tma": False, "block_n": 64, "pingpong": False},
+    ),
     ((1, 2, 300, 300, 160, 160, "heads", False, True), {}),
     # Persistent blocks, more query tiles than blocks (132 at head dims 80 and 128, 264 at 64):
     # ping-pong, causal; without it, a mask; padded.
@@ -1127,13 +1146,14 @@ def test_minus_inf_mask_rows_are_nan_as_in_numpy(dtype):
 def test_unaligned_base_pointers_take_the_plain_load_path(dtype):
     """Buffers 2 bytes past a 16-byte boundary (not what the executor allocates, but what a
     caller of the standalone file may pass): the kernel loads its tiles without cp.async and
-    stores the result one element at a time, with the same results."""
+    stores the result one element at a time, with the same results. (The TMA kernel refuses
+    them: test_the_tma_kernel_refuses_an_unaligned_operand_at_launch.)"""
     import pycuda.driver as cuda
 
     from tgc.runtime.cuda_compile import load_kernels
 
     text = heads_text(2, 2, 100, 150, 128, 128, dtype, True, True, "flat")
-    _, want, (k,) = run_gpu(text, 5)
+    _, want, (k,) = run_gpu(text, 5, params={"tma": False})
     inputs = random_inputs(parse_module(text).funcs[0], 5)  # q, k, v, mask: the kernel's inputs
     (fn,) = load_kernels([k])
     (out_type,) = parse_module(text).funcs[0].function_type.results
