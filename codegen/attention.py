@@ -519,10 +519,11 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
 TMA_PRODUCER_REGISTERS, TMA_CONSUMER_REGISTERS = 24, 240
 TMA_MAX_RANK = 5  # a tensor map's dims: the head dim, the rows, at most three batch dims
 TMA_MAX_STAGES = 4
-# Batch entries a group of the TMA kernel's query tiles (`head_group`): on an H200 (2026-11-29,
-# bench/results/attention_grid-tma-*) 8 ran head dim 64 without a mask 7-8% faster than one
-# entry's tiles after another, and head dim 128 as fast.
-TMA_HEAD_GROUP = 8
+# Batch entries a group of the TMA kernel's units of query tiles (`head_group`), without and
+# with a causal mask: on an H200 (2026-11-29, bench/results/attention_grid-tma-*) groups of 8
+# ran head dim 64 without a mask 7-8% faster than one entry's tiles after another, and head
+# dim 128 as fast; with the mask's pairs, groups of 8 were 1-2% slower than one entry's.
+TMA_HEAD_GROUP, TMA_CAUSAL_HEAD_GROUP = 8, 1
 
 
 @dataclass(frozen=True)
@@ -567,8 +568,9 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
     persistent, a TMA producer warpgroup and two consumer warpgroups in ping-pong (the
     template's header). `block_n` 64 or 128 (default 128, 64 at head dim 256), `stages` (the
     rings' depth, default as many as fit, at most 4), `q_in_registers` (default at head dim 64
-    and below), `head_group` (default TMA_HEAD_GROUP): the query tiles go in pairs of a batch
-    entry, in groups of that many entries. Its q, k and v must be 16-byte aligned (a located
+    and below), `head_group` (default TMA_HEAD_GROUP, TMA_CAUSAL_HEAD_GROUP with a causal mask):
+    the query tiles go in units (pairs of a batch entry's under a causal mask), in groups of
+    that many entries. Its q, k and v must be 16-byte aligned (a located
     error at launch otherwise, runtime/tensor_map.py)."""
     elem, head_dim = att.operands[0].type.element_type, common["d"]
     d = _wgmma_width(head_dim)
@@ -616,8 +618,10 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
             f"{TMA_MAX_RANK - 2} batch dims that are not broadcast, not {len(batch_shape)}"
         )
     nq = (common["seq_q"] + 127) // 128
-    units = common["nb"] * ((nq + 1) // 2)  # two query tiles a unit (the template says why)
-    group = _head_group(common, {"head_group": TMA_HEAD_GROUP, **params})
+    per_unit = 2 if common["causal"] else 1  # query tiles a unit (the template says why)
+    units = common["nb"] * -(-nq // per_unit)
+    default_group = TMA_CAUSAL_HEAD_GROUP if common["causal"] else TMA_HEAD_GROUP
+    group = _head_group(common, {"head_group": default_group, **params})
     shared_bytes = shared(stages)
     source = render(
         "attention_wgmma_tma.cu.j2",

@@ -529,7 +529,7 @@ def test_the_tma_kernel_is_sm_90s_default_but_at_head_dims_to_64_with_a_causal_m
     k = generate_kernel(
         attention_region(heads_text(2, 3, 1000, 1000, 80, 80, "bf16")), {"arch": "sm_90"}
     )
-    assert k.grid == (2 * 3 * 4, 1, 1)  # 8 query tiles a head: 4 units
+    assert k.grid == (2 * 3 * 8, 1, 1)  # 8 query tiles a head, one a unit without a mask
     q, kmap, v = k.tensor_maps
     # q: the (b, s, h, d) buffer transposed: rows 3 * 80 elements apart, heads 80, batches 1000 rows
     assert q.dims == (80, 1000, 3, 2) and q.strides == (480, 160, 480_000)
@@ -549,13 +549,20 @@ def test_the_tma_kernel_is_sm_90s_default_but_at_head_dims_to_64_with_a_causal_m
 
 
 def test_the_tma_kernels_query_tiles_go_in_pairs_of_equal_keys():
-    """A unit is query tiles NQ - 1 - p and p of one batch entry (the heavier first): under a
-    causal mask every unit sees NQ + 1 key tiles, so blocks taking units in turn stay balanced."""
+    """Under a causal mask a unit is query tiles NQ - 1 - p and p of one batch entry (the heavier
+    first): every unit sees NQ + 1 key tiles, so blocks taking units in turn stay balanced.
+    Without it a unit is one tile, in groups of 8 entries."""
     k = generate_kernel(
         attention_region(heads_text(1, 2, 1000, 1000, 128, 128, "bf16", True)), {"arch": "sm_90"}
     )
-    assert "constexpr int NQ = 8, PAIRS = (NQ + 1) / 2, UNITS = 2 * PAIRS, G = 2;" in k.source
-    assert "qt = k % 2 == 0 ? NQ - 1 - p : p;" in k.source
+    assert "constexpr int NQ = 8, PER = 2, SLOTS = (NQ + PER - 1) / PER;" in k.source
+    assert "constexpr int UNITS = 2 * SLOTS, G = 1;" in k.source
+    assert k.grid == (2 * 4, 1, 1) and k.params["head_group"] == 1
+    full = generate_kernel(
+        attention_region(heads_text(1, 2, 1000, 1000, 128, 128, "bf16")), {"arch": "sm_90"}
+    )
+    assert "PER = 1," in full.source and "UNITS = 2 * SLOTS, G = 2;" in full.source
+    assert full.grid == (2 * 8, 1, 1)
 
 
 def test_the_tma_kernel_refuses_an_unaligned_operand_at_launch():
