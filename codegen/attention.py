@@ -387,11 +387,17 @@ WGMMA_V_OFFSETS = ("k", "n")
 
 
 def _tma_by_default(common: dict) -> bool:
-    """The TMA kernel is the wgmma kernel's default but at head dims up to 64 with a causal mask:
-    on an H200 (2026-11-29, bench/results/attention_grid-tma-*) it ran head dims 72 to 256 and
-    64 without a mask faster at every measured size, and 64 causal slower from 2k positions
-    (86-90% of SDPA's speed against 94-97%: the other kernel runs two blocks an SM there)."""
-    return _wgmma_width(common["d"]) > 64 or not common["causal"]
+    """The TMA kernel is the wgmma kernel's default at head dims 72 to 256, and at 64 and below
+    without a causal mask where the query tiles fill TMA_MIN_WAVES waves of its blocks. On an
+    H200 (2026-11-29, bench/results/attention_grid-tma-*) it ran 72-256 faster at every
+    measured size. At head dim 64 the other kernel runs two blocks an SM, one wave of 264: with
+    a causal mask it was faster from 2k positions (93-97% of SDPA's speed against 86-90%), and
+    without one BERT-base's 192 query tiles took 38 us where it took 34 (1.45 waves of the TMA
+    kernel's 132 blocks; the grid's 2,048 ran 7-16% faster)."""
+    if _wgmma_width(common["d"]) > 64:
+        return True
+    tiles = common["nb"] * -(-common["seq_q"] // 128)
+    return not common["causal"] and tiles >= TMA_MIN_WAVES * gpu_limits("sm_90").sms
 
 
 def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: dict):
@@ -524,6 +530,7 @@ TMA_MAX_STAGES = 4
 # ran head dim 64 without a mask 7-8% faster than one entry's tiles after another, and head
 # dim 128 as fast; with the mask's pairs, groups of 8 were 1-2% slower than one entry's.
 TMA_HEAD_GROUP, TMA_CAUSAL_HEAD_GROUP = 8, 1
+TMA_MIN_WAVES = 4  # (_tma_by_default)
 
 
 @dataclass(frozen=True)
