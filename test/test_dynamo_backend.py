@@ -778,6 +778,25 @@ def test_inputs_keep_their_addresses_so_that_calls_can_be_replayed():
     assert got.is_contiguous() and torch.equal(got, strided)
 
 
+def test_an_input_or_parameter_not_16_byte_aligned_is_read_through_an_aligned_copy():
+    """A view starting 2 bytes into its tensor: the kernels that read through TMA tensor maps
+    refuse it at launch, so the graph reads a copy at aligned memory (the same values); an
+    aligned view is read where it is."""
+    from tgc.dynamo.cuda import AS_GIVEN, StableInputs, _device_view
+
+    base = randn(2, 17, seed=0).to(torch.bfloat16)
+    odd = base.view(-1)[1:33].view(4, 8)  # starts 2 bytes in
+    assert odd.data_ptr() % 16 == 2
+    inputs = StableInputs()
+    for view in (inputs.view, AS_GIVEN.view, lambda slot, t: _device_view(t)):
+        for _ in range(2):  # the first call and a later one
+            got = view(0, odd)
+            assert got.data_ptr() % 16 == 0 and torch.equal(got, odd)
+    aligned = base.view(-1)[8:24]
+    assert aligned.data_ptr() % 16 == 0
+    assert StableInputs().view(1, aligned).data_ptr() == aligned.data_ptr()
+
+
 def test_an_input_at_new_memory_twice_is_read_where_it_is_again():
     """The next generate()'s KV cache: new memory, then the same new memory on every step. It
     is copied on the first call that brings it and read where it is from the second on (before,

@@ -35,19 +35,30 @@ import torch
 from tgc.dynamo.lowering import Lowered, kept_results
 from tgc.dynamo.options import BackendOptions
 from tgc.dynamo.tensors import ParamViews, as_tensor
+from tgc.runtime.tensor_map import ALIGNMENT
 from tgc.types import NUMPY_DTYPES
 
 logger = logging.getLogger("tgc")
 
 
+def _aligned(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` itself where its memory starts `ALIGNMENT`-byte aligned, else an aligned copy:
+    the kernels that read through TMA tensor maps (sm_90's wgmma matmul and attention) need it,
+    and refuse the launch otherwise, while a view into a tensor may start anywhere."""
+    if tensor.data_ptr() % ALIGNMENT == 0:
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)
+
+
 def _device_view(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach().contiguous()
+    return _aligned(tensor.detach().contiguous())
 
 
 class StableInputs:
     """Graph inputs at the same addresses on every call (module doc): `view(slot, tensor)` is
     the tensor itself while calls pass the same memory, else a buffer of this graph's own
-    holding a copy of it. A slot read where it is that comes with new memory on two calls in a
+    holding a copy of it (always for a tensor not contiguous or not 16-byte aligned:
+    `_aligned`). A slot read where it is that comes with new memory on two calls in a
     row (the next generate()'s KV cache, kept for all of its steps) is read where it is again
     from the second, never copied after; memory new on every call (token ids) is copied into
     the buffer on each. Before, a slot was copied from the first new memory on: every layer's
@@ -62,7 +73,7 @@ class StableInputs:
         given = tensor.detach()
         address, last = given.data_ptr(), self._last.get(slot)
         self._last[slot] = address
-        if given.is_contiguous():
+        if given.is_contiguous() and given.data_ptr() % ALIGNMENT == 0:
             read = self._read.get(slot)
             if read is None or address == last and read.data_ptr() != address:
                 self._read[slot] = read = given  # the first call, or new memory met twice
@@ -86,7 +97,7 @@ class AsGiven:
 
     @staticmethod
     def view(slot: int, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.detach().contiguous()
+        return _device_view(tensor)
 
 
 AS_GIVEN = AsGiven()
