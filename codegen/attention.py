@@ -418,7 +418,9 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
     bounds say so). What made it fast (bench/results/attention_tc-wgmma-*.md): swizzled
     shared memory (the unswizzled layout's copies were bank-conflicted or took twice the L2
     requests), scores without mask checks away from the edges, whole-tile copies and
-    descriptors with constant offsets: 0.343 to 0.200 ms at B8 H16 S2048 D64 causal."""
+    descriptors with constant offsets: 0.343 to 0.200 ms at B8 H16 S2048 D64 causal.
+    With `tma` (the default where `_tma_by_default` says) the warp-specialised TMA kernel runs
+    instead (`_wgmma_tma_kernel`)."""
     elem, d, dv = att.operands[0].type.element_type, common["d"], common["dv"]
     if not _wgmma_fits(att, ops, common):
         raise TgcError(
@@ -577,8 +579,8 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
     rings' depth, default as many as fit, at most 4), `q_in_registers` (default at head dim 64
     and below), `head_group` (default TMA_HEAD_GROUP, TMA_CAUSAL_HEAD_GROUP with a causal mask):
     the query tiles go in units (pairs of a batch entry's under a causal mask), in groups of
-    that many entries. Its q, k and v must be 16-byte aligned (a located
-    error at launch otherwise, runtime/tensor_map.py)."""
+    that many entries. Its q, k and v must be 16-byte aligned (a located error at launch
+    otherwise, runtime/tensor_map.py)."""
     elem, head_dim = att.operands[0].type.element_type, common["d"]
     d = _wgmma_width(head_dim)
     for name in ("overlap", "pingpong", "persistent", "swizzle"):
@@ -622,7 +624,7 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
     if any(m is None for m in maps.values()):
         raise TgcError(
             f"attention template parameters: the TMA kernel reads q, k and v with at most "
-            f"{TMA_MAX_RANK - 2} batch dims that are not broadcast, not {len(batch_shape)}"
+            f"{TMA_MAX_RANK - 2} batch dims that are not broadcast each"
         )
     nq = (common["seq_q"] + 127) // 128
     per_unit = 2 if common["causal"] else 1  # query tiles a unit (the template says why)
