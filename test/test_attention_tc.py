@@ -785,14 +785,20 @@ def test_standalone_file_compiles_and_traps_below_sm80(tmp_path):
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_standalone_file_for_sm_90_compiles_with_its_wgmma_kernels(tmp_path):
-    """`arch="sm_90"` (tgc-translate --arch): both attention kernels are the wgmma one, and the
+    """`arch="sm_90"` (tgc-translate --arch): both attention kernels are wgmma ones, the second
+    the TMA kernel, its k and v maps starting 256 and 512 elements into the one qkv buffer; the
     file, with its main, compiles for sm_90a as its header says."""
     text = heads_text(2, 2, 70, 70, 64, 64, "bf16", True, True, "qkv")
-    second = heads_text(1, 2, 33, 33, 128, 128, "f16").replace("@att", "@att2")
-    module = parse_module(text + "\n" + second)
+    second = heads_text(1, 2, 33, 33, 128, 128, "f16", False, False, "qkv")
+    module = parse_module(text + "\n" + second.replace("@att", "@att2"))
     PassManager.from_text("lower-for-planning").run(module)
     source = emit_standalone_cuda(module, "att", arch="sm_90")
     assert source.count("fused attention on Hopper's tensor cores") == 2
+    assert "const unsigned long long tgc_strides1[2] = {1536, 256};" in source
+    assert "tgc_tensor_map(&tgc_maps[1], 6, (const char*) (const __half*) inputs[0] + 512, 3," in (
+        source
+    )
+    assert "(const char*) (const __half*) inputs[0] + 1024, 3, tgc_dims2" in source
     assert "-gencode=arch=compute_90a,code=sm_90a" in source.split("#include")[0]
     nvcc(tmp_path, source, "-gencode=arch=compute_90a,code=sm_90a", "-DTGC_STANDALONE_MAIN")
 
