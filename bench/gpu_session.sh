@@ -27,6 +27,9 @@
 #   STAGE=attention-tma bash bench/gpu_session.sh  # the TMA attention kernel: its GPU tests with
 #                                               # the other wgmma ones, then the grid at head dims
 #                                               # 128, 64 and 80 with tma=false and true (issue 24)
+#   STAGE=attention-merge bash bench/gpu_session.sh  # the TMA kernel's merged query tiles
+#                                               # (merge_tiles): GPU tests, then the grid at
+#                                               # head dims 128, 64, 80, 256 without and with it
 #   STAGE=kernels    bash bench/gpu_session.sh  # the GPU tests of the kernels alone: attention
 #                                               # (every head dim, decode), the few-rows matmul, the rotary and group
 #                                               # norm fusions, cuBLASLt, the convolution
@@ -231,6 +234,16 @@ attention-tma)
     echo "attention_tc --grid --only $d tma -> exit $?"
   done
   ;;
+attention-merge)
+  # the merged query tiles (merge_tiles): one of its cases first (a deadlock costs 60 s)
+  pytest_gpu attention-merge-first 60 test/test_attention_tc.py -k "variants and shape49-params49"
+  pytest_gpu_parallel attention-merge 150 test/test_attention_tc.py -k "wgmma or tma"
+  for d in D128 D64 D80 D256; do
+    timeout -k 15 170 python3 bench/attention_tc.py --grid --only "$d" --commit "$commit" \
+      --out "$out/$d" --params "tma=true;tma=true,merge_tiles=true" >>"$out/attention-grid.txt" 2>&1
+    echo "attention_tc --grid --only $d merge_tiles -> exit $?"
+  done
+  ;;
 gemv)
   pytest_gpu_parallel gemv 120 test/test_matmul_gemv.py
   timeout -k 15 300 python3 bench/matmul_gemv.py --commit "$commit" --out "$out" --variants \
@@ -296,7 +309,7 @@ bert)
     test/test_bench_real_models.py
   ;;
 *)
-  echo "STAGE must be tests, validate, cuda, kernels, tma, attention-tma, gemv, decode, models, backend, backend-bert, attention," \
+  echo "STAGE must be tests, validate, cuda, kernels, tma, attention-tma, attention-merge, gemv, decode, models, backend, backend-bert, attention," \
     "grid, autotune, generate, first-call, generate16, more, vision-f32, vision-b1 or bert" >&2
   exit 2
   ;;

@@ -579,7 +579,8 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
     rings' depth, default as many as fit, at most 4), `q_in_registers` (default at head dim 64
     and below), `head_group` (default TMA_HEAD_GROUP, TMA_CAUSAL_HEAD_GROUP with a causal mask):
     the query tiles go in units (pairs of a batch entry's under a causal mask), in groups of
-    that many entries. Its q, k and v must be 16-byte aligned (a located error at launch
+    that many entries; `merge_tiles` (default false, not yet run on a GPU): a query tile's last
+    P V in one round with the next tile's first S, its store after it. Its q, k and v must be 16-byte aligned (a located error at launch
     otherwise, runtime/tensor_map.py)."""
     elem, head_dim = att.operands[0].type.element_type, common["d"]
     d = _wgmma_width(head_dim)
@@ -596,11 +597,12 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
             f"dim 256), not {bn!r}"
         )
     q_in_registers = params.get("q_in_registers", d <= 64)
-    if not isinstance(q_in_registers, bool):
-        raise TgcError(
-            "attention template parameters: q_in_registers must be true or false, not "
-            f"{q_in_registers!r}"
-        )
+    merge_tiles = params.get("merge_tiles", False)
+    for name, value in (("q_in_registers", q_in_registers), ("merge_tiles", merge_tiles)):
+        if not isinstance(value, bool):
+            raise TgcError(
+                f"attention template parameters: {name} must be true or false, not {value!r}"
+            )
     limits = gpu_limits("sm_90")
     tile = 2 * bn * d  # one K or V tile's bytes
     barriers = 8 * (2 + 4 * TMA_MAX_STAGES) + 16  # the mbarriers and softmax_done's word
@@ -643,6 +645,7 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
         group=group,
         maps=maps,
         q_in_registers=q_in_registers,
+        merge_tiles=merge_tiles,
         overlap=True,
         swizzle=True,
         producer_registers=TMA_PRODUCER_REGISTERS,
@@ -659,6 +662,7 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
         "tma": True,
         "stages": stages,
         "q_in_registers": q_in_registers,
+        "merge_tiles": merge_tiles,
         "head_group": group,
     }
     grid = (min(units, limits.sms), 1, 1)

@@ -568,6 +568,23 @@ def test_the_tma_kernels_query_tiles_go_in_pairs_of_equal_keys():
     assert full.grid == (2 * 8, 1, 1)
 
 
+def test_merged_query_tiles_issue_a_tiles_last_p_v_with_the_next_ones_first_s():
+    """merge_tiles=true (off by default): after a block's first tile, each round 0 issues the
+    next tile's S and the pending tile's last P V together and stores the pending tile's O
+    after them; one round of P V alone ends the block."""
+    text = heads_text(1, 2, 1000, 1000, 128, 128, "bf16", True)
+    plain = generate_kernel(attention_region(text), {"arch": "sm_90"})
+    merged = generate_kernel(attention_region(text), {"arch": "sm_90", "merge_tiles": True})
+    assert plain.params["merge_tiles"] is False and "rest_of_tile" not in plain.source
+    assert merged.params["merge_tiles"] is True
+    body = merged.source[merged.source.index("while (next_tile()) {") :]
+    merged_round = body[: body.index("rest_of_tile(st);")]
+    assert merged_round.index("issue_s(Ks + st * TILE_BYTES);") < merged_round.index(
+        "issue_pv(Vs + pst * TILE_BYTES);"
+    )
+    assert merged_round.index("wgmma_wait1();") < merged_round.index("float sum = prev_l[h];")
+
+
 def test_the_tma_kernel_refuses_an_unaligned_operand_at_launch():
     """A tensor map needs a 16-byte aligned address: a launch over an operand 2 bytes past one
     is a located error naming the kernel and the operand, made before anything reaches the GPU."""
@@ -593,6 +610,7 @@ def test_the_tma_kernel_refuses_an_unaligned_operand_at_launch():
         ({"stages": 4}, "takes 2 to 3 stages"),
         ({"q_in_registers": "no"}, "q_in_registers must be true or false"),
         ({"head_group": 0}, "head_group must be a positive integer"),
+        ({"merge_tiles": 1}, "merge_tiles must be true or false, not 1"),
     ],
 )
 def test_what_the_tma_kernel_cannot_run_is_an_error_naming_why(params, why):
@@ -634,6 +652,7 @@ WGMMA_COMPILED = [
     # the TMA kernel: padded, causal (its default), and at head dim 64 with a mask, Q in registers
     (heads_text(2, 3, 1000, 1000, 80, 80, "bf16", True, True, "heads"), {}),
     (heads_text(2, 2, 700, 700, 64, 64, "f16", True, False, "qkv"), {"tma": True}),
+    (heads_text(2, 3, 1000, 1000, 128, 128, "bf16", False, True, "heads"), {"merge_tiles": True}),
 ]
 
 
@@ -1095,6 +1114,17 @@ WGMMA_VARIANTS = [
     ((4, 8, 600, 600, 80, 80, "heads", True, True), {"tma": True}),
     ((1, 2, 200, 333, 72, 72, "flat", True, False), {"tma": True, "block_n": 64}),
     ((1, 2, 300, 300, 256, 256, "heads", True, True), {"tma": True}),
+    # Query tiles merged (a tile's last P V with the next one's first S): many tiles a block,
+    # one key tile a query tile, keys past the queries, Q in registers, masks, qkv rows, padded.
+    ((4, 8, 600, 600, 128, 128, "heads", False, True), {"tma": True, "merge_tiles": True}),
+    ((4, 8, 600, 600, 64, 64, "qkv", True, False), {"tma": True, "merge_tiles": True}),
+    ((8, 8, 63, 63, 128, 128, "heads", False, True), {"tma": True, "merge_tiles": True}),
+    ((1, 3, 65, 200, 80, 80, "heads", True, True), {"tma": True, "merge_tiles": True}),
+    (
+        (4, 8, 600, 600, 128, 128, "flat", False, False),
+        {"tma": True, "merge_tiles": True, "q_in_registers": True},
+    ),
+    ((1, 2, 1030, 1030, 256, 256, "heads", False, True), {"tma": True, "merge_tiles": True}),
 ]
 
 
