@@ -30,9 +30,11 @@ N_MUTANTS = 1500
 # Seeds that once failed, each replayed on every run. mutate 1792854811: a NUL byte inside a
 # string attribute reached Python's own string parser (issue 10, item 2). hostile 1791126896:
 # a U+2028 inside a tensor type was whitespace to the type's regex and then not a digit to int().
+# hostile 3284266606: 73 valid mutants of 1,500, under the bound of 75 the test then had (60
+# seeds gave 75 to 123: the bound failed about one run in thirty; it is 30 now).
 FAILED_SEEDS = {
     "mutate": [1792854811],
-    "hostile": [1791126896],
+    "hostile": [1791126896, 3284266606],
 }
 
 # Characters that once broke, or could break, the lexer, the string decoder or the printer:
@@ -168,5 +170,5 @@ def test_hostile_characters_give_only_clean_diagnostics(seed):
     seed = fresh_seed() if seed is None else seed
     outcomes = run_fuzz(seed, mutate_hostile)
     # Both outcomes occur: a hostile piece inside a string is often legal (é, \41) and often
-    # not (a NUL, \x41), so neither side is vacuous.
-    assert outcomes["valid"] > N_MUTANTS // 20 and outcomes["diagnosed"] > N_MUTANTS // 2, outcomes
+    # not (a NUL, \x41), so neither side is vacuous (valid: 5-8% of the mutants over 60 seeds).
+    assert outcomes["valid"] > N_MUTANTS // 50 and outcomes["diagnosed"] > N_MUTANTS // 2, outcomes
