@@ -111,6 +111,17 @@ pytest_gpu_parallel() {  # the same for tests that time nothing: 8 workers where
   pytest_gpu "$name" "$seconds" "${workers[@]}" "$@"
 }
 
+attention_sweep() {  # params (sets separated by ;), head dims...: issue 24's grid at each head
+  # dim with every set, each head dim's report in $out/<dim>
+  local params=$1
+  shift
+  for d in "$@"; do
+    timeout -k 15 170 python3 bench/attention_tc.py --grid --only "$d" --commit "$commit" \
+      --out "$out/$d" --params "$params" >>"$out/attention-grid.txt" 2>&1
+    echo "attention_tc --grid --only $d --params $params -> exit $?"
+  done
+}
+
 model() {  # one model row of bench/real_models.py, with its own timeout, its database kept
   timeout -k 15 "$model_timeout" python3 bench/real_models.py --commit "$commit" --out "$out" \
     --keep-db "$@" >"$out/real-models-$(echo "$*" | tr ' ,' '__').txt" 2>&1
@@ -218,31 +229,19 @@ tma)
   ;;
 persistent)
   pytest_gpu_parallel persistent 150 test/test_attention_tc.py -k "wgmma"
-  for d in D128 D64 D80; do
-    timeout -k 15 170 python3 bench/attention_tc.py --grid --only "$d" --commit "$commit" \
-      --out "$out/$d" --params "persistent=false;persistent=true" >>"$out/attention-grid.txt" 2>&1
-    echo "attention_tc --grid --only $d persistent -> exit $?"
-  done
+  attention_sweep "persistent=false;persistent=true" D128 D64 D80
   ;;
 attention-tma)
   # one case first: a deadlocked kernel costs its 60 s, not the stage
   pytest_gpu attention-tma-first 60 test/test_attention_tc.py -k "variants and shape39-params39"
   pytest_gpu_parallel attention-tma 150 test/test_attention_tc.py -k "wgmma"
-  for d in D128 D64 D80; do
-    timeout -k 15 170 python3 bench/attention_tc.py --grid --only "$d" --commit "$commit" \
-      --out "$out/$d" --params "tma=false;tma=true" >>"$out/attention-grid.txt" 2>&1
-    echo "attention_tc --grid --only $d tma -> exit $?"
-  done
+  attention_sweep "tma=false;tma=true" D128 D64 D80
   ;;
 attention-merge)
   # the merged query tiles (merge_tiles): one of its cases first (a deadlock costs 60 s)
   pytest_gpu attention-merge-first 60 test/test_attention_tc.py -k "variants and shape49-params49"
   pytest_gpu_parallel attention-merge 150 test/test_attention_tc.py -k "wgmma or tma"
-  for d in D128 D64 D80 D256; do
-    timeout -k 15 170 python3 bench/attention_tc.py --grid --only "$d" --commit "$commit" \
-      --out "$out/$d" --params "tma=true;tma=true,merge_tiles=true" >>"$out/attention-grid.txt" 2>&1
-    echo "attention_tc --grid --only $d merge_tiles -> exit $?"
-  done
+  attention_sweep "tma=true;tma=true,merge_tiles=true" D128 D64 D80 D256
   ;;
 gemv)
   pytest_gpu_parallel gemv 120 test/test_matmul_gemv.py
