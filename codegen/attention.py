@@ -533,6 +533,22 @@ TMA_MAX_STAGES = 4
 # dim 128 as fast; with the mask's pairs, groups of 8 were 1-2% slower than one entry's.
 TMA_HEAD_GROUP, TMA_CAUSAL_HEAD_GROUP = 8, 1
 TMA_MIN_WAVES = 4  # (_tma_by_default)
+# Keys from which the TMA kernel merges query tiles without a causal mask (_merge_tiles_by_default)
+MERGE_FROM_KEYS, MERGE_FROM_KEYS_D256 = 2048, 8192
+
+
+def _merge_tiles_by_default(common: dict, d: int) -> bool:
+    """Query tiles merged (`merge_tiles`) at head dim 64 and below, and without a causal mask
+    from MERGE_FROM_KEYS keys (MERGE_FROM_KEYS_D256 at head dim 256). On an H200 (2026-11-29,
+    bench/results/attention_grid-merge-*-7f3c30c-*) merging ran head dim 64 1-9% faster at every
+    size of the grid, and full attention from 2k keys 3.5-7.4% faster at 80 and 128 and 11% at
+    256 from 8k (1.4% slower at 2k); under a causal mask at 80-256, and at 512 positions, it
+    was as fast or up to 9% slower (256)."""
+    if d <= 64:
+        return True
+    return not common["causal"] and common["seq_k"] >= (
+        MERGE_FROM_KEYS_D256 if d == 256 else MERGE_FROM_KEYS
+    )
 
 
 @dataclass(frozen=True)
@@ -579,9 +595,9 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
     rings' depth, default as many as fit, at most 4), `q_in_registers` (default at head dim 64
     and below), `head_group` (default TMA_HEAD_GROUP, TMA_CAUSAL_HEAD_GROUP with a causal mask):
     the query tiles go in units (pairs of a batch entry's under a causal mask), in groups of
-    that many entries; `merge_tiles` (default false, not yet run on a GPU): a query tile's last
-    P V in one round with the next tile's first S, its store after it. Its q, k and v must be 16-byte aligned (a located error at launch
-    otherwise, runtime/tensor_map.py)."""
+    that many entries; `merge_tiles` (default where `_merge_tiles_by_default` says): a query
+    tile's last P V in one round with the next tile's first S, its store after it. Its q, k and
+    v must be 16-byte aligned (a located error at launch otherwise, runtime/tensor_map.py)."""
     elem, head_dim = att.operands[0].type.element_type, common["d"]
     d = _wgmma_width(head_dim)
     for name in ("overlap", "pingpong", "persistent", "swizzle"):
@@ -597,7 +613,7 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
             f"dim 256), not {bn!r}"
         )
     q_in_registers = params.get("q_in_registers", d <= 64)
-    merge_tiles = params.get("merge_tiles", False)
+    merge_tiles = params.get("merge_tiles", _merge_tiles_by_default(common, d))
     for name, value in (("q_in_registers", q_in_registers), ("merge_tiles", merge_tiles)):
         if not isinstance(value, bool):
             raise TgcError(

@@ -564,9 +564,10 @@ def test_the_tma_kernels_query_tiles_go_in_pairs_of_equal_keys():
 
 
 def test_merged_query_tiles_issue_a_tiles_last_p_v_with_the_next_ones_first_s():
-    """merge_tiles=true (off by default): after a block's first tile, each round 0 issues the
-    next tile's S and the pending tile's last P V together and stores the pending tile's O
-    after them; one round of P V alone ends the block."""
+    """merge_tiles=true (the default at head dim 64, and without a causal mask from 2k keys):
+    after a block's first tile, each round 0 issues the next tile's S and the pending tile's
+    last P V together and stores the pending tile's O after them; one round of P V alone ends
+    the block."""
     text = heads_text(1, 2, 1000, 1000, 128, 128, "bf16", True)
     plain = generate_kernel(attention_region(text), {"arch": "sm_90"})
     merged = generate_kernel(attention_region(text), {"arch": "sm_90", "merge_tiles": True})
@@ -578,6 +579,25 @@ def test_merged_query_tiles_issue_a_tiles_last_p_v_with_the_next_ones_first_s():
         "issue_pv(Vs + pst * TILE_BYTES);"
     )
     assert merged_round.index("wgmma_wait1();") < merged_round.index("float sum = prev_l[h];")
+
+
+@pytest.mark.parametrize(
+    "seq, dim, causal, merged",
+    [
+        (512, 64, True, True),  # head dim 64: always
+        (2048, 128, False, True),  # full from 2k keys
+        (1024, 128, False, False),
+        (2048, 128, True, False),  # never under a causal mask above 64
+        (2048, 256, False, False),  # 256: full from 8k keys
+        (8192, 256, False, True),
+    ],
+)
+def test_query_tiles_are_merged_by_default_where_measured_faster(seq, dim, causal, merged):
+    """_merge_tiles_by_default: the sizes where the H200 grid ran merge_tiles faster."""
+    text = heads_text(1, 2, seq, seq, dim, dim, "bf16", causal)
+    k = generate_kernel(attention_region(text), {"arch": "sm_90", "tma": True})
+    assert k.params["merge_tiles"] is merged
+    assert ("rest_of_tile" in k.source) is merged
 
 
 def test_the_tma_kernel_refuses_an_unaligned_operand_at_launch():
