@@ -19,7 +19,9 @@ else); *device* = torch.profiler's kernel and copy time over `--calls` more call
 them, and how many kernels and copies that was a step (a replayed graph's nodes). Beside them the *floor*: the bytes the step must read (every weight once, the embedding
 table but a row a sequence, the cache up to the timed calls' middle position) over the
 device's bandwidth (bench/generate.py's table). Each mode's logits are checked against
-eager's (max |difference| / max |eager|). `--kernels DIR` writes each mode's kernels by device
+eager's (max |difference| / max |eager|). The mode `tgc-plain-launch` is tgc with none of its
+kernels launched as a programmatic dependent of the one before (runtime/driver_kernel.py).
+`--kernels DIR` writes each mode's kernels by device
 time (DIR/decode-kernels-<mode>.txt). Writes <out>/decode_step-<device>-<date>.md (a new
 section a run) unless it is a dry run without `--out`. The dry run exits non-zero unless tgc's
 logits match eager's within 1e-4 and every graph tgc compiled ran in tgc.
@@ -37,6 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import generate as gen  # noqa: E402
 
 MODES = ("eager", "tgc", "default")
+# tgc with its kernels launched plainly, none as a programmatic dependent of the one before
+# (runtime/driver_kernel.py): what those launches save, measured in the same run
+PLAIN_LAUNCH = "tgc-plain-launch"
 DRY_TOLERANCE = 1e-4  # float32 tgc against float32 eager, relative to max |eager|
 
 
@@ -91,7 +96,12 @@ def time_mode(model, mode: str, args, device: str) -> dict:
     options = argparse.Namespace(
         measure_budget=args.measure_budget, db=args.db, dry_run=args.dry_run
     )
-    gen.compile_forward(model, mode, options)
+    plain = mode == PLAIN_LAUNCH
+    if plain:  # tgc with every kernel launched plainly (runtime/driver_kernel.py)
+        from tgc.runtime import driver_kernel
+
+        driver_kernel.dependent_launches = False
+    gen.compile_forward(model, "tgc" if plain else mode, options)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     try:
         step = step_of(model, kv, token, position)
@@ -116,7 +126,7 @@ def time_mode(model, mode: str, args, device: str) -> dict:
                 path = Path(args.kernels) / f"decode-kernels-{mode}.txt"
                 title = f"{mode}: the kernels of {args.calls} decode steps (torch.profiler)"
                 gen.write_kernel_table(averages, path, title, rows=50)
-        if mode == "tgc":
+        if mode in ("tgc", PLAIN_LAUNCH):
             from tgc.dynamo import coverage
 
             tally = coverage()
@@ -125,6 +135,8 @@ def time_mode(model, mode: str, args, device: str) -> dict:
     finally:
         gen.restore_forward(model)
         gen.reset_compilers()
+        if plain:
+            driver_kernel.dependent_launches = True
 
 
 def error(got, want) -> float:

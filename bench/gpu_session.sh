@@ -30,6 +30,10 @@
 #   STAGE=attention-merge bash bench/gpu_session.sh  # the TMA kernel's merged query tiles
 #                                               # (merge_tiles): GPU tests, then the grid at
 #                                               # head dims 128, 64, 80, 256 without and with it
+#   STAGE=pdl        bash bench/gpu_session.sh  # programmatic dependent launches: the
+#                                               # gemv's GPU tests (a dependent's first), the
+#                                               # backend's, then the decode step at batch 1 and
+#                                               # 16, tgc beside tgc-plain-launch (one database)
 #   STAGE=kernels    bash bench/gpu_session.sh  # the GPU tests of the kernels alone: attention
 #                                               # (every head dim, decode), the few-rows matmul, the rotary and group
 #                                               # norm fusions, cuBLASLt, the convolution
@@ -216,6 +220,20 @@ decode)
   tar -czf "$out/kernels-decode.tar.gz" -C "$out" kernels-b1 kernels-b16 2>/dev/null &&
     rm -rf "$out/kernels-b1" "$out/kernels-b16"
   ;;
+pdl)
+  # a dependent that never saw its wait end would hang: its test alone first, 90 s
+  pytest_gpu pdl-first 90 test/test_matmul_gemv.py -k "dependent"
+  pytest_gpu_parallel gemv 120 test/test_matmul_gemv.py
+  pytest_gpu dynamo-cuda 200 test/test_dynamo_backend.py test/test_dynamo_generate.py -k cuda
+  for batch in 1 16; do
+    timeout -k 15 230 python3 bench/decode_step.py --commit "$commit" --out "$out" \
+      --batch "$batch" --modes eager,tgc,tgc-plain-launch --kernels "$out/kernels-b$batch" \
+      --db "$out/measurements-decode.sqlite" >"$out/decode-step-b$batch.txt" 2>&1
+    echo "decode_step batch $batch -> exit $?"
+  done
+  tar -czf "$out/kernels-decode.tar.gz" -C "$out" kernels-b1 kernels-b16 2>/dev/null &&
+    rm -rf "$out/kernels-b1" "$out/kernels-b16"
+  ;;
 tma)
   pytest_gpu tma-first 60 test/test_matmul_wgmma.py -k "float64 and params5"
   pytest_gpu wgmma 120 test/test_matmul_wgmma.py test/test_standalone.py \
@@ -308,7 +326,7 @@ bert)
     test/test_bench_real_models.py
   ;;
 *)
-  echo "STAGE must be tests, validate, cuda, kernels, tma, attention-tma, attention-merge, gemv, decode, models, backend, backend-bert, attention," \
+  echo "STAGE must be tests, validate, cuda, kernels, pdl, tma, attention-tma, attention-merge, gemv, decode, models, backend, backend-bert, attention," \
     "grid, autotune, generate, first-call, generate16, more, vision-f32, vision-b1 or bert" >&2
   exit 2
   ;;

@@ -26,6 +26,11 @@ and of one or two rows of A a step and feeds them to two mma.sync m16n8k16 as th
 padded to 16 with zeros): both operands are read in one k order the fragments share, which a sum
 does not care about. The warps' sums meet in shared memory, where the epilogue reads them.
 
+Both are launched as programmatic dependents on sm_90 (runtime/driver_kernel.py): a block
+first asks for the start of its rows of B in L2 (PREFETCH_BYTES in all), then waits for the
+kernel before it, so that a decoding step's products, each a few microseconds of streaming,
+do not each begin with memory's latency after the small kernel before them.
+
 With `operands["prologue"]` (codegen/matmul.py `a_prologue`; the caller asks for the CUDA-core
 kernel then) the kernel computes A instead of loading it: the block first fills, for each row,
 the values of one element a row (reductions along k, split over its warps), then, where A's rows
@@ -59,6 +64,9 @@ GEMV_TYPES = {  # element type -> (C type of a pair, its conversion to float2), 
     "f32": (None, None),
 }
 GEMV_WARPS, GEMV_COLUMNS, GEMV_UNROLL = (2, 4, 8), (1, 2, 4), (1, 2, 4, 8)
+# Bytes of B a kernel asks for in L2 before the kernel before it has ended (module doc): the
+# start of each row, at most this much in all, a third of an H100's or H200's 50 MB L2.
+PREFETCH_BYTES, L2_LINE = 16 << 20, 128
 
 
 def gemv_misfit(
@@ -138,6 +146,8 @@ def generate_gemv(
                 loc,
             )
     pair_t, pair_to_float2 = GEMV_TYPES[dims["elem"]]
+    row_bytes = dims["k"] * ELEMENT_BYTES[dims["elem"]]
+    prefetch = min(row_bytes, max(L2_LINE, PREFETCH_BYTES // dims["n"]))
     staged = (
         prologue is not None and rows * dims["k"] * ELEMENT_BYTES[dims["elem"]] <= STAGED_A_BYTES
     )
@@ -164,6 +174,8 @@ def generate_gemv(
         staged=staged,
         stored_a_value=store_value(prologue["a_value"], dims["elem"]) if prologue else "",
         epilogue=operands["epilogue"],
+        block_rows=per_block,
+        prefetch_lines=-(-prefetch // L2_LINE),
     )
     grid = (math.ceil(dims["n"] / per_block), 1, 1)
     return KernelSource(
@@ -177,4 +189,5 @@ def generate_gemv(
         params,
         loc,
         operands["ir_name"],
+        dependent_launch=True,
     )

@@ -115,6 +115,10 @@ class KernelSource:
     # compiled for that target, and runs on that GPU only.
     arch_features: str = ""
     tensor_maps: tuple[TensorMap, ...] = ()  # its first parameters (TensorMap)
+    # It calls tgc_wait_for_predecessors() (the prelude) before it reads anything an earlier
+    # kernel wrote or writes anything: on sm_90 it is launched as a programmatic dependent
+    # and may start while the kernel before it runs (runtime/driver_kernel.py).
+    dependent_launch: bool = False
 
     @property
     def label(self) -> str:

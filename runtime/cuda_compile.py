@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tgc.codegen.kernels import KernelSource, prelude
 from tgc.diagnostics import TgcError
-from tgc.runtime.tensor_map import MapKernel
+from tgc.runtime.driver_kernel import DriverKernel
 
 try:
     import pycuda.driver as cuda
@@ -66,6 +66,11 @@ def device_arch() -> str:
     context()
     major, minor = cuda.Context.get_device().compute_capability()
     return f"sm_{major}{minor}"
+
+
+def _compute_capability(arch: str) -> int:
+    """90 for "sm_90" and "sm_90a"."""
+    return int(arch.removeprefix("sm_").rstrip("a"))
 
 
 def _nvcc_version() -> str:
@@ -128,8 +133,9 @@ def load_kernels(kernels: list[KernelSource]) -> list:
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(todo)))) as pool:
         cubins = list(pool.map(lambda sk: compile_cubin(sk[0], arch, sk[1]), todo))
     for (s, k), cubin in zip(todo, cubins):
-        if k.tensor_maps:  # launched by the driver itself (runtime/tensor_map.py)
-            _functions[(s, arch)] = (None, MapKernel(cubin, k))
+        programmatic = k.dependent_launch and _compute_capability(arch) >= 90
+        if k.tensor_maps or programmatic:  # launched by the driver itself (driver_kernel.py)
+            _functions[(s, arch)] = (None, DriverKernel(cubin, k, programmatic))
             continue
         try:
             module = cuda.module_from_buffer(cubin)

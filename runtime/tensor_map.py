@@ -6,12 +6,8 @@ value (codegen/render.py's `TensorMap` says what each kernel takes).
 for the operands' addresses, then the pointers. A map that cannot be made (an address not 16
 bytes aligned, a stride the hardware does not take) is a TgcError naming the kernel.
 
-Such a kernel is loaded and launched through the driver here (`MapKernel`), not PyCUDA: PyCUDA
-packs a launch's arguments into one buffer that the driver copies to the start of the kernel's
-parameters, while the compiler places a 64-byte-aligned parameter where its address in the
-parameter bank is aligned (48 bytes in on an H200), so the maps landed off their places and
-the copies faulted (an illegal instruction). cuLaunchKernel's kernelParams copies each
-argument to its own offset.
+Such a kernel is loaded and launched through the driver (runtime/driver_kernel.py says why),
+not PyCUDA.
 """
 
 from __future__ import annotations
@@ -23,23 +19,16 @@ import numpy as np
 
 from tgc.codegen.render import KernelSource, TensorMap
 from tgc.diagnostics import TgcError
+from tgc.runtime.driver_kernel import driver
 
 ALIGNMENT = 16  # of the address and of every stride
-
-
-@cache
-def _driver():
-    try:
-        return ctypes.CDLL("libcuda.so.1")
-    except OSError as e:
-        raise TgcError(f"no CUDA driver to make TMA tensor maps with ({e})") from None
 
 
 @cache
 def _encode_tiled():
     """The driver's cuTensorMapEncodeTiled (CUDA 12 and later)."""
     try:
-        fn = _driver().cuTensorMapEncodeTiled
+        fn = driver().cuTensorMapEncodeTiled
     except AttributeError as e:
         raise TgcError(f"no CUDA 12 driver to make TMA tensor maps with ({e})") from None
     u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
@@ -103,58 +92,3 @@ def kernel_arguments(kernel: KernelSource, pointers: list[int]) -> list:
         except TgcError as e:
             raise TgcError(f"{kernel.label}: {e.message}", kernel.loc) from None
     return maps + [np.uintp(p) for p in pointers]
-
-
-_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute (cuda.h)
-
-
-class MapKernel:
-    """A kernel that takes tensor maps, loaded from its cubin into the current context and
-    launched by cuLaunchKernel with kernelParams (the module doc says why), with PyCUDA's
-    prepared-call signature so that launchers call it as they call PyCUDA's functions."""
-
-    def __init__(self, cubin: bytes, kernel: KernelSource) -> None:
-        driver = _driver()
-        self._module, self._function = ctypes.c_void_p(), ctypes.c_void_p()
-        self._image = ctypes.create_string_buffer(cubin, len(cubin))
-        self._name, self._loc = kernel.label, kernel.loc
-        self._check(driver.cuModuleLoadData(ctypes.byref(self._module), self._image), "load")
-        self._check(
-            driver.cuModuleGetFunction(
-                ctypes.byref(self._function), self._module, kernel.name.encode()
-            ),
-            "load",
-        )
-        if kernel.shared_bytes > 48 * 1024:
-            self._check(
-                driver.cuFuncSetAttribute(
-                    self._function, _MAX_DYNAMIC_SHARED_SIZE_BYTES, kernel.shared_bytes
-                ),
-                f"take {kernel.shared_bytes} bytes of shared memory",
-            )
-
-    def _check(self, status: int, what: str) -> None:
-        if status != 0:
-            raise TgcError(f"{self._name} failed to {what}: CUDA error {status}", self._loc)
-
-    def prepared_async_call(self, grid, block, stream, *args, shared_size: int = 0) -> None:
-        """Launch on `stream` (a PyCUDA stream, or None: the legacy default stream) with
-        `args` as kernel_arguments gives them (tensor maps as bytes, then pointers)."""
-        storage = [
-            ctypes.create_string_buffer(a, len(a))
-            if isinstance(a, bytes)
-            else ctypes.c_uint64(int(a))
-            for a in args
-        ]
-        params = (ctypes.c_void_p * len(storage))(*(ctypes.addressof(x) for x in storage))
-        status = _driver().cuLaunchKernel(
-            self._function,
-            *(ctypes.c_uint(int(v)) for v in (*grid, *block, shared_size)),
-            ctypes.c_void_p(0 if stream is None else stream.handle),
-            params,
-            None,
-        )
-        self._check(status, "run")
-
-    def prepared_call(self, grid, block, *args, shared_size: int = 0) -> None:
-        self.prepared_async_call(grid, block, None, *args, shared_size=shared_size)

@@ -5,6 +5,7 @@ takes by default, what it refuses and why, that it compiles for sm_80 and sm_90 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from test_attention_tc import NVCC, compile_kernels
 from test_matmul_wgmma import check_against_float64, fused_region, matmul_text, region
@@ -22,7 +23,7 @@ def test_a_few_rows_against_a_weight_take_the_gemv_skeleton_by_default():
     assert (k.params["warps"], k.params["columns"], k.params["unroll"]) == (4, 1, 4)
     assert k.grid == (-(-515 // 4), 1, 1) and k.block == (128, 1, 1)
     assert "__ldcs" in k.source and "ROWS = 1, COLS = 1, UNROLL = 4" in k.source
-    assert "mma" not in k.source
+    assert "mma.sync" not in k.source
 
 
 def test_the_batch_folds_into_rows_and_more_rows_take_two_columns_a_warp():
@@ -140,6 +141,58 @@ COMPILED = [
 ]
 
 
+@pytest.mark.parametrize("mma", [False, True])
+def test_a_gemv_asks_for_its_weight_in_l2_then_waits_for_the_kernel_before(mma):
+    """Launched as a programmatic dependent (runtime/driver_kernel.py): the start of each of
+    the block's rows of B asked for in L2 (the whole row where the weight fits
+    PREFETCH_BYTES), then the wait, before A or anything else is read or written."""
+    from tgc.codegen.matmul_gemv import PREFETCH_BYTES
+
+    small = generate_kernel(region((1, 2048), (515, 2048), tb=True), {"gemv_mma": mma})
+    assert small.dependent_launch
+    src = small.source
+    rows = 8 if mma else 4  # a block's columns: the mma's 8, or 4 warps of one
+    assert f"constexpr int BLOCK_ROWS = {rows}, LINES = 32;" in src  # 4 KB rows, whole
+    wait = src.index("tgc_wait_for_predecessors();")
+    assert src.index("tgc_launch_dependents();") < src.index("tgc_prefetch_l2(") < wait
+    before = src[src.index("\n{\n") : wait]  # the body up to the wait
+    assert "in0" not in before and "out0" not in before  # nor A nor the result
+    # a weight larger than PREFETCH_BYTES: the same share of every row
+    big = generate_kernel(region((1, 8192), (16384, 8192), tb=True), {"gemv_mma": mma})
+    lines = PREFETCH_BYTES // 16384 // 128
+    assert f"LINES = {lines};" in big.source and lines < 8192 * 2 // 128
+
+
+def test_a_dependent_launch_kernel_is_launched_by_the_driver_on_sm_90_only(monkeypatch):
+    """cuLaunchKernelEx's programmatic attribute is sm_90's: there a gemv is a DriverKernel
+    launched as a dependent, on sm_80 PyCUDA's function as before."""
+    pytest.importorskip("pycuda.driver", reason="the kernel loader needs PyCUDA")
+    from tgc.runtime import cuda_compile
+
+    made = []
+
+    class Recorded:
+        def __init__(self, cubin, kernel, programmatic=False):
+            made.append((kernel.name, programmatic))
+
+    class Loaded:  # PyCUDA's module_from_buffer, for sm_80
+        def get_function(self, name):
+            made.append((name, "pycuda"))
+            return type("F", (), {"prepare": lambda self, sig: None})()
+
+    k = generate_kernel(region((1, 2048), (515, 2048), tb=True))
+    monkeypatch.setattr(cuda_compile, "context", lambda: None)
+    monkeypatch.setattr(cuda_compile, "compile_cubin", lambda s, a, k: k.name.encode())
+    monkeypatch.setattr(cuda_compile, "DriverKernel", Recorded)
+    monkeypatch.setattr(cuda_compile.cuda, "module_from_buffer", lambda cubin: Loaded())
+    for arch, want in (("sm_90", True), ("sm_80", "pycuda")):
+        monkeypatch.setattr(cuda_compile, "_functions", {})
+        monkeypatch.setattr(cuda_compile, "device_arch", lambda arch=arch: arch)
+        made.clear()
+        cuda_compile.load_kernels([k])
+        assert made == [(k.name, want)], arch
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_gemv_matmuls_compile_without_spills_or_warnings(tmp_path):
     """Warnings fail the build: over one row an epilogue reads no row index, and the kernels
@@ -186,3 +239,55 @@ def test_gemv_matmul_matches_float64(a, b, dtype, epilogue, params):
     fused = fused_region(text)
     kernel = generate_kernel(fused, {"gemv": True, **params})
     check_against_float64(parse_module(text).funcs[0], fused, kernel)
+
+
+SLOW_COPY = """
+extern "C" __global__ void tgc_test_slow_copy(const unsigned char* in0, unsigned char* out0) {
+  tgc_launch_dependents();  // the gemv after this kernel may start now
+  const long long start = clock64();
+  while (clock64() - start < 20000000) {}  // about 10 ms: the gemv waits, or reads NaN
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < %d; i += gridDim.x * blockDim.x)
+    out0[i] = in0[i];
+}
+"""
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mma", [False, True])
+def test_a_gemv_launched_as_a_dependent_waits_for_the_kernel_before(mma):
+    """On a stream, after a kernel that lets it start at once and only then, 10 ms later,
+    writes A over NaN: the gemv, started early, asks for B in L2 but reads A after its wait,
+    so its result is the product of the A written (float64 reference), never of the NaN."""
+    import pycuda.driver as cuda
+
+    from tgc.codegen.render import KernelSource
+    from tgc.runtime.cuda_compile import device_arch, load_kernels
+    from tgc.runtime.interpreter import random_inputs, run_function
+
+    if device_arch() != "sm_90":
+        pytest.skip(f"programmatic dependent launch is tried on sm_90, not {device_arch()}")
+    text = matmul_text((1, 2056), (1001, 2056), "bf16", True, "bias_gelu_tanh")
+    ref = parse_module(text).funcs[0]
+    kernel = generate_kernel(fused_region(text), {"gemv": True, "gemv_mma": mma})
+    a, b, bias = random_inputs(ref, int(np.random.default_rng().integers(1 << 30)))
+    (want,) = run_function(ref, [a, b, bias], "f64")
+    a_bytes = np.ascontiguousarray(a).view(np.uint8)
+    copy = KernelSource(
+        "tgc_test_slow_copy", SLOW_COPY % a_bytes.size, "test", 1, 1, (4, 1, 1), (128, 1, 1)
+    )
+    slow, gemv = load_kernels([copy, kernel])
+    assert getattr(gemv, "programmatic", False)
+    d_src = cuda.to_device(a_bytes)
+    d_a = cuda.to_device(np.full(a.shape, np.nan, a.dtype).view(np.uint8))
+    d_b, d_bias = (cuda.to_device(np.ascontiguousarray(x).view(np.uint8)) for x in (b, bias))
+    d_out = cuda.to_device(np.full(want.shape, np.nan, a.dtype).view(np.uint8))
+    stream = cuda.Stream()
+    slow.prepared_async_call(
+        copy.grid, copy.block, stream, np.uintp(int(d_src)), np.uintp(int(d_a))
+    )
+    pointers = [np.uintp(int(d)) for d in (d_a, d_b, d_bias, d_out)]
+    gemv.prepared_async_call(kernel.grid, kernel.block, stream, *pointers)
+    stream.synchronize()
+    got = cuda.from_device(d_out, want.shape, np.uint16).view(a.dtype).astype(np.float64)
+    assert not np.isnan(got).any(), f"{int(np.isnan(got).sum())} NaN: A read before its write"
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 2e-2

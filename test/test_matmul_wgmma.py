@@ -378,30 +378,31 @@ def check_against_float64(ref, fused: FusedOp, kernel) -> None:
 
 def test_kernels_with_tensor_maps_are_loaded_and_launched_by_the_driver(monkeypatch):
     """PyCUDA's packed argument buffer misplaces a 64-byte-aligned parameter (runtime/
-    tensor_map.py): a kernel with tensor maps is a MapKernel, the others PyCUDA's functions."""
+    driver_kernel.py): a kernel with tensor maps is a DriverKernel, the others PyCUDA's
+    functions."""
     pytest.importorskip("pycuda.driver", reason="the kernel loader needs PyCUDA")
     from tgc.runtime import cuda_compile
 
     made = []
 
     class Recorded:
-        def __init__(self, cubin, kernel):
-            made.append((cubin, kernel.name))
+        def __init__(self, cubin, kernel, programmatic=False):
+            made.append((cubin, kernel.name, programmatic))
 
     monkeypatch.setattr(cuda_compile, "_functions", {})
     monkeypatch.setattr(cuda_compile, "context", lambda: None)
     monkeypatch.setattr(cuda_compile, "device_arch", lambda: "sm_90")
     monkeypatch.setattr(cuda_compile, "compile_cubin", lambda s, a, k: k.name.encode())
-    monkeypatch.setattr(cuda_compile, "MapKernel", Recorded)
+    monkeypatch.setattr(cuda_compile, "DriverKernel", Recorded)
     k = generate_kernel(region((300, 64), (64, 520)), TMA)
     (fn,) = cuda_compile.load_kernels([k])
-    assert isinstance(fn, Recorded) and made == [(k.name.encode(), k.name)]
+    assert isinstance(fn, Recorded) and made == [(k.name.encode(), k.name, False)]
 
 
-def test_a_map_kernel_that_cannot_load_is_one_error():
+def test_a_driver_kernel_that_cannot_load_is_one_error():
     """No driver (CI), or a cubin the driver refuses: a TgcError, never a ctypes traceback."""
-    from tgc.runtime.tensor_map import MapKernel
+    from tgc.runtime.driver_kernel import DriverKernel
 
     k = generate_kernel(region((300, 64), (64, 520)), TMA)
     with pytest.raises(TgcError, match="no CUDA driver|failed to load: CUDA error"):
-        MapKernel(b"not a cubin", k)
+        DriverKernel(b"not a cubin", k)
