@@ -49,6 +49,12 @@ VARIANTS = [
     {"columns": 4, "unroll": 2},
     {"warps": 8},
     {"warps": 2},
+    {"split_k": 1},  # every warp its own column (the default before split_k)
+    {"split_k": 2},
+    {"split_k": 4},
+    {"split_k": 4, "warps": 8},
+    {"split_k": 8, "warps": 8},
+    {"split_k": 4, "unroll": 8},
     {"gemv_mma": True},  # the tensor-core variant: 8 columns a block, its warps splitting k
     {"gemv_mma": True, "warps": 8},
     {"gemv_mma": True, "warps": 8, "unroll": 8},

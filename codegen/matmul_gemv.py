@@ -15,6 +15,13 @@ kernel sums one element at a time (correct, slow). Needs bf16, f16 or f32, A not
 transposed and the same for every batch entry, and k a multiple of 16 bytes; where it does not
 fit, asking for it is a TgcError.
 
+With `split_k` S > 1 a column group is S warps' of one block, each taking every S-th step of
+the group's k, their sums meeting in shared memory. A single-token product whose weight has
+few, long rows (a 1 B Llama's down projection, 2,048 rows of 8,192) otherwise has too few
+warps in all to keep enough loads in flight: 2,048 warps, 16 a multiprocessor, each waiting on
+its next 2 KB. By default S is the smallest that makes SPLIT_K_WARPS warps, where each warp
+still has a whole step of loads.
+
 Its tensor-core variant (`matmul_gemv_mma.cu.j2`, template parameter `gemv_mma`, bf16/f16, up to
 16 rows) is the default from `GEMV_MMA_FROM_ROWS` rows, with 8 warps: timed on an H200 at 8 and
 16 rows it beat the CUDA-core kernel on every product of bench/matmul_gemv.py (by 1.1-1.7x), at
@@ -56,14 +63,18 @@ GEMV_MAX_ROWS = 8
 GEMV_MMA_MAX_ROWS = 16  # the tensor-core variant: A's rows are an mma's 16
 GEMV_MMA_FROM_ROWS = 5  # the tensor-core variant is the default from this many rows (doc)
 # A computed by a prologue is kept in static shared memory up to this size (48 KB a block, less
-# the reductions' shares): 1 row of k 24,576 in bf16, or 8 rows of 3,072.
-STAGED_A_BYTES = 48 * 1024 - 256
+# the reductions' shares and split_k's sums, 8 warps x 8 rows x 4 columns): 1 row of k up to
+# 23,936 in bf16, or 8 rows of 2,992.
+STAGED_A_BYTES = 48 * 1024 - 256 - 1024
 GEMV_TYPES = {  # element type -> (C type of a pair, its conversion to float2), f32 read as float4
     "bf16": ("__nv_bfloat162", "__bfloat1622float2"),
     "f16": ("__half2", "__half22float2"),
     "f32": (None, None),
 }
 GEMV_WARPS, GEMV_COLUMNS, GEMV_UNROLL = (2, 4, 8), (1, 2, 4), (1, 2, 4, 8)
+GEMV_SPLIT_K = (1, 2, 4, 8)
+# Warps in all that the default `split_k` makes (module doc): 64 a multiprocessor of an H200.
+SPLIT_K_WARPS = 64 * 132
 # Bytes of B a kernel asks for in L2 before the kernel before it has ended (module doc): the
 # start of each row, at most this much in all, a third of an H100's or H200's 50 MB L2.
 PREFETCH_BYTES, L2_LINE = 16 << 20, 128
@@ -97,6 +108,20 @@ def gemv_misfit(
     if k * ELEMENT_BYTES[elem] % 16:
         return "k must make rows of a multiple of 16 bytes"
     return None
+
+
+def _split_k(n: int, columns: int, chunks: int, unroll: int, warps: int) -> int:
+    """The default warps a column group (`split_k`): the fewest that make SPLIT_K_WARPS warps
+    in all, each with a whole step of its loads (32 lanes x `unroll` chunks of 16 bytes)."""
+    split = 1
+    while (
+        split * 2 in GEMV_SPLIT_K
+        and warps % (split * 2) == 0
+        and -(-n // columns) * split < SPLIT_K_WARPS
+        and chunks >= 32 * unroll * split * 2
+    ):
+        split *= 2
+    return split
 
 
 def gemv_mma_by_default(elem: str, rows: int) -> bool:
@@ -137,14 +162,21 @@ def generate_gemv(
         # for most products; 4 columns with 1 load, A read from L1 fewer times, was 2.5x
         # slower).
         columns = params.setdefault("columns", 1 if rows == 1 else 2)
-        checked.append(("columns", columns, GEMV_COLUMNS))
-        per_block = warps * columns
+        chunks = dims["k"] * ELEMENT_BYTES[dims["elem"]] // 16
+        split = params.setdefault("split_k", _split_k(dims["n"], columns, chunks, unroll, warps))
+        checked += [("columns", columns, GEMV_COLUMNS), ("split_k", split, GEMV_SPLIT_K)]
     for name, value, allowed in checked:
         if value not in allowed:
             raise TgcError(
                 f"the few-rows matmul takes {name} {', '.join(map(str, allowed))}, not {value!r}",
                 loc,
             )
+    if not mma:
+        if warps % split:
+            raise TgcError(
+                f"the few-rows matmul's split_k ({split}) must divide its warps ({warps})", loc
+            )
+        per_block = warps // split * columns
     pair_t, pair_to_float2 = GEMV_TYPES[dims["elem"]]
     row_bytes = dims["k"] * ELEMENT_BYTES[dims["elem"]]
     prefetch = min(row_bytes, max(L2_LINE, PREFETCH_BYTES // dims["n"]))
@@ -167,6 +199,7 @@ def generate_gemv(
         warps=warps,
         columns=columns,
         unroll=unroll,
+        split_k=None if mma else split,
         a=operands["a"],
         b=operands["b"],
         a_batch_offset=operands["a_batch_offset"],

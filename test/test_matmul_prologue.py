@@ -41,8 +41,8 @@ def test_a_norm_before_a_few_rows_product_is_computed_where_a_is_read():
     assert "a_rows[r] = a_tile + r * K;" in k.source
     assert "acc[r][c] = dot(acc[r][c], av, bv[u][c]);" in k.source
     # B's first chunks are asked for before the prologue, used by the first step
-    assert k.source.index("load_b(lane, b_first);") < k.source.index("float rowv0[ROWS];")
-    assert "if (c0 == lane) {  // loaded before A was computed" in k.source
+    assert k.source.index("load_b(c_first, b_first);") < k.source.index("float rowv0[ROWS];")
+    assert "if (c0 == c_first) {  // loaded before A was computed" in k.source
     # the block's warps split k: each sums its share, the shares meet in shared memory
     assert "for (idx_t kk = (idx_t) warp * 32 + lane; kk < 64; kk += 32 * WARPS)" in k.source
     assert "s = s + __shfl_xor_sync(0xffffffffu, s, o);" in k.source

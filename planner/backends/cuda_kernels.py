@@ -347,6 +347,7 @@ TUNABLE: dict[str, dict[str, tuple]] = {
         "warps": (2, 4, 8),  # its warps a block, columns a warp and loads in flight a lane
         "columns": (1, 2, 4),
         "unroll": (1, 2, 4, 8),
+        "split_k": (1, 2, 4, 8),  # its warps a column group
     },
     "conv": {"block_m": (64, 128), "block_n": (32, 64, 128), "block_k": (16, 32)},
     "attention": {
