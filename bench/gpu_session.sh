@@ -34,6 +34,12 @@
 #                                               # gemv's GPU tests (a dependent's first), the
 #                                               # backend's, then the decode step at batch 1 and
 #                                               # 16, tgc beside tgc-plain-launch (one database)
+#   STAGE=gemv-split bash bench/gpu_session.sh  # the few-rows matmul's split_k: its GPU tests,
+#                                               # bench/matmul_gemv.py at 1 and 4 rows with every
+#                                               # variant, the decode step at batch 1 (eager, tgc)
+#   STAGE=attention-q2 bash bench/gpu_session.sh  # the TMA attention kernel's two Q buffers
+#                                               # (q_stages): its GPU tests, the grid at head dims
+#                                               # 128 and 80 with q_stages 1 and 2, merged or not
 #   STAGE=kernels    bash bench/gpu_session.sh  # the GPU tests of the kernels alone: attention
 #                                               # (every head dim, decode), the few-rows matmul, the rotary and group
 #                                               # norm fusions, cuBLASLt, the convolution
@@ -234,6 +240,21 @@ pdl)
   tar -czf "$out/kernels-decode.tar.gz" -C "$out" kernels-b1 kernels-b16 2>/dev/null &&
     rm -rf "$out/kernels-b1" "$out/kernels-b16"
   ;;
+gemv-split)
+  pytest_gpu_parallel gemv 120 test/test_matmul_gemv.py test/test_matmul_prologue.py
+  timeout -k 15 200 python3 bench/matmul_gemv.py --commit "$commit" --out "$out" --rows 1,4 \
+    --variants >"$out/matmul-gemv.txt" 2>&1
+  echo "matmul_gemv --rows 1,4 --variants -> exit $?"
+  timeout -k 15 200 python3 bench/decode_step.py --commit "$commit" --out "$out" --batch 1 \
+    --modes eager,tgc --kernels "$out/kernels-b1" >"$out/decode-step-b1.txt" 2>&1
+  echo "decode_step batch 1 -> exit $?"
+  tar -czf "$out/kernels-decode.tar.gz" -C "$out" kernels-b1 2>/dev/null && rm -rf "$out/kernels-b1"
+  ;;
+attention-q2)
+  pytest_gpu attention-q2-first 60 test/test_attention_tc.py -k "variants and shape55-params55"
+  pytest_gpu_parallel attention-q2 150 test/test_attention_tc.py -k "wgmma_variants"
+  attention_sweep "tma=true;tma=true,q_stages=2;tma=true,merge_tiles=true;tma=true,q_stages=2,merge_tiles=true" D128 D80
+  ;;
 tma)
   pytest_gpu tma-first 60 test/test_matmul_wgmma.py -k "float64 and params5"
   pytest_gpu wgmma 120 test/test_matmul_wgmma.py test/test_standalone.py \
@@ -326,7 +347,7 @@ bert)
     test/test_bench_real_models.py
   ;;
 *)
-  echo "STAGE must be tests, validate, cuda, kernels, pdl, tma, attention-tma, attention-merge, gemv, decode, models, backend, backend-bert, attention," \
+  echo "STAGE must be tests, validate, cuda, kernels, pdl, gemv-split, attention-q2, tma, attention-tma, attention-merge, gemv, decode, models, backend, backend-bert, attention," \
     "grid, autotune, generate, first-call, generate16, more, vision-f32, vision-b1 or bert" >&2
   exit 2
   ;;

@@ -592,7 +592,8 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
     """attention_wgmma_tma.cu.j2 (template parameters `wgmma` and `tma`): warp-specialised,
     persistent, a TMA producer warpgroup and two consumer warpgroups in ping-pong (the
     template's header). `block_n` 64 or 128 (default 128, 64 at head dim 256), `stages` (the
-    rings' depth, default as many as fit, at most 4), `q_in_registers` (default at head dim 64
+    rings' depth, default as many as fit, at most 4), `q_stages` (Q's buffers, 1 or 2, default
+    1: with 2 the producer copies the next query tile's Q while the last one's is read), `q_in_registers` (default at head dim 64
     and below), `head_group` (default TMA_HEAD_GROUP, TMA_CAUSAL_HEAD_GROUP with a causal mask):
     the query tiles go in units (pairs of a batch entry's under a causal mask), in groups of
     that many entries; `merge_tiles` (default where `_merge_tiles_by_default` says): a query
@@ -621,17 +622,25 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
             )
     limits = gpu_limits("sm_90")
     tile = 2 * bn * d  # one K or V tile's bytes
-    barriers = 8 * (2 + 4 * TMA_MAX_STAGES) + 16  # the mbarriers and softmax_done's word
+    barriers = 8 * (2 * 2 + 4 * TMA_MAX_STAGES) + 16  # the mbarriers and softmax_done's word
+    q_stages = params.get("q_stages", 1)
+    if q_stages not in (1, 2):
+        raise TgcError(
+            f"attention template parameters: the TMA kernel takes q_stages 1 or 2, not {q_stages!r}"
+        )
 
     def shared(stages: int) -> int:  # Q, the rings, 1024 bytes to align them, the barriers
-        return 2 * 128 * d + 2 * stages * tile + 1024 + barriers
+        return q_stages * 2 * 128 * d + 2 * stages * tile + 1024 + barriers
 
-    fit = max(s for s in range(1, TMA_MAX_STAGES + 1) if shared(s) <= limits.shared_per_block)
+    fit = max(
+        (s for s in range(1, TMA_MAX_STAGES + 1) if shared(s) <= limits.shared_per_block),
+        default=0,
+    )
     stages = params.get("stages", fit)
     if not isinstance(stages, int) or not 2 <= stages <= fit:
         raise TgcError(
             f"attention template parameters: the TMA kernel at head dim {d} with block_n {bn} "
-            f"takes 2 to {fit} stages (shared memory), not {stages!r}"
+            f"and q_stages {q_stages} takes 2 to {fit} stages (shared memory), not {stages!r}"
         )
     batch_shape = common["batch_shape"]
     maps = {
@@ -658,6 +667,7 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
         bn=bn,
         nq=nq,
         stages=stages,
+        q_stages=q_stages,
         group=group,
         maps=maps,
         q_in_registers=q_in_registers,
@@ -677,6 +687,7 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
         "wgmma": True,
         "tma": True,
         "stages": stages,
+        "q_stages": q_stages,
         "q_in_registers": q_in_registers,
         "merge_tiles": merge_tiles,
         "head_group": group,

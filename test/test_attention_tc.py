@@ -600,6 +600,21 @@ def test_query_tiles_are_merged_by_default_where_measured_faster(seq, dim, causa
     assert ("rest_of_tile" in k.source) is merged
 
 
+def test_two_q_buffers_take_turns_and_cost_a_ring_stage_at_head_dim_128():
+    """q_stages=2: query tile n's Q in buffer n % 2 under its own full and empty barriers,
+    so the producer copies the next tile's Q while the consumers read this one's; at head dim
+    128 the second 32 KB buffer leaves room for 2 ring stages, not 3."""
+    fused = attention_region(heads_text(1, 2, 1000, 1000, 128, 128, "bf16"))
+    one = generate_kernel(fused, {"arch": "sm_90", "tma": True})
+    two = generate_kernel(fused, {"arch": "sm_90", "tma": True, "q_stages": 2})
+    assert (one.params["q_stages"], one.params["stages"]) == (1, 3)
+    assert (two.params["q_stages"], two.params["stages"]) == (2, 2)
+    assert "constexpr int Q_STAGES = 2;" in two.source
+    assert "wait(&q_empty[qslot], ((qn / Q_STAGES) & 1) ^ 1);" in two.source
+    assert "Qs = Q0 + qslot * Q_BYTES;" in two.source
+    assert two.shared_bytes - one.shared_bytes == 128 * 128 * 2 - 2 * 2 * 128 * 128
+
+
 def test_the_tma_kernel_refuses_an_unaligned_operand_at_launch():
     """A tensor map needs a 16-byte aligned address: a launch over an operand 2 bytes past one
     is a located error naming the kernel and the operand, made before anything reaches the GPU."""
@@ -621,8 +636,10 @@ def test_the_tma_kernel_refuses_an_unaligned_operand_at_launch():
         ({"pingpong": False}, "always runs pingpong"),
         ({"persistent": False}, "always runs persistent"),
         ({"block_n": 32}, "the TMA kernel takes block_n 64 or 128"),
-        ({"stages": 1}, "takes 2 to 3 stages \\(shared memory\\), not 1"),
+        ({"stages": 1}, "q_stages 1 takes 2 to 3 stages \\(shared memory\\), not 1"),
         ({"stages": 4}, "takes 2 to 3 stages"),
+        ({"q_stages": 2, "stages": 3}, "q_stages 2 takes 2 to 2 stages"),
+        ({"q_stages": 3}, "takes q_stages 1 or 2, not 3"),
         ({"q_in_registers": "no"}, "q_in_registers must be true or false"),
         ({"head_group": 0}, "head_group must be a positive integer"),
         ({"merge_tiles": 1}, "merge_tiles must be true or false, not 1"),
@@ -1144,6 +1161,14 @@ WGMMA_VARIANTS = [
         {"tma": True, "merge_tiles": True, "q_in_registers": True},
     ),
     ((1, 2, 1030, 1030, 256, 256, "heads", False, True), {"tma": True, "merge_tiles": True}),
+    # Two Q buffers (the next tile's Q copied while one is read): plain and merged tiles,
+    # one key tile a query tile, a mask, padded head dims.
+    ((4, 8, 600, 600, 128, 128, "heads", False, True), {"tma": True, "q_stages": 2}),
+    ((8, 8, 63, 63, 128, 128, "heads", True, False), {"tma": True, "q_stages": 2}),
+    (
+        (4, 8, 600, 600, 80, 80, "heads", True, True),
+        {"tma": True, "q_stages": 2, "merge_tiles": True},
+    ),
 ]
 
 

@@ -363,6 +363,7 @@ TUNABLE: dict[str, dict[str, tuple]] = {
         "persistent": (False, True),  # the wgmma kernel's blocks take query tiles in turn
         "tma": (False, True),  # the warp-specialised wgmma kernel: a TMA producer warpgroup
         "stages": (2, 3, 4),  # its rings' depth
+        "q_stages": (1, 2),  # its Q buffers
         "merge_tiles": (False, True),  # a query tile's last round with the next one's first
         "decode": (True, False),  # the split-KV skeleton (codegen/attention_decode.py)
         "splits": (1, 2, 4, 8, 16, 32, 64),
