@@ -55,6 +55,14 @@ VARIANTS = [
     {"split_k": 4, "warps": 8},
     {"split_k": 8, "warps": 8},
     {"split_k": 4, "unroll": 8},
+    {"columns": 2, "split_k": 1},
+    {"columns": 2, "split_k": 2},
+    {"columns": 2, "split_k": 4},
+    {"columns": 2, "split_k": 4, "warps": 8},
+    {"columns": 2, "split_k": 8, "warps": 8},
+    {"unroll": 8, "split_k": 2},
+    {"unroll": 8, "split_k": 2, "warps": 8},
+    {"unroll": 8, "split_k": 4, "warps": 8},
     {"gemv_mma": True},  # the tensor-core variant: 8 columns a block, its warps splitting k
     {"gemv_mma": True, "warps": 8},
     {"gemv_mma": True, "warps": 8, "unroll": 8},
@@ -163,6 +171,9 @@ def main(argv=None) -> int:
                         print(f"{name} rows {rows} {params}: {e}", flush=True)
                 (v_ms, v_err), v_params = min(timed, key=lambda t: t[0][0])
                 best = f"{v_ms:.4f} ms {v_params} (error {v_err:.1e})"
+                # every point's time on stdout (the report keeps the best)
+                points = "; ".join(f"{v} {t[0]:.4f}" for t, v in timed)
+                print(f"{name} rows {rows}: default {ms:.4f} ms; {points}", flush=True)
             blas = time_ms(lambda: F.linear(a, b), stream)
             compiled = torch.compile(lambda x, w: F.linear(x, w))  # its own cache a case
             compiled(a, b)
