@@ -16,11 +16,13 @@ transposed and the same for every batch entry, and k a multiple of 16 bytes; whe
 fit, asking for it is a TgcError.
 
 With `split_k` S > 1 a column group is S warps' of one block, each taking every S-th step of
-the group's k, their sums meeting in shared memory. A single-token product whose weight has
-few, long rows (a 1 B Llama's down projection, 2,048 rows of 8,192) otherwise has too few
-warps in all to keep enough loads in flight: 2,048 warps, 16 a multiprocessor, each waiting on
-its next 2 KB. By default S is the smallest that makes SPLIT_K_WARPS warps, where each warp
-still has a whole step of loads.
+the group's k, their sums meeting in shared memory. At one row the kernel is a stream of the
+weight whose speed is the bytes in flight: by default there 8 loads a lane (`unroll`), and two
+warps a column where each still has a whole step of them (k of 4,096 and more in bf16). On an
+H200 (2026-11-29, bench/results/matmul_gemv-split-*) that ran a 1 B Llama's down projection
+(2,048 x 8,192) in 10.1 us against 11.9 with 4 loads and one warp a column, an 8 B Llama's
+q/k/v, gate/up and head 4-13% faster, and the products with k of 2,048 within 3% either way.
+Above one row the defaults stay 4 loads and one warp a column (measured before).
 
 Its tensor-core variant (`matmul_gemv_mma.cu.j2`, template parameter `gemv_mma`, bf16/f16, up to
 16 rows) is the default from `GEMV_MMA_FROM_ROWS` rows, with 8 warps: timed on an H200 at 8 and
@@ -73,8 +75,6 @@ GEMV_TYPES = {  # element type -> (C type of a pair, its conversion to float2), 
 }
 GEMV_WARPS, GEMV_COLUMNS, GEMV_UNROLL = (2, 4, 8), (1, 2, 4), (1, 2, 4, 8)
 GEMV_SPLIT_K = (1, 2, 4, 8)
-# Warps in all that the default `split_k` makes (module doc): 64 a multiprocessor of an H200.
-SPLIT_K_WARPS = 64 * 132
 # Bytes of B a kernel asks for in L2 before the kernel before it has ended (module doc): the
 # start of each row, at most this much in all, a third of an H100's or H200's 50 MB L2.
 PREFETCH_BYTES, L2_LINE = 16 << 20, 128
@@ -110,18 +110,10 @@ def gemv_misfit(
     return None
 
 
-def _split_k(n: int, columns: int, chunks: int, unroll: int, warps: int) -> int:
-    """The default warps a column group (`split_k`): the fewest that make SPLIT_K_WARPS warps
-    in all, each with a whole step of its loads (32 lanes x `unroll` chunks of 16 bytes)."""
-    split = 1
-    while (
-        split * 2 in GEMV_SPLIT_K
-        and warps % (split * 2) == 0
-        and -(-n // columns) * split < SPLIT_K_WARPS
-        and chunks >= 32 * unroll * split * 2
-    ):
-        split *= 2
-    return split
+def _one_row_defaults(chunks: int) -> tuple[int, int]:
+    """(unroll, split_k) at one row (module doc): 8 loads a lane, two warps a column where each
+    keeps a whole step of them."""
+    return 8, 2 if chunks >= 2 * 32 * 8 else 1
 
 
 def gemv_mma_by_default(elem: str, rows: int) -> bool:
@@ -151,19 +143,20 @@ def generate_gemv(
     # times (at 1 row 8 warps streamed B as fast as 4 on an H200: bench/results/matmul_gemv-*-b.md)
     prologue = operands.get("prologue")
     warps = params.setdefault("warps", 8 if mma or prologue is not None else 4)
-    unroll = params.setdefault("unroll", 4)
+    chunks = dims["k"] * ELEMENT_BYTES[dims["elem"]] // 16
+    unroll_1, split_1 = _one_row_defaults(chunks)
+    unroll = params.setdefault("unroll", unroll_1 if rows == 1 and not mma else 4)
     checked = [("warps", warps, GEMV_WARPS), ("unroll", unroll, GEMV_UNROLL)]
     if mma:
         params.pop("columns", None)  # a block takes the mma's 8 columns, its warps split k
         columns, per_block = None, 8
     else:
-        # Measured on an H200 (bench/results/matmul_gemv-*.md): at 1 row one column a warp
-        # and 4 loads in flight a lane; above, 2 columns and 4 loads (the best point at 8 rows
-        # for most products; 4 columns with 1 load, A read from L1 fewer times, was 2.5x
-        # slower).
+        # Measured on an H200 (bench/results/matmul_gemv-*.md): at 1 row one column a column
+        # group (split_k, unroll: the module doc); above, 2 columns and 4 loads (the best point
+        # at 8 rows for most products; 4 columns with 1 load, A read from L1 fewer times, was
+        # 2.5x slower).
         columns = params.setdefault("columns", 1 if rows == 1 else 2)
-        chunks = dims["k"] * ELEMENT_BYTES[dims["elem"]] // 16
-        split = params.setdefault("split_k", _split_k(dims["n"], columns, chunks, unroll, warps))
+        split = params.setdefault("split_k", split_1 if rows == 1 else 1)
         checked += [("columns", columns, GEMV_COLUMNS), ("split_k", split, GEMV_SPLIT_K)]
     for name, value, allowed in checked:
         if value not in allowed:

@@ -17,14 +17,14 @@ from tgc.parser import parse_module
 
 def test_a_few_rows_against_a_weight_take_the_gemv_skeleton_by_default():
     """One row (a decoding step's token) against a weight stored [n][k]: one column a column
-    group, four 16-byte loads in flight a lane, four warps a block; 515 columns are too few
-    warps, so two warps take each column (split_k), each a whole step of loads."""
+    group, eight 16-byte loads in flight a lane, four warps a block; rows of 2,048 are one
+    step of a warp's loads, so one warp a column (split_k 1)."""
     k = generate_kernel(region((1, 2048), (515, 2048), tb=True))
     assert k.params["gemv"] is True
-    assert (k.params["warps"], k.params["columns"], k.params["unroll"]) == (4, 1, 4)
-    assert k.params["split_k"] == 2
-    assert k.grid == (-(-515 // 2), 1, 1) and k.block == (128, 1, 1)
-    assert "__ldcs" in k.source and "ROWS = 1, COLS = 1, UNROLL = 4, SPLIT = 2" in k.source
+    assert (k.params["warps"], k.params["columns"], k.params["unroll"]) == (4, 1, 8)
+    assert k.params["split_k"] == 1
+    assert k.grid == (-(-515 // 4), 1, 1) and k.block == (128, 1, 1)
+    assert "__ldcs" in k.source and "ROWS = 1, COLS = 1, UNROLL = 8, SPLIT = 1" in k.source
     assert "mma.sync" not in k.source
 
 
@@ -80,20 +80,22 @@ def test_points_outside_the_skeletons_choices_are_refused(params, why):
 
 
 @pytest.mark.parametrize(
-    "k, n, unroll, split",
+    "rows, k, split, unroll",
     [
-        (8192, 2048, 4, 4),  # a 1 B Llama's down projection: 8,192 warps, 8 steps each
-        (2048, 2048, 4, 2),  # its o projection: one step each at 2
-        (2048, 2048, 8, 1),  # 8 loads in flight: a step is the whole row already
-        (2048, 16384, 4, 1),  # gate + up: 16,384 warps without splitting
+        (1, 8192, 2, 8),  # a 1 B Llama's down projection: two warps a column
+        (1, 4096, 2, 8),  # an 8 B Llama's q/k/v: two whole steps of 8 loads
+        (1, 2048, 1, 8),  # one step of 8 loads a row: one warp
+        (4, 8192, 1, 4),  # above one row: as measured before
     ],
 )
-def test_split_k_by_default_makes_enough_warps_each_with_a_whole_step(k, n, unroll, split):
-    """split_k's default (codegen/matmul_gemv.py `_split_k`): the fewest warps a column that
-    make SPLIT_K_WARPS warps in all, as long as each has a whole step of loads."""
-    kernel = generate_kernel(region((1, k), (n, k), tb=True), {"unroll": unroll})
-    assert kernel.params["split_k"] == split
-    assert kernel.grid == (-(-n // (4 // split)), 1, 1)
+def test_one_row_takes_8_loads_a_lane_and_two_warps_a_column_where_each_has_a_step(
+    rows, k, split, unroll
+):
+    """`_one_row_defaults` (codegen/matmul_gemv.py, measured on an H200)."""
+    kernel = generate_kernel(region((rows, k), (2048, k), tb=True))
+    assert (kernel.params["split_k"], kernel.params["unroll"]) == (split, unroll)
+    columns = kernel.params["columns"]
+    assert kernel.grid == (-(-2048 // (4 // split * columns)), 1, 1)
     if split > 1:
         assert "parts[threadIdx.x / 32 + s]" in kernel.source
     else:
@@ -179,7 +181,7 @@ def test_a_gemv_asks_for_its_weight_in_l2_then_waits_for_the_kernel_before(mma):
     small = generate_kernel(region((1, 2048), (515, 2048), tb=True), {"gemv_mma": mma})
     assert small.dependent_launch
     src = small.source
-    rows = 8 if mma else 2  # a block's columns: the mma's 8, or 4 warps, two a column
+    rows = 8 if mma else 4  # a block's columns: the mma's 8, or 4 warps of one
     assert f"constexpr int BLOCK_ROWS = {rows}, LINES = 32;" in src  # 4 KB rows, whole
     wait = src.index("tgc_wait_for_predecessors();")
     assert src.index("tgc_launch_dependents();") < src.index("tgc_prefetch_l2(") < wait
