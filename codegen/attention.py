@@ -533,22 +533,27 @@ TMA_MAX_STAGES = 4
 # dim 128 as fast; with the mask's pairs, groups of 8 were 1-2% slower than one entry's.
 TMA_HEAD_GROUP, TMA_CAUSAL_HEAD_GROUP = 8, 1
 TMA_MIN_WAVES = 4  # (_tma_by_default)
-# Keys from which the TMA kernel merges query tiles without a causal mask (_merge_tiles_by_default)
-MERGE_FROM_KEYS, MERGE_FROM_KEYS_D256 = 2048, 8192
+# Keys from which the TMA kernel merges query tiles at head dim 256 without a causal mask
+# (_merge_tiles_by_default)
+MERGE_FROM_KEYS_D256 = 8192
+# Two Q buffers (`q_stages`), the default up to head dim 128 where Q is read from shared memory:
+# on an H200 (2026-11-29, bench/results/attention_grid-q2-3b62c78-*) they ran head dim 128 at
+# 512 positions 4.7-8.4% faster (82% of SDPA's speed full, 77% causal), 80 3.2% full, and the
+# longer sequences 0-3% faster, though the second buffer leaves 2 ring stages where there were
+# 3; GQA causal at 512 was 1.3% slower.
 
 
 def _merge_tiles_by_default(common: dict, d: int) -> bool:
-    """Query tiles merged (`merge_tiles`) at head dim 64 and below, and without a causal mask
-    from MERGE_FROM_KEYS keys (MERGE_FROM_KEYS_D256 at head dim 256). On an H200 (2026-11-29,
+    """Query tiles merged (`merge_tiles`) at head dim 64 and below, and at 256 without a causal
+    mask from MERGE_FROM_KEYS_D256 keys. On an H200 (2026-11-29,
     bench/results/attention_grid-merge-*-7f3c30c-*) merging ran head dim 64 1-9% faster at every
-    size of the grid, and full attention from 2k keys 3.5-7.4% faster at 80 and 128 and 11% at
-    256 from 8k (1.4% slower at 2k); under a causal mask at 80-256, and at 512 positions, it
-    was as fast or up to 9% slower (256)."""
+    size of the grid and 256 11% faster at 8k keys full (1.4% slower at 2k). At 80 and 128 it
+    ran full attention from 2k keys 3.5-7.4% faster there, but not in the next run (0.2-0.3%
+    slower, bench/results/attention_grid-q2-3b62c78-*), and beside two Q buffers 0-1.3% slower:
+    their runs differ by 4% in tgc's own time, so no default there rests on it."""
     if d <= 64:
         return True
-    return not common["causal"] and common["seq_k"] >= (
-        MERGE_FROM_KEYS_D256 if d == 256 else MERGE_FROM_KEYS
-    )
+    return d == 256 and not common["causal"] and common["seq_k"] >= MERGE_FROM_KEYS_D256
 
 
 @dataclass(frozen=True)
@@ -593,7 +598,8 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
     persistent, a TMA producer warpgroup and two consumer warpgroups in ping-pong (the
     template's header). `block_n` 64 or 128 (default 128, 64 at head dim 256), `stages` (the
     rings' depth, default as many as fit, at most 4), `q_stages` (Q's buffers, 1 or 2, default
-    1: with 2 the producer copies the next query tile's Q while the last one's is read), `q_in_registers` (default at head dim 64
+    2 where Q is read from shared memory and two fit, up to head dim 128: the producer copies
+    the next query tile's Q while the last one's is read; measured in Q_STAGES' note), `q_in_registers` (default at head dim 64
     and below), `head_group` (default TMA_HEAD_GROUP, TMA_CAUSAL_HEAD_GROUP with a causal mask):
     the query tiles go in units (pairs of a batch entry's under a causal mask), in groups of
     that many entries; `merge_tiles` (default where `_merge_tiles_by_default` says): a query
@@ -623,7 +629,7 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
     limits = gpu_limits("sm_90")
     tile = 2 * bn * d  # one K or V tile's bytes
     barriers = 8 * (2 * 2 + 4 * TMA_MAX_STAGES) + 16  # the mbarriers and softmax_done's word
-    q_stages = params.get("q_stages", 1)
+    q_stages = params.get("q_stages", 2 if not q_in_registers and d <= 128 else 1)
     if q_stages not in (1, 2):
         raise TgcError(
             f"attention template parameters: the TMA kernel takes q_stages 1 or 2, not {q_stages!r}"

@@ -536,7 +536,8 @@ def test_the_tma_kernel_is_sm_90s_default_but_at_head_dims_to_64_with_few_tiles_
     # q: the (b, s, h, d) buffer transposed: rows 3 * 80 elements apart, heads 80, batches 1000 rows
     assert q.dims == (80, 1000, 3, 2) and q.strides == (480, 160, 480_000)
     assert q.box == (64, 128, 1, 1) and kmap.box == v.box == (64, 128, 1, 1)
-    assert "constexpr int D = 128, DH = 80, BM = 128, BN = 128, STAGES = 3;" in k.source
+    assert "constexpr int D = 128, DH = 80, BM = 128, BN = 128, STAGES = 2;" in k.source
+    assert "constexpr int Q_STAGES = 2;" in k.source
     assert "setmaxnreg.dec.sync.aligned.u32 24;" in k.source
     assert "setmaxnreg.inc.sync.aligned.u32 240;" in k.source
     assert k.source.count("cp.async.bulk.tensor.4d") == 3  # q, k, v
@@ -564,7 +565,7 @@ def test_the_tma_kernels_query_tiles_go_in_pairs_of_equal_keys():
 
 
 def test_merged_query_tiles_issue_a_tiles_last_p_v_with_the_next_ones_first_s():
-    """merge_tiles=true (the default at head dim 64, and without a causal mask from 2k keys):
+    """merge_tiles=true (the default at head dim 64, and 256 without a causal mask from 8k keys):
     after a block's first tile, each round 0 issues the next tile's S and the pending tile's
     last P V together and stores the pending tile's O after them; one round of P V alone ends
     the block."""
@@ -585,10 +586,10 @@ def test_merged_query_tiles_issue_a_tiles_last_p_v_with_the_next_ones_first_s():
     "seq, dim, causal, merged",
     [
         (512, 64, True, True),  # head dim 64: always
-        (2048, 128, False, True),  # full from 2k keys
-        (1024, 128, False, False),
-        (2048, 128, True, False),  # never under a causal mask above 64
-        (2048, 256, False, False),  # 256: full from 8k keys
+        (2048, 128, False, False),  # 72-128: never
+        (8192, 80, False, False),
+        (8192, 256, True, False),  # 256: full from 8k keys
+        (2048, 256, False, False),
         (8192, 256, False, True),
     ],
 )
@@ -601,18 +602,23 @@ def test_query_tiles_are_merged_by_default_where_measured_faster(seq, dim, causa
 
 
 def test_two_q_buffers_take_turns_and_cost_a_ring_stage_at_head_dim_128():
-    """q_stages=2: query tile n's Q in buffer n % 2 under its own full and empty barriers,
-    so the producer copies the next tile's Q while the consumers read this one's; at head dim
-    128 the second 32 KB buffer leaves room for 2 ring stages, not 3."""
+    """q_stages=2 (the default up to head dim 128 where Q is read from shared memory): query
+    tile n's Q in buffer n % 2 under its own full and empty barriers, so the producer copies the
+    next tile's Q while the consumers read this one's; at head dim 128 the second 32 KB buffer
+    leaves room for 2 ring stages, not 3. Q in registers, or head dim 256: one buffer."""
     fused = attention_region(heads_text(1, 2, 1000, 1000, 128, 128, "bf16"))
-    one = generate_kernel(fused, {"arch": "sm_90", "tma": True})
-    two = generate_kernel(fused, {"arch": "sm_90", "tma": True, "q_stages": 2})
+    one = generate_kernel(fused, {"arch": "sm_90", "tma": True, "q_stages": 1})
+    two = generate_kernel(fused, {"arch": "sm_90", "tma": True})  # the default here
     assert (one.params["q_stages"], one.params["stages"]) == (1, 3)
     assert (two.params["q_stages"], two.params["stages"]) == (2, 2)
     assert "constexpr int Q_STAGES = 2;" in two.source
     assert "wait(&q_empty[qslot], ((qn / Q_STAGES) & 1) ^ 1);" in two.source
     assert "Qs = Q0 + qslot * Q_BYTES;" in two.source
     assert two.shared_bytes - one.shared_bytes == 128 * 128 * 2 - 2 * 2 * 128 * 128
+    regs = generate_kernel(fused, {"arch": "sm_90", "tma": True, "q_in_registers": True})
+    wide = attention_region(heads_text(1, 2, 1000, 1000, 256, 256, "bf16"))
+    assert regs.params["q_stages"] == 1
+    assert generate_kernel(wide, {"arch": "sm_90", "tma": True}).params["q_stages"] == 1
 
 
 def test_the_tma_kernel_refuses_an_unaligned_operand_at_launch():
@@ -636,9 +642,9 @@ def test_the_tma_kernel_refuses_an_unaligned_operand_at_launch():
         ({"pingpong": False}, "always runs pingpong"),
         ({"persistent": False}, "always runs persistent"),
         ({"block_n": 32}, "the TMA kernel takes block_n 64 or 128"),
-        ({"stages": 1}, "q_stages 1 takes 2 to 3 stages \\(shared memory\\), not 1"),
-        ({"stages": 4}, "takes 2 to 3 stages"),
-        ({"q_stages": 2, "stages": 3}, "q_stages 2 takes 2 to 2 stages"),
+        ({"stages": 1}, "q_stages 2 takes 2 to 2 stages \\(shared memory\\), not 1"),
+        ({"q_stages": 1, "stages": 4}, "q_stages 1 takes 2 to 3 stages"),
+        ({"stages": 3}, "q_stages 2 takes 2 to 2 stages"),
         ({"q_stages": 3}, "takes q_stages 1 or 2, not 3"),
         ({"q_in_registers": "no"}, "q_in_registers must be true or false"),
         ({"head_group": 0}, "head_group must be a positive integer"),
