@@ -40,6 +40,10 @@
 #   STAGE=attention-q2 bash bench/gpu_session.sh  # the TMA attention kernel's two Q buffers
 #                                               # (q_stages): its GPU tests, the grid at head dims
 #                                               # 128 and 80 with q_stages 1 and 2, merged or not
+#   STAGE=attention-store bash bench/gpu_session.sh  # the TMA attention kernel's O by TMA
+#                                               # stores (tma_store): a case alone, its GPU
+#                                               # tests, the grid at 128, 80, 96 and 72 with it
+#                                               # and without
 #   STAGE=kernels    bash bench/gpu_session.sh  # the GPU tests of the kernels alone: attention
 #                                               # (every head dim, decode), the few-rows matmul, the rotary and group
 #                                               # norm fusions, cuBLASLt, the convolution
@@ -255,6 +259,12 @@ attention-q2)
   pytest_gpu_parallel attention-q2 150 test/test_attention_tc.py -k "wgmma_variants"
   attention_sweep "tma=true;tma=true,q_stages=2;tma=true,merge_tiles=true;tma=true,q_stages=2,merge_tiles=true" D128 D80
   ;;
+attention-store)
+  pytest_gpu attention-store-first 60 test/test_attention_tc.py -k "variants and shape59-params59"
+  pytest_gpu_parallel attention-store 150 test/test_attention_tc.py -k "wgmma"
+  attention_sweep "tma=true;tma=true,tma_store=false" D128 D80 D96 D72
+  tar -czf "$out/grids.tar.gz" -C "$out" D128 D80 D96 D72 attention-grid.txt 2>/dev/null
+  ;;
 tma)
   pytest_gpu tma-first 60 test/test_matmul_wgmma.py -k "float64 and params5"
   pytest_gpu wgmma 120 test/test_matmul_wgmma.py test/test_standalone.py \
@@ -347,7 +357,7 @@ bert)
     test/test_bench_real_models.py
   ;;
 *)
-  echo "STAGE must be tests, validate, cuda, kernels, pdl, gemv-split, attention-q2, tma, attention-tma, attention-merge, gemv, decode, models, backend, backend-bert, attention," \
+  echo "STAGE must be tests, validate, cuda, kernels, pdl, gemv-split, attention-q2, attention-store, tma, attention-tma, attention-merge, gemv, decode, models, backend, backend-bert, attention," \
     "grid, autotune, generate, first-call, generate16, more, vision-f32, vision-b1 or bert" >&2
   exit 2
   ;;

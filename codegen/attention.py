@@ -572,24 +572,27 @@ class _OperandMap:
 def _tma_operand_map(
     o: dict, batch_shape: list[int], rows: int, head_dim: int, elem: str, box_rows: int
 ):
-    """The tensor map of operand layout `o` (q, k or v: `rows` rows of `head_dim` columns
-    per batch entry), in boxes of 64 columns x `box_rows` rows; None where a tensor map cannot
-    describe it (more than three batch dims that are not broadcast)."""
+    """The tensor map of operand layout `o` (q, k, v or the output o: `rows` rows of
+    `head_dim` columns per batch entry), in boxes of 64 columns x `box_rows` rows; None where a
+    tensor map cannot describe it (more than three batch dims that are not broadcast, or a
+    stride not a multiple of 16 bytes: its copies' need)."""
     item = 2  # bf16 and f16
     dims, strides, coords = [head_dim, rows], [o["row"] * item], []
     # Innermost batch dim first; a broadcast dim (stride 0) is no dim of the map, and a dim read
     # by index / divisor (grouped-query heads) has that many fewer entries.
-    batch = zip(_batch_coords(batch_shape), o["batch"], o["div"], batch_shape)
+    divs = o.get("div") or [1] * len(o["batch"])
+    batch = zip(_batch_coords(batch_shape), o["batch"], divs, batch_shape)
     for coord, stride, div, size in reversed(list(batch)):
         if stride == 0:
             continue
         dims.append(-(-size // div))
         strides.append(stride * item)
         coords.append(coord if div == 1 else f"({coord} / {div})")
-    if len(dims) > TMA_MAX_RANK:
+    if len(dims) > TMA_MAX_RANK or any(s % 16 for s in strides):
         return None
     box = (64, box_rows) + (1,) * (len(dims) - 2)
-    spec = TensorMap(int(o["ptr"][2:]), elem, tuple(dims), tuple(strides), box, o["offset"] * item)
+    operand = o["operand"] if "operand" in o else int(o["ptr"][2:])
+    spec = TensorMap(operand, elem, tuple(dims), tuple(strides), box, o["offset"] * item)
     return _OperandMap(spec, tuple(coords))
 
 
@@ -599,7 +602,10 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
     template's header). `block_n` 64 or 128 (default 128, 64 at head dim 256), `stages` (the
     rings' depth, default as many as fit, at most 4), `q_stages` (Q's buffers, 1 or 2, default
     2 where Q is read from shared memory and two fit, up to head dim 128: the producer copies
-    the next query tile's Q while the last one's is read; measured in Q_STAGES' note), `q_in_registers` (default at head dim 64
+    the next query tile's Q while the last one's is read; measured in Q_STAGES' note),
+    `tma_store` (default where it fits: two Q buffers, tiles not merged, output strides of 16
+    bytes): each warpgroup writes its normalised O into its rows of the tile's Q buffer and one
+    thread stores them by TMA, instead of every thread storing from registers, `q_in_registers` (default at head dim 64
     and below), `head_group` (default TMA_HEAD_GROUP, TMA_CAUSAL_HEAD_GROUP with a causal mask):
     the query tiles go in units (pairs of a batch entry's under a causal mask), in groups of
     that many entries; `merge_tiles` (default where `_merge_tiles_by_default` says): a query
@@ -659,6 +665,18 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
             f"attention template parameters: the TMA kernel reads q, k and v with at most "
             f"{TMA_MAX_RANK - 2} batch dims that are not broadcast each"
         )
+    # O through shared memory by TMA stores (each warpgroup's 64 rows, boxes of 64 x 64)
+    o_map = _tma_operand_map(ops["o"], batch_shape, common["seq_q"], head_dim, elem, 64)
+    store_fits = q_stages == 2 and not merge_tiles and o_map is not None
+    tma_store = params.get("tma_store", store_fits)
+    if tma_store not in (True, False) or (tma_store and not store_fits):
+        raise TgcError(
+            "attention template parameters: tma_store (true or false, not "
+            f"{tma_store!r} here) needs q_stages 2, merge_tiles false and an output whose "
+            "strides are multiples of 16 bytes"
+        )
+    if tma_store:
+        maps["o"] = o_map
     nq = (common["seq_q"] + 127) // 128
     per_unit = 2 if common["causal"] else 1  # query tiles a unit (the template says why)
     units = common["nb"] * -(-nq // per_unit)
@@ -674,6 +692,7 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
         nq=nq,
         stages=stages,
         q_stages=q_stages,
+        tma_store=tma_store,
         group=group,
         maps=maps,
         q_in_registers=q_in_registers,
@@ -694,12 +713,13 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
         "tma": True,
         "stages": stages,
         "q_stages": q_stages,
+        "tma_store": tma_store,
         "q_in_registers": q_in_registers,
         "merge_tiles": merge_tiles,
         "head_group": group,
     }
     grid = (min(units, limits.sms), 1, 1)
-    specs = tuple(maps[n].spec for n in ("q", "k", "v"))
+    specs = tuple(m.spec for m in maps.values())  # q, k, v (and o): the kernel's first params
     return source, grid, (384, 1, 1), shared_bytes, chosen, specs
 
 
@@ -766,6 +786,7 @@ def _output_layout(fused: FusedOp, att: Operation, batch_shape: list[int]) -> di
         )
     shape = att.results[0].type.shape
     return {
+        "operand": len(fused.body.args),  # its place among the kernel's pointers
         "offset": 0,
         "batch": _batch_strides(shape, strides, batch_shape, 2),
         "row": strides[-2],

@@ -532,15 +532,18 @@ def test_the_tma_kernel_is_sm_90s_default_but_at_head_dims_to_64_with_few_tiles_
         assert (k.block == (384, 1, 1)) is tma and bool(k.tensor_maps) is tma
     k = generate_kernel(regions[2, 3, 80, False], {"arch": "sm_90"})
     assert k.grid == (2 * 3 * 8, 1, 1)  # 8 query tiles a head, one a unit without a mask
-    q, kmap, v = k.tensor_maps
+    q, kmap, v, o = k.tensor_maps
     # q: the (b, s, h, d) buffer transposed: rows 3 * 80 elements apart, heads 80, batches 1000 rows
     assert q.dims == (80, 1000, 3, 2) and q.strides == (480, 160, 480_000)
     assert q.box == (64, 128, 1, 1) and kmap.box == v.box == (64, 128, 1, 1)
+    # O stored by TMA (tma_store) in each warpgroup's boxes of 64 rows: the (b, h, s, d) result
+    assert k.params["tma_store"] and o.operand == 3 and o.box == (64, 64, 1, 1)
+    assert o.dims == (80, 1000, 3, 2) and o.strides == (160, 160_000, 480_000)
     assert "constexpr int D = 128, DH = 80, BM = 128, BN = 128, STAGES = 2;" in k.source
     assert "constexpr int Q_STAGES = 2;" in k.source
     assert "setmaxnreg.dec.sync.aligned.u32 24;" in k.source
     assert "setmaxnreg.inc.sync.aligned.u32 240;" in k.source
-    assert k.source.count("cp.async.bulk.tensor.4d") == 3  # q, k, v
+    assert k.source.count("cp.async.bulk.tensor.4d") == 4  # q, k, v loaded; o stored
     big = generate_kernel(regions[6, 11, 64, False], {"arch": "sm_90"})
     assert big.grid == (132, 1, 1) and big.params["head_group"] == 8
     old = generate_kernel(regions[2, 3, 80, False], {"arch": "sm_90", "tma": False})
@@ -619,6 +622,27 @@ def test_two_q_buffers_take_turns_and_cost_a_ring_stage_at_head_dim_128():
     wide = attention_region(heads_text(1, 2, 1000, 1000, 256, 256, "bf16"))
     assert regs.params["q_stages"] == 1
     assert generate_kernel(wide, {"arch": "sm_90", "tma": True}).params["q_stages"] == 1
+
+
+def test_o_is_stored_by_tma_where_two_q_buffers_take_it_and_its_strides_allow():
+    """tma_store (the default with two Q buffers, tiles not merged and output strides of 16
+    bytes, which head dims in steps of 8 always make): each warpgroup writes O into its rows of
+    the tile's Q buffer and one thread stores them by bulk tensor copies; the buffer is
+    released by those two threads, not by 256. Elsewhere O goes from registers, and asking
+    for tma_store there is an error."""
+    fused = attention_region(heads_text(1, 2, 1000, 1000, 128, 128, "bf16", True))
+    k = generate_kernel(fused, {"arch": "sm_90", "tma": True})
+    assert k.params["tma_store"] and len(k.tensor_maps) == 4
+    assert "d.global.shared::cta.bulk_group [%0, { %1, %2, %3 }], [%4];" in k.source
+    assert "init(&q_empty[s], 2);" in k.source and "cp.async.bulk.wait_group.read 0;" in k.source
+    assert "TgcTensorMap tgc_map_o" in k.source
+    plain = generate_kernel(fused, {"arch": "sm_90", "tma": True, "tma_store": False})
+    assert len(plain.tensor_maps) == 3 and "init(&q_empty[s], 256);" in plain.source
+    assert "bulk_group" not in plain.source
+    merged = generate_kernel(fused, {"arch": "sm_90", "tma": True, "merge_tiles": True})
+    assert merged.params["tma_store"] is False
+    with pytest.raises(TgcError, match="tma_store .* needs q_stages 2, merge_tiles false"):
+        generate_kernel(fused, {"arch": "sm_90", "tma": True, "q_stages": 1, "tma_store": True})
 
 
 def test_the_tma_kernel_refuses_an_unaligned_operand_at_launch():
@@ -1175,6 +1199,11 @@ WGMMA_VARIANTS = [
         (4, 8, 600, 600, 80, 80, "heads", True, True),
         {"tma": True, "q_stages": 2, "merge_tiles": True},
     ),
+    # O from registers where TMA stores it by default; TMA stores of a qkv buffer's rows
+    # (heads merged back), of a tail of 63 rows, of head dim 72's first 72 columns
+    ((4, 8, 600, 600, 128, 128, "heads", True, False), {"tma": True, "tma_store": False}),
+    ((2, 4, 600, 600, 96, 96, "qkv", False, True), {"tma": True}),
+    ((8, 8, 63, 63, 72, 72, "heads", False, True), {"tma": True}),
 ]
 
 
