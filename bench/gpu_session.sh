@@ -263,7 +263,7 @@ attention-store)
   pytest_gpu attention-store-first 60 test/test_attention_tc.py -k "variants and shape59-params59"
   pytest_gpu_parallel attention-store 150 test/test_attention_tc.py -k "wgmma"
   attention_sweep "tma=true;tma=true,tma_store=false" D128 D80 D96 D72
-  tar -czf "$out/grids.tar.gz" -C "$out" D128 D80 D96 D72 attention-grid.txt 2>/dev/null
+  tar -czf "$out/grids.tar.gz" -C "$out" D128 D80 D96 D72 2>/dev/null && rm -rf "$out"/D128 "$out"/D80 "$out"/D96 "$out"/D72
   ;;
 tma)
   pytest_gpu tma-first 60 test/test_matmul_wgmma.py -k "float64 and params5"
