@@ -44,6 +44,9 @@
 #                                               # stores (tma_store): a case alone, its GPU
 #                                               # tests, the grid at 128, 80, 96 and 72 with it
 #                                               # and without
+#   STAGE=attention-store64 bash bench/gpu_session.sh  # TMA stores with Q in registers (head
+#                                               # dim 64) and with one Q buffer (256): a case
+#                                               # alone, the GPU tests, the grid at 64 and 256
 #   STAGE=kernels    bash bench/gpu_session.sh  # the GPU tests of the kernels alone: attention
 #                                               # (every head dim, decode), the few-rows matmul, the rotary and group
 #                                               # norm fusions, cuBLASLt, the convolution
@@ -265,6 +268,13 @@ attention-store)
   attention_sweep "tma=true;tma=true,tma_store=false" D128 D80 D96 D72
   tar -czf "$out/grids.tar.gz" -C "$out" D128 D80 D96 D72 2>/dev/null && rm -rf "$out"/D128 "$out"/D80 "$out"/D96 "$out"/D72
   ;;
+attention-store64)
+  pytest_gpu attention-store-first 60 test/test_attention_tc.py -k "variants and shape61-params61"
+  pytest_gpu_parallel attention-store 150 test/test_attention_tc.py -k "wgmma"
+  attention_sweep "tma=false;tma=true;tma=true,merge_tiles=false,q_stages=2" D64
+  attention_sweep "tma=true;tma=true,tma_store=true" D256
+  tar -czf "$out/grids.tar.gz" -C "$out" D64 D256 2>/dev/null && rm -rf "$out"/D64 "$out"/D256
+  ;;
 tma)
   pytest_gpu tma-first 60 test/test_matmul_wgmma.py -k "float64 and params5"
   pytest_gpu wgmma 120 test/test_matmul_wgmma.py test/test_standalone.py \
@@ -357,7 +367,7 @@ bert)
     test/test_bench_real_models.py
   ;;
 *)
-  echo "STAGE must be tests, validate, cuda, kernels, pdl, gemv-split, attention-q2, attention-store, tma, attention-tma, attention-merge, gemv, decode, models, backend, backend-bert, attention," \
+  echo "STAGE must be tests, validate, cuda, kernels, pdl, gemv-split, attention-q2, attention-store, attention-store64, tma, attention-tma, attention-merge, gemv, decode, models, backend, backend-bert, attention," \
     "grid, autotune, generate, first-call, generate16, more, vision-f32, vision-b1 or bert" >&2
   exit 2
   ;;

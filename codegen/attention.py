@@ -603,9 +603,10 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
     rings' depth, default as many as fit, at most 4), `q_stages` (Q's buffers, 1 or 2, default
     2 where Q is read from shared memory and two fit, up to head dim 128: the producer copies
     the next query tile's Q while the last one's is read; measured in Q_STAGES' note),
-    `tma_store` (default where it fits: two Q buffers, tiles not merged, output strides of 16
-    bytes): each warpgroup writes its normalised O into its rows of the tile's Q buffer and one
-    thread stores them by TMA, instead of every thread storing from registers, `q_in_registers` (default at head dim 64
+    `tma_store` (default with two Q buffers where it fits: tiles not merged, output strides of
+    16 bytes): each warpgroup writes its normalised O into its rows of the tile's Q buffer and
+    one thread stores them by TMA, instead of every thread storing from registers; the buffer
+    is released after that (with Q in registers too), `q_in_registers` (default at head dim 64
     and below), `head_group` (default TMA_HEAD_GROUP, TMA_CAUSAL_HEAD_GROUP with a causal mask):
     the query tiles go in units (pairs of a batch entry's under a causal mask), in groups of
     that many entries; `merge_tiles` (default where `_merge_tiles_by_default` says): a query
@@ -667,13 +668,13 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
         )
     # O through shared memory by TMA stores (each warpgroup's 64 rows, boxes of 64 x 64)
     o_map = _tma_operand_map(ops["o"], batch_shape, common["seq_q"], head_dim, elem, 64)
-    store_fits = q_stages == 2 and not merge_tiles and o_map is not None
-    tma_store = params.get("tma_store", store_fits)
+    store_fits = not merge_tiles and o_map is not None
+    tma_store = params.get("tma_store", store_fits and q_stages == 2)
     if tma_store not in (True, False) or (tma_store and not store_fits):
         raise TgcError(
             "attention template parameters: tma_store (true or false, not "
-            f"{tma_store!r} here) needs q_stages 2, merge_tiles false and an output whose "
-            "strides are multiples of 16 bytes"
+            f"{tma_store!r} here) needs merge_tiles false and an output whose strides are "
+            "multiples of 16 bytes"
         )
     if tma_store:
         maps["o"] = o_map

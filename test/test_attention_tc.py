@@ -641,8 +641,12 @@ def test_o_is_stored_by_tma_where_two_q_buffers_take_it_and_its_strides_allow():
     assert "bulk_group" not in plain.source
     merged = generate_kernel(fused, {"arch": "sm_90", "tma": True, "merge_tiles": True})
     assert merged.params["tma_store"] is False
-    with pytest.raises(TgcError, match="tma_store .* needs q_stages 2, merge_tiles false"):
-        generate_kernel(fused, {"arch": "sm_90", "tma": True, "q_stages": 1, "tma_store": True})
+    one = generate_kernel(fused, {"arch": "sm_90", "tma": True, "q_stages": 1})
+    assert one.params["tma_store"] is False  # by default with two Q buffers only
+    with pytest.raises(TgcError, match="tma_store .* needs merge_tiles false"):
+        generate_kernel(
+            fused, {"arch": "sm_90", "tma": True, "merge_tiles": True, "tma_store": True}
+        )
 
 
 def test_the_tma_kernel_refuses_an_unaligned_operand_at_launch():
@@ -1204,6 +1208,16 @@ WGMMA_VARIANTS = [
     ((4, 8, 600, 600, 128, 128, "heads", True, False), {"tma": True, "tma_store": False}),
     ((2, 4, 600, 600, 96, 96, "qkv", False, True), {"tma": True}),
     ((8, 8, 63, 63, 72, 72, "heads", False, True), {"tma": True}),
+    # TMA stores with Q in registers (the buffer held until O is stored), with one Q buffer
+    (
+        (4, 8, 600, 600, 64, 64, "heads", True, False),
+        {"tma": True, "merge_tiles": False, "q_stages": 2},
+    ),
+    (
+        (4, 8, 600, 600, 64, 64, "qkv", False, True),
+        {"tma": True, "merge_tiles": False, "tma_store": True},
+    ),
+    ((1, 2, 1030, 1030, 256, 256, "heads", True, True), {"tma": True, "tma_store": True}),
 ]
 
 
