@@ -22,7 +22,11 @@ warps a column where each still has a whole step of them (k of 4,096 and more in
 H200 (2026-11-29, bench/results/matmul_gemv-split-*) that ran a 1 B Llama's down projection
 (2,048 x 8,192) in 10.1 us against 11.9 with 4 loads and one warp a column, an 8 B Llama's
 q/k/v, gate/up and head 4-13% faster, and the products with k of 2,048 within 3% either way.
-Above one row the defaults stay 4 loads and one warp a column (measured before).
+Above one row, and with a prologue, the defaults stay 4 loads and one warp a column (measured
+before): with 8 in the prologue kernels too, the 1 B Llama's decode step on an H200 ran 236
+kernels where it had run 219 and took 1.222 ms against 1.125-1.171 (bench/results/
+decode_step-onerow-*): the planner, measuring, had put the norms before two products back in
+kernels of their own, the fused kernel having become the slower.
 
 Its tensor-core variant (`matmul_gemv_mma.cu.j2`, template parameter `gemv_mma`, bf16/f16, up to
 16 rows) is the default from `GEMV_MMA_FROM_ROWS` rows, with 8 warps: timed on an H200 at 8 and
@@ -144,8 +148,10 @@ def generate_gemv(
     prologue = operands.get("prologue")
     warps = params.setdefault("warps", 8 if mma or prologue is not None else 4)
     chunks = dims["k"] * ELEMENT_BYTES[dims["elem"]] // 16
+    # (a product with a prologue keeps the defaults it was measured with: module doc)
+    plain_row = rows == 1 and not mma and prologue is None
     unroll_1, split_1 = _one_row_defaults(chunks)
-    unroll = params.setdefault("unroll", unroll_1 if rows == 1 and not mma else 4)
+    unroll = params.setdefault("unroll", unroll_1 if plain_row else 4)
     checked = [("warps", warps, GEMV_WARPS), ("unroll", unroll, GEMV_UNROLL)]
     if mma:
         params.pop("columns", None)  # a block takes the mma's 8 columns, its warps split k
@@ -156,7 +162,7 @@ def generate_gemv(
         # at 8 rows for most products; 4 columns with 1 load, A read from L1 fewer times, was
         # 2.5x slower).
         columns = params.setdefault("columns", 1 if rows == 1 else 2)
-        split = params.setdefault("split_k", split_1 if rows == 1 else 1)
+        split = params.setdefault("split_k", split_1 if plain_row else 1)
         checked += [("columns", columns, GEMV_COLUMNS), ("split_k", split, GEMV_SPLIT_K)]
     for name, value, allowed in checked:
         if value not in allowed:

@@ -35,6 +35,11 @@ def test_a_norm_before_a_few_rows_product_is_computed_where_a_is_read():
     k = generate_kernel(fused_region(rms_norm_text((1, 1), 64, 128)), dict(SM90))
     assert k.params["gemv"] is True and k.params["gemv_mma"] is False
     assert k.params["warps"] == 8 and k.block == (256, 1, 1)  # A computed by fewer blocks
+    # a plain one-row product's 8 loads and two warps a column are not a prologue's defaults
+    # (codegen/matmul_gemv.py: with them the planner put a decode step's norms apart again)
+    assert (k.params["unroll"], k.params["split_k"]) == (4, 1)
+    long = generate_kernel(fused_region(rms_norm_text((1, 1), 4096, 128)), dict(SM90))
+    assert (long.params["unroll"], long.params["split_k"]) == (4, 1)
     assert "float rowv0[ROWS];" in k.source
     assert "__shared__ __align__(16) T a_tile[ROWS * K];" in k.source
     assert "a_tile[r * K + kk] = __float2bfloat16_rn(" in k.source
