@@ -388,16 +388,19 @@ WGMMA_V_OFFSETS = ("k", "n")
 
 def _tma_by_default(common: dict) -> bool:
     """The TMA kernel is the wgmma kernel's default at head dims 72 to 256, and at 64 and below
-    without a causal mask where the query tiles fill TMA_MIN_WAVES waves of its blocks. On an
-    H200 (2026-11-29, bench/results/attention_grid-tma-*) it ran 72-256 faster at every
-    measured size. At head dim 64 the other kernel runs two blocks an SM, one wave of 264: with
-    a causal mask it was faster from 2k positions (93-97% of SDPA's speed against 86-90%), and
-    without one BERT-base's 192 query tiles took 38 us where it took 34 (1.45 waves of the TMA
-    kernel's 132 blocks; the grid's 2,048 ran 7-16% faster)."""
+    where the query tiles fill TMA_MIN_WAVES waves of its blocks. On an H200 (2026-11-29,
+    bench/results/attention_grid-tma-*) it ran 72-256 faster at every measured size. At head
+    dim 64 the other kernel runs two blocks an SM, one wave of 264. Against it the TMA kernel
+    with two Q buffers and O stored by TMA (bench/results/attention_grid-store64-f88fdaa-*) ran
+    the grid's 2,048 query tiles 10-25% faster at 512 positions (92-101% of SDPA's speed), 1-12%
+    at 2k, and at 8k 5% faster full, 0.4-1.2% slower causal. BERT-base's 192 query tiles (1.45
+    waves of the TMA kernel's 132 blocks) took 38 us on the TMA kernel of a807444 (one Q
+    buffer, O from registers) where they took 34: below the waves' bound the other kernel
+    stays, not measured since."""
     if _wgmma_width(common["d"]) > 64:
         return True
     tiles = common["nb"] * -(-common["seq_q"] // 128)
-    return not common["causal"] and tiles >= TMA_MIN_WAVES * gpu_limits("sm_90").sms
+    return tiles >= TMA_MIN_WAVES * gpu_limits("sm_90").sms
 
 
 def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: dict):
@@ -544,15 +547,12 @@ MERGE_FROM_KEYS_D256 = 8192
 
 
 def _merge_tiles_by_default(common: dict, d: int) -> bool:
-    """Query tiles merged (`merge_tiles`) at head dim 64 and below, and at 256 without a causal
-    mask from MERGE_FROM_KEYS_D256 keys. On an H200 (2026-11-29,
-    bench/results/attention_grid-merge-*-7f3c30c-*) merging ran head dim 64 1-9% faster at every
-    size of the grid and 256 11% faster at 8k keys full (1.4% slower at 2k). At 80 and 128 it
-    ran full attention from 2k keys 3.5-7.4% faster there, but not in the next run (0.2-0.3%
-    slower, bench/results/attention_grid-q2-3b62c78-*), and beside two Q buffers 0-1.3% slower:
-    their runs differ by 4% in tgc's own time, so no default there rests on it."""
-    if d <= 64:
-        return True
+    """Query tiles merged (`merge_tiles`) at head dim 256 without a causal mask from
+    MERGE_FROM_KEYS_D256 keys. On an H200 (2026-11-29, bench/results/attention_grid-merge-*-
+    7f3c30c-*) merging ran 256 11% faster at 8k keys full (1.4% slower at 2k), and head dim 64
+    1-9% faster at every size of the grid; at 80 and 128 its gain did not repeat in the next run
+    (bench/results/attention_grid-q2-3b62c78-*). Up to head dim 128 two Q buffers and O stored
+    by TMA, which merged tiles cannot have, ran faster still (`_wgmma_tma_kernel`'s notes)."""
     return d == 256 and not common["causal"] and common["seq_k"] >= MERGE_FROM_KEYS_D256
 
 
@@ -636,7 +636,7 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
     limits = gpu_limits("sm_90")
     tile = 2 * bn * d  # one K or V tile's bytes
     barriers = 8 * (2 * 2 + 4 * TMA_MAX_STAGES) + 16  # the mbarriers and softmax_done's word
-    q_stages = params.get("q_stages", 2 if not q_in_registers and d <= 128 else 1)
+    q_stages = params.get("q_stages", 2 if d <= 128 else 1)
     if q_stages not in (1, 2):
         raise TgcError(
             f"attention template parameters: the TMA kernel takes q_stages 1 or 2, not {q_stages!r}"

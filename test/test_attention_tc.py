@@ -510,9 +510,9 @@ def test_what_wgmma_cannot_run_is_an_error_naming_why(text, params, why):
 # -- the TMA kernel (warp-specialised, persistent; `tma`, sm_90's default but at 64 causal) --------
 
 
-def test_the_tma_kernel_is_sm_90s_default_but_at_head_dims_to_64_with_few_tiles_or_a_mask():
-    """On sm_90 the TMA kernel runs head dims 72-256, and 64 without a causal mask from 4 waves
-    of 132 query tiles (BERT-base's 192 at batch 4 ran faster on the other kernel): a producer
+def test_the_tma_kernel_is_sm_90s_default_but_at_head_dims_to_64_with_few_tiles():
+    """On sm_90 the TMA kernel runs head dims 72-256, and 64 from 4 waves of 132 query tiles
+    (BERT-base's 192 at batch 4 ran faster on the other kernel), causal or not: a producer
     warpgroup and two consumers (384 threads), one block an SM (as many as there are units of
     query tiles, at most 132), q, k and v read through tensor maps (head dim, rows, then the
     batch dims, innermost first; the columns past the head dim read as zeros)."""
@@ -522,7 +522,8 @@ def test_the_tma_kernel_is_sm_90s_default_but_at_head_dims_to_64_with_few_tiles_
         (2, 3, 80, False, True),
         (4, 12, 64, False, False),  # 384 query tiles
         (6, 11, 64, False, True),  # 528: 4 waves
-        (6, 11, 64, True, False),
+        (6, 11, 64, True, True),
+        (4, 12, 64, True, False),
     ):
         regions[b, h, d, causal] = region = attention_region(
             heads_text(b, h, 1000, 1000, d, d, "bf16", causal)
@@ -568,7 +569,7 @@ def test_the_tma_kernels_query_tiles_go_in_pairs_of_equal_keys():
 
 
 def test_merged_query_tiles_issue_a_tiles_last_p_v_with_the_next_ones_first_s():
-    """merge_tiles=true (the default at head dim 64, and 256 without a causal mask from 8k keys):
+    """merge_tiles=true (the default at head dim 256 without a causal mask from 8k keys):
     after a block's first tile, each round 0 issues the next tile's S and the pending tile's
     last P V together and stores the pending tile's O after them; one round of P V alone ends
     the block."""
@@ -588,8 +589,9 @@ def test_merged_query_tiles_issue_a_tiles_last_p_v_with_the_next_ones_first_s():
 @pytest.mark.parametrize(
     "seq, dim, causal, merged",
     [
-        (512, 64, True, True),  # head dim 64: always
-        (2048, 128, False, False),  # 72-128: never
+        (512, 64, True, False),  # up to 128: never (two Q buffers and TMA stores instead)
+        (8192, 64, False, False),
+        (2048, 128, False, False),
         (8192, 80, False, False),
         (8192, 256, True, False),  # 256: full from 8k keys
         (2048, 256, False, False),
@@ -605,10 +607,10 @@ def test_query_tiles_are_merged_by_default_where_measured_faster(seq, dim, causa
 
 
 def test_two_q_buffers_take_turns_and_cost_a_ring_stage_at_head_dim_128():
-    """q_stages=2 (the default up to head dim 128 where Q is read from shared memory): query
-    tile n's Q in buffer n % 2 under its own full and empty barriers, so the producer copies the
-    next tile's Q while the consumers read this one's; at head dim 128 the second 32 KB buffer
-    leaves room for 2 ring stages, not 3. Q in registers, or head dim 256: one buffer."""
+    """q_stages=2 (the default up to head dim 128): query tile n's Q in buffer n % 2 under its
+    own full and empty barriers, so the producer copies the next tile's Q while the consumers
+    read this one's; at head dim 128 the second 32 KB buffer leaves room for 2 ring stages, not
+    3. With Q in registers two buffers too (O is stored through them); at 256 one."""
     fused = attention_region(heads_text(1, 2, 1000, 1000, 128, 128, "bf16"))
     one = generate_kernel(fused, {"arch": "sm_90", "tma": True, "q_stages": 1})
     two = generate_kernel(fused, {"arch": "sm_90", "tma": True})  # the default here
@@ -620,7 +622,7 @@ def test_two_q_buffers_take_turns_and_cost_a_ring_stage_at_head_dim_128():
     assert two.shared_bytes - one.shared_bytes == 128 * 128 * 2 - 2 * 2 * 128 * 128
     regs = generate_kernel(fused, {"arch": "sm_90", "tma": True, "q_in_registers": True})
     wide = attention_region(heads_text(1, 2, 1000, 1000, 256, 256, "bf16"))
-    assert regs.params["q_stages"] == 1
+    assert regs.params["q_stages"] == 2 and regs.params["tma_store"]
     assert generate_kernel(wide, {"arch": "sm_90", "tma": True}).params["q_stages"] == 1
 
 
