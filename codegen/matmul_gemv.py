@@ -25,8 +25,9 @@ q/k/v, gate/up and head 4-13% faster, and the products with k of 2,048 within 3%
 Above one row, and with a prologue, the defaults stay 4 loads and one warp a column (measured
 before): with 8 in the prologue kernels too, the 1 B Llama's decode step on an H200 ran 236
 kernels where it had run 219 and took 1.222 ms against 1.125-1.171 (bench/results/
-decode_step-onerow-*): the planner, measuring, had put the norms before two products back in
-kernels of their own, the fused kernel having become the slower.
+decode_step-onerow-*). Seventeen more kernels is one a layer and the head's: most likely the
+planner, measuring, put a norm before its product back in a kernel of its own, the fused kernel
+having become the slower (not yet checked in the plan).
 
 Its tensor-core variant (`matmul_gemv_mma.cu.j2`, template parameter `gemv_mma`, bf16/f16, up to
 16 rows) is the default from `GEMV_MMA_FROM_ROWS` rows, with 8 warps: timed on an H200 at 8 and
