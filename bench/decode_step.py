@@ -19,9 +19,10 @@ else); *device* = torch.profiler's kernel and copy time over `--calls` more call
 them, and how many kernels and copies that was a step (a replayed graph's nodes). Beside them the *floor*: the bytes the step must read (every weight once, the embedding
 table but a row a sequence, the cache up to the timed calls' middle position) over the
 device's bandwidth (bench/generate.py's table). Each mode's logits are checked against
-eager's (max |difference| / max |eager|). The mode `tgc-plain-launch` is tgc with none of its
-kernels launched as a programmatic dependent of the one before (runtime/driver_kernel.py).
-`--kernels DIR` writes each mode's kernels by device
+eager's (max |difference| / max |eager|). The modes of `TGC_VARIANTS` are tgc with one of its
+choices undone, to measure it in the same run: `tgc-plain-launch`, none of its kernels launched
+as a programmatic dependent of the one before (runtime/driver_kernel.py); `tgc-unmerged`, no
+small sibling kernels merged into one launch (planner/horizontal.py). `--kernels DIR` writes each mode's kernels by device
 time (DIR/decode-kernels-<mode>.txt). Writes <out>/decode_step-<device>-<date>.md (a new
 section a run) unless it is a dry run without `--out`. The dry run exits non-zero unless tgc's
 logits match eager's within 1e-4 and every graph tgc compiled ran in tgc.
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import sys
 import time
 from pathlib import Path
@@ -39,9 +41,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import generate as gen  # noqa: E402
 
 MODES = ("eager", "tgc", "default")
-# tgc with its kernels launched plainly, none as a programmatic dependent of the one before
-# (runtime/driver_kernel.py): what those launches save, measured in the same run
-PLAIN_LAUNCH = "tgc-plain-launch"
+# tgc with one of its choices undone (module doc): mode -> (module, name, value) set while the
+# mode runs
+TGC_VARIANTS = {
+    "tgc-plain-launch": ("tgc.runtime.driver_kernel", "dependent_launches", False),
+    "tgc-unmerged": ("tgc.planner.horizontal", "MAX_ELEMENTS", 0),
+}
 DRY_TOLERANCE = 1e-4  # float32 tgc against float32 eager, relative to max |eager|
 
 
@@ -96,12 +101,12 @@ def time_mode(model, mode: str, args, device: str) -> dict:
     options = argparse.Namespace(
         measure_budget=args.measure_budget, db=args.db, dry_run=args.dry_run
     )
-    plain = mode == PLAIN_LAUNCH
-    if plain:  # tgc with every kernel launched plainly (runtime/driver_kernel.py)
-        from tgc.runtime import driver_kernel
-
-        driver_kernel.dependent_launches = False
-    gen.compile_forward(model, "tgc" if plain else mode, options)
+    variant = TGC_VARIANTS.get(mode)
+    if variant:
+        module, name, value = importlib.import_module(variant[0]), variant[1], variant[2]
+        kept = getattr(module, name)
+        setattr(module, name, value)
+    gen.compile_forward(model, "tgc" if variant else mode, options)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     try:
         step = step_of(model, kv, token, position)
@@ -126,7 +131,7 @@ def time_mode(model, mode: str, args, device: str) -> dict:
                 path = Path(args.kernels) / f"decode-kernels-{mode}.txt"
                 title = f"{mode}: the kernels of {args.calls} decode steps (torch.profiler)"
                 gen.write_kernel_table(averages, path, title, rows=50)
-        if mode in ("tgc", PLAIN_LAUNCH):
+        if mode == "tgc" or variant:
             from tgc.dynamo import coverage
 
             tally = coverage()
@@ -135,8 +140,8 @@ def time_mode(model, mode: str, args, device: str) -> dict:
     finally:
         gen.restore_forward(model)
         gen.reset_compilers()
-        if plain:
-            driver_kernel.dependent_launches = True
+        if variant:
+            setattr(module, name, kept)
 
 
 def error(got, want) -> float:

@@ -47,6 +47,10 @@
 #   STAGE=attention-store64 bash bench/gpu_session.sh  # TMA stores with Q in registers (head
 #                                               # dim 64) and with one Q buffer (256): a case
 #                                               # alone, the GPU tests, the grid at 64 and 256
+#   STAGE=decode-merged bash bench/gpu_session.sh  # small sibling kernels in one launch
+#                                               # (planner/horizontal.py): the planner's and the
+#                                               # backend's GPU tests, then the decode step at
+#                                               # batch 1 and 16, tgc beside tgc-unmerged
 #   STAGE=kernels    bash bench/gpu_session.sh  # the GPU tests of the kernels alone: attention
 #                                               # (every head dim, decode), the few-rows matmul, the rotary and group
 #                                               # norm fusions, cuBLASLt, the convolution
@@ -275,6 +279,18 @@ attention-store64)
   attention_sweep "tma=true;tma=true,tma_store=true" D256
   tar -czf "$out/grids.tar.gz" -C "$out" D64 D256 2>/dev/null && rm -rf "$out"/D64 "$out"/D256
   ;;
+decode-merged)
+  pytest_gpu planner 200 test/test_planner_cuda.py
+  pytest_gpu dynamo-cuda 200 test/test_dynamo_backend.py test/test_dynamo_generate.py -k cuda
+  for batch in 1 16; do
+    timeout -k 15 230 python3 bench/decode_step.py --commit "$commit" --out "$out" \
+      --batch "$batch" --modes eager,tgc,tgc-unmerged --kernels "$out/kernels-b$batch" \
+      --db "$out/measurements-decode.sqlite" >"$out/decode-step-b$batch.txt" 2>&1
+    echo "decode_step batch $batch -> exit $?"
+  done
+  tar -czf "$out/kernels-decode.tar.gz" -C "$out" kernels-b1 kernels-b16 2>/dev/null &&
+    rm -rf "$out/kernels-b1" "$out/kernels-b16"
+  ;;
 tma)
   pytest_gpu tma-first 60 test/test_matmul_wgmma.py -k "float64 and params5"
   pytest_gpu wgmma 120 test/test_matmul_wgmma.py test/test_standalone.py \
@@ -367,7 +383,7 @@ bert)
     test/test_bench_real_models.py
   ;;
 *)
-  echo "STAGE must be tests, validate, cuda, kernels, pdl, gemv-split, attention-q2, attention-store, attention-store64, tma, attention-tma, attention-merge, gemv, decode, models, backend, backend-bert, attention," \
+  echo "STAGE must be tests, validate, cuda, kernels, pdl, gemv-split, attention-q2, attention-store, attention-store64, decode-merged, tma, attention-tma, attention-merge, gemv, decode, models, backend, backend-bert, attention," \
     "grid, autotune, generate, first-call, generate16, more, vision-f32, vision-b1 or bert" >&2
   exit 2
   ;;

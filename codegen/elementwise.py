@@ -23,8 +23,8 @@ from tgc.codegen.cuda_ops import STORAGE_CTYPE, load_expression, store_value
 from tgc.codegen.emitter import Coords, Emitter, canon, delinearize, linear_offset
 from tgc.codegen.render import KernelSource, idx_type, kernel_label, params_decl, render, yields_of
 from tgc.diagnostics import TgcError
-from tgc.dialects.kernel import FusedOp
-from tgc.ir import Value
+from tgc.dialects.kernel import FusedOp, YieldOp
+from tgc.ir import Block, Region, Value
 from tgc.types import ELEMENT_BYTES
 
 
@@ -41,7 +41,16 @@ class _Region:
 
 
 def generate_elementwise(op: FusedOp, params: dict, symbol: str) -> KernelSource:
-    """The elementwise kernel of `op`."""
+    """The elementwise kernel of `op`; where its outputs have several shapes, one launch of a
+    part for each shape (`_generate_parts`)."""
+    if len({r.type.shape for r in op.results}) > 1:
+        return _generate_parts(op, params, symbol)
+    return _generate_one(op, params, symbol)
+
+
+def _generate_one(op: FusedOp, params: dict, symbol: str, part: bool = False) -> KernelSource:
+    """The kernel of `op`, whose outputs have one shape; with `part`, as a device function of
+    the blocks it is given (`_generate_parts`)."""
     decls, ptrs, outs = params_decl(op)
     space = _output_space(op)
     region = _Region(op, list(op.body.args), ptrs, outs, space, delinearize("i", space))
@@ -86,6 +95,7 @@ def generate_elementwise(op: FusedOp, params: dict, symbol: str) -> KernelSource
         ),
         scalar_body=scalar_body,
         stream=stream,
+        part=part,
     )
     blocks = _grid_blocks(numel, vec, block_size, params)
     return KernelSource(
@@ -99,6 +109,77 @@ def generate_elementwise(op: FusedOp, params: dict, symbol: str) -> KernelSource
         params,
         op.loc,
         op.attr("name"),
+    )
+
+
+def _generate_parts(op: FusedOp, params: dict, symbol: str) -> KernelSource:
+    """Independent elementwise kernels as one launch (planner/horizontal.py merges a decoding
+    step's small siblings so): for each shape of the outputs, the kernel of those outputs
+    (every input passed, the unread ones ignored) as a device function of a share of the
+    blocks, the launch's blocks dealt out to the parts in order; all in blocks of one size."""
+    shapes: dict[tuple[int, ...], list[int]] = {}
+    for j, r in enumerate(op.results):
+        shapes.setdefault(r.type.shape, []).append(j)
+    decls, _, outs = params_decl(op)
+    inputs = [f"in{i}" for i in range(len(op.body.args))]
+    # one block size and streaming hint for all; each part its own vector width
+    params.setdefault("block_size", 256)
+    params.setdefault("streaming", False)
+    shared = {k: params[k] for k in ("block_size", "streaming")}
+    parts, calls, first = [], [], 0
+    for n, indices in enumerate(shapes.values()):
+        kernel = _generate_one(_part(op, indices), dict(shared), f"{symbol}_part{n}", part=True)
+        blocks = kernel.grid[0]
+        pointers = ", ".join(inputs + [outs[j] for j in indices])
+        parts.append(kernel.source)
+        calls.append((first, blocks, f"{kernel.name}(blockIdx.x - {first}, {blocks}, {pointers});"))
+        first += blocks
+    source = render(
+        "elementwise_parts.cu.j2",
+        name=symbol,
+        params=decls,
+        parts=parts,
+        calls=calls,
+        block_size=int(params["block_size"]),
+    )
+    return KernelSource(
+        symbol,
+        source,
+        "elementwise",
+        len(op.body.args),
+        len(op.results),
+        (first, 1, 1),
+        (int(params["block_size"]), 1, 1),
+        params,
+        op.loc,
+        op.attr("name"),
+    )
+
+
+def _part(op: FusedOp, indices: list[int]) -> FusedOp:
+    """A detached copy of `op` that yields only its outputs `indices` (what they read of the
+    region comes along; code generation reads no more)."""
+    body = Block([a.type for a in op.body.args])
+    env: dict[Value, Value] = dict(zip(op.body.args, body.args))
+    for inner in op.body.ops:
+        if inner is op.body.last:
+            break
+        clone = type(inner)(
+            [env[v] for v in inner.operands],
+            [r.type for r in inner.results],
+            dict(inner.attributes),
+            loc=inner.loc,
+        )
+        body.append(clone)
+        env.update(zip(inner.results, clone.results))
+    yields = yields_of(op)
+    body.append(YieldOp([env[yields[j]] for j in indices], [], loc=op.body.last.loc))
+    return FusedOp(
+        [Value(a.type) for a in op.body.args],
+        [op.results[j].type for j in indices],
+        dict(op.attributes),
+        [Region([body])],
+        op.loc,
     )
 
 

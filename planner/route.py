@@ -419,6 +419,7 @@ def _plan(
     tolerance. Its calls' `plan.seconds` are those of `annotated` where given (the costs
     without a planning bias), else of `costs`."""
     from tgc.planner.fixed import mark_once
+    from tgc.planner.horizontal import merge_siblings
     from tgc.planner.materialise import materialise
     from tgc.planner.select import plan_function
 
@@ -432,6 +433,7 @@ def _plan(
         return None  # some op has no library kernel: there is no all-library plan
     materialise(copy, selection, annotated or cached)
     mark_once(copy)
+    merge_siblings(copy)
     planned = PlannedFunction(copy)
     return GraphReplay(planned) if graphs else planned
 

@@ -163,6 +163,7 @@ def select_kernels(
     from tgc.planner import kernel_backends, load_backends
     from tgc.planner.cost import CachedCosts, RooflineCostSource
     from tgc.planner.fixed import mark_once
+    from tgc.planner.horizontal import merge_siblings
     from tgc.planner.materialise import materialise
     from tgc.planner.options import PlanContext
 
@@ -179,6 +180,7 @@ def select_kernels(
     selection = plan_function(func, ctx, costs, reuse)
     materialise(func, selection, costs)
     mark_once(func)
+    merge_siblings(func)
     return selection
 
 

@@ -156,7 +156,7 @@ def test_grouped_kv_is_read_by_index_from_the_unexpanded_cache():
     # The TMA kernel's copies: k's tensor map has the 2 key-value heads, its head coordinate the
     # query head / 4.
     tma = generate_kernel(prefill, {"wgmma": True, "arch": "sm_90", "tma": True})
-    q_map, k_map, _ = tma.tensor_maps
+    q_map, k_map = tma.tensor_maps[:2]  # (then v and, stored by TMA, o)
     assert tma.params["tma"] and (q_map.dims, k_map.dims) == ((64, 100, 8), (64, 100, 2))
     assert k_map.strides == (128, 12800)  # (the one batch entry is no dim)
     copy_k = tma.source[tma.source.index("auto copy_k") :]

@@ -1557,3 +1557,107 @@ def test_region_kernels_for_sm_90_measure_the_wgmma_attention_first(stand_in):
     assert hopper["arch"] == ("sm_90",)
     assert hopper["wgmma"][0] is True and hopper["swizzle"][0] is True
     assert set(hopper["wgmma"]) == {True, False}  # tuning may still try the mma.sync kernel
+
+
+# -- small sibling kernels in one launch (planner/horizontal.py) ----------------------------------
+
+ROTARY_LIKE = """func.func @f(%q: tensor<1x4x1x16xf32>, %k: tensor<1x2x1x16xf32>, %cos: tensor<16xf32>, %n: tensor<i64>) -> (tensor<1x4x1x16xf32>, tensor<1x2x1x16xf32>, tensor<i64>) {
+  %qc = atomic.mul %q, %cos : (tensor<1x4x1x16xf32>, tensor<16xf32>) -> tensor<1x4x1x16xf32>
+  %kc = atomic.mul %k, %cos : (tensor<1x2x1x16xf32>, tensor<16xf32>) -> tensor<1x2x1x16xf32>
+  %one = atomic.constant {value = dense<1> : tensor<i64>} : () -> tensor<i64>
+  %n1 = atomic.add %n, %one : (tensor<i64>, tensor<i64>) -> tensor<i64>
+  func.return %qc, %kc, %n1 : tensor<1x4x1x16xf32>, tensor<1x2x1x16xf32>, tensor<i64>
+}"""
+
+
+def test_small_independent_elementwise_kernels_run_as_one_launch(stand_in):
+    """A decoding step's rotary on q and on k and its position counter: three small siblings of
+    three shapes, one call of the elementwise template yielding all three, in one launch; its
+    results those of float64."""
+    func, _ = _selected(ROTARY_LIKE, "", backends=("cuda",))
+    calls = [op for op in func.body.ops if isinstance(op, CallOp)]
+    elementwise = [c for c in calls if c.attr("callee") == "cuda.elementwise"]
+    assert len(elementwise) == 1 and len(elementwise[0].results) == 3, _callees(func)
+    assert elementwise[0].attr("plan.source") == "merged"
+    reference = tgc.parse(ROTARY_LIKE).funcs[0]
+    inputs = random_inputs(reference, 11)
+    got = run_plan(func, inputs)
+    for g, w in zip(got, run_function(reference, inputs, "f64")):
+        assert np.allclose(np.asarray(g, np.float64), w, rtol=1e-6, atol=1e-6)
+    assert stand_in["regions"] == 1  # one launch for the three
+    kernel = generate_kernel(ck.fused_from_call(elementwise[0]))
+    assert kernel.source.count("__device__ __forceinline__ void") == 3
+    assert "3 elementwise kernels as one launch" in kernel.source
+
+
+def _call(name: str, operand: str, shape: str, extra: str = "") -> str:
+    """A planned elementwise call `%name = exp(%operand)` on the device, as select-kernels
+    writes one."""
+    t = f'tensor<{shape}xf32, "cuda">'
+    return f"""  %{name} = kernel.call %{operand} {{callee = "cuda.elementwise", plan.backend = "cuda", plan.seconds = 1.0e-06, plan.source = "measured"{extra}}} : ({t}) -> {t} {{
+  ^bb0(%{name}_in: {t}):
+    %{name}_e = atomic.exp %{name}_in : ({t}) -> {t}
+    kernel.yield %{name}_e : {t}
+  }}"""
+
+
+def test_siblings_merge_in_runs_that_end_where_one_reads_another(stand_in):
+    """b reads a: a stays alone, b and c (independent) become one call where c stood; d is
+    computed once (plan.once) and e is large: each keeps its own call. The merged function
+    computes what the unmerged one did."""
+    from tgc.planner.horizontal import MAX_ELEMENTS, merge_siblings
+
+    big = MAX_ELEMENTS + 8
+    dev = 'tensor<4x8xf32, "cuda">'
+    text = "\n".join(
+        [
+            f"func.func @f(%x: tensor<4x8xf32>, %y: tensor<8xf32>, %z: tensor<{big}xf32>) -> "
+            f"(tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<{big}xf32>) {{",
+            f'  %x0 = kernel.copy %x {{plan.backend = "cuda", plan.seconds = 1.0e-05, plan.source = "roofline"}} : (tensor<4x8xf32>) -> {dev}',
+            '  %y0 = kernel.copy %y {plan.backend = "cuda", plan.seconds = 1.0e-05, plan.source = "roofline"} : (tensor<8xf32>) -> tensor<8xf32, "cuda">',
+            f'  %z0 = kernel.copy %z {{plan.backend = "cuda", plan.seconds = 1.0e-05, plan.source = "roofline"}} : (tensor<{big}xf32>) -> tensor<{big}xf32, "cuda">',
+            _call("a", "x0", "4x8"),
+            _call("b", "a", "4x8"),
+            _call("c", "y0", "8"),
+            _call("d", "y0", "8", ", plan.once"),
+            _call("e", "z0", str(big)),
+            f'  %r0 = kernel.copy %b {{plan.backend = "numpy", plan.seconds = 1.0e-05, plan.source = "roofline"}} : ({dev}) -> tensor<4x8xf32>',
+            '  %r1 = kernel.copy %c {plan.backend = "numpy", plan.seconds = 1.0e-05, plan.source = "roofline"} : (tensor<8xf32, "cuda">) -> tensor<8xf32>',
+            '  %r2 = kernel.copy %d {plan.backend = "numpy", plan.seconds = 1.0e-05, plan.source = "roofline"} : (tensor<8xf32, "cuda">) -> tensor<8xf32>',
+            f'  %r3 = kernel.copy %e {{plan.backend = "numpy", plan.seconds = 1.0e-05, plan.source = "roofline"}} : (tensor<{big}xf32, "cuda">) -> tensor<{big}xf32>',
+            f"  func.return %r0, %r1, %r2, %r3 : tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<{big}xf32>",
+            "}",
+        ]
+    )
+    module, _ = parse(text)
+    func = module.funcs[0]
+    inputs = random_inputs(tgc.parse(text).funcs[0], 13)
+    want = run_plan(tgc.parse(text).funcs[0], inputs)
+    assert merge_siblings(func) == 1
+    tgc.verify(module)
+    calls = [op for op in func.body.ops if isinstance(op, CallOp)]
+    assert [len(c.results) for c in calls] == [1, 2, 1, 1]  # a; b and c; d; e
+    merged = calls[1]
+    assert [r.name_hint for r in merged.results] == ["b", "c"]
+    assert merged.attr("plan.source") == "merged" and merged.attr("plan.seconds") == 2e-6
+    assert "plan.once" in calls[2].attributes
+    for g, w in zip(run_plan(func, inputs), want):
+        assert np.array_equal(np.asarray(g), np.asarray(w))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_a_launch_of_parts_compiles_without_warnings(tmp_path, stand_in):
+    """The merged call of the rotary-like siblings: its kernel (a device function a part, the
+    blocks dealt out in order, every input passed to every part) compiles with nvcc for sm_80
+    and sm_90 with warnings as errors."""
+    from test_attention_tc import compile_kernels
+
+    func, _ = _selected(ROTARY_LIKE, "", backends=("cuda",))
+    (call,) = [op for op in func.body.ops if op.name == "kernel.call"]
+    kernel = generate_kernel(ck.fused_from_call(call))
+    assert kernel.grid == (3, 1, 1)  # a block a part: 64, 32 and 1 elements
+    assert (
+        "if (blockIdx.x < 1) tgc_" in kernel.source and "else if (blockIdx.x < 3)" in kernel.source
+    )
+    flags = [("-cubin", f"-arch={arch}", "-Werror", "all-warnings") for arch in ("sm_80", "sm_90")]
+    compile_kernels(tmp_path, [(kernel, f) for f in flags])

@@ -86,12 +86,15 @@ class Space:
 @dataclass(frozen=True)
 class Template:
     """A family of generated kernels (see the module doc): `name` is the callee a call writes,
-    `backend` runs it, `max_rel_error` bounds every kernel of the family (as a Kernel's does)."""
+    `backend` runs it, `max_rel_error` bounds every kernel of the family (as a Kernel's does);
+    `parts`: its kernels of different shapes can run as the parts of one launch, so small
+    independent calls of it are merged (planner/horizontal.py)."""
 
     name: str
     backend: str
     max_rel_error: float = 0.0
     doc: str = ""
+    parts: bool = False
 
 
 BACKENDS: dict[str, Backend] = {}

@@ -102,7 +102,13 @@ from tgc.types import TensorType
 ELEMENTWISE_ERROR, SUMS_ERROR = 2e-6, 1e-5
 
 TEMPLATE_OF_KIND: dict[str, Template] = {
-    kind: Template(f"cuda.{kind}", "cuda", error, f"the generated {kind} kernel of a region")
+    kind: Template(
+        f"cuda.{kind}",
+        "cuda",
+        error,
+        f"the generated {kind} kernel of a region",
+        parts=kind == "elementwise",  # (codegen/elementwise.py `_generate_parts`)
+    )
     for kind, error in (
         ("elementwise", ELEMENTWISE_ERROR),
         ("row_reduction", SUMS_ERROR),
