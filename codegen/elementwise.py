@@ -24,7 +24,7 @@ from tgc.codegen.emitter import Coords, Emitter, canon, delinearize, linear_offs
 from tgc.codegen.render import KernelSource, idx_type, kernel_label, params_decl, render, yields_of
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import FusedOp, YieldOp
-from tgc.ir import Block, Region, Value
+from tgc.ir import Block, Region, Value, clone_op
 from tgc.types import ELEMENT_BYTES
 
 
@@ -164,14 +164,7 @@ def _part(op: FusedOp, indices: list[int]) -> FusedOp:
     for inner in op.body.ops:
         if inner is op.body.last:
             break
-        clone = type(inner)(
-            [env[v] for v in inner.operands],
-            [r.type for r in inner.results],
-            dict(inner.attributes),
-            loc=inner.loc,
-        )
-        body.append(clone)
-        env.update(zip(inner.results, clone.results))
+        body.append(clone_op(inner, env))
     yields = yields_of(op)
     body.append(YieldOp([env[yields[j]] for j in indices], [], loc=op.body.last.loc))
     return FusedOp(

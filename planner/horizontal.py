@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from tgc.builtin import FuncOp
 from tgc.dialects.kernel import CallOp, YieldOp
-from tgc.ir import Block, Region, Value
+from tgc.ir import Block, Region, Value, clone_op
 from tgc.opdef import create
 from tgc.planner.backends import TEMPLATES
 from tgc.planner.fixed import ONCE_ATTR
@@ -76,14 +76,7 @@ def _merge(block: Block, run: list[CallOp]) -> int:
             if inner is call.body.last:
                 yields += [env[v] for v in inner.operands]
                 break
-            clone = type(inner)(
-                [env[v] for v in inner.operands],
-                [r.type for r in inner.results],
-                dict(inner.attributes),
-                loc=inner.loc,
-            )
-            body.append(clone)
-            env.update(zip(inner.results, clone.results))
+            body.append(clone_op(inner, env))
     last = run[-1]
     body.append(YieldOp(yields, [], loc=last.loc))
     attrs = {

@@ -11,39 +11,9 @@ a rewrite found on a clone can be replayed on the real ops by index (see `search
 from __future__ import annotations
 
 from tgc.builtin import PARAM_ATTR, FuncOp, ReturnOp
-from tgc.ir import Block, Operation, Region, Value
+from tgc.ir import Block, Operation, Value, clone_op
 from tgc.passes.algebraic.cost import IN_PLACE_ATTR, FixedMemo, is_fixed, is_result
 from tgc.rewriter import Rewriter
-
-
-def clone_op(op: Operation, value_map: dict[Value, Value]) -> Operation:
-    """A copy of `op` (regions included) reading `value_map[v]` for each operand `v`; the
-    map is extended with the copy's results."""
-    regions = [_clone_region(r, value_map) for r in op.regions]
-    copy = type(op)(
-        [value_map.get(v, v) for v in op.operands],
-        [r.type for r in op.results],
-        dict(op.attributes),
-        regions,
-        op.loc,
-        [r.name_hint for r in op.results],
-    )
-    for old, new in zip(op.results, copy.results):
-        value_map[old] = new
-    return copy
-
-
-def _clone_region(region: Region, value_map: dict[Value, Value]) -> Region:
-    out = Region()
-    for block in region.blocks:
-        new_block = Block(
-            [a.type for a in block.args], [a.name_hint for a in block.args], block.label
-        )
-        value_map.update(zip(block.args, new_block.args))
-        for op in block.ops:
-            new_block.append(clone_op(op, value_map))
-        out.add_block(new_block)
-    return out
 
 
 def clone_func(func: FuncOp) -> FuncOp:
