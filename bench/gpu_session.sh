@@ -51,6 +51,9 @@
 #                                               # (planner/horizontal.py): the planner's and the
 #                                               # backend's GPU tests, then the decode step at
 #                                               # batch 1 and 16, tgc beside tgc-unmerged
+#   STAGE=attention-256 bash bench/gpu_session.sh  # head dim 256 with O stored by TMA from
+#                                               # its one Q buffer: the grid at 256 with and
+#                                               # without it
 #   STAGE=kernels    bash bench/gpu_session.sh  # the GPU tests of the kernels alone: attention
 #                                               # (every head dim, decode), the few-rows matmul, the rotary and group
 #                                               # norm fusions, cuBLASLt, the convolution
@@ -291,6 +294,9 @@ decode-merged)
   tar -czf "$out/kernels-decode.tar.gz" -C "$out" kernels-b1 kernels-b16 2>/dev/null &&
     rm -rf "$out/kernels-b1" "$out/kernels-b16"
   ;;
+attention-256)
+  attention_sweep "tma=true;tma=true,tma_store=true" D256
+  ;;
 tma)
   pytest_gpu tma-first 60 test/test_matmul_wgmma.py -k "float64 and params5"
   pytest_gpu wgmma 120 test/test_matmul_wgmma.py test/test_standalone.py \
@@ -383,7 +389,7 @@ bert)
     test/test_bench_real_models.py
   ;;
 *)
-  echo "STAGE must be tests, validate, cuda, kernels, pdl, gemv-split, attention-q2, attention-store, attention-store64, decode-merged, tma, attention-tma, attention-merge, gemv, decode, models, backend, backend-bert, attention," \
+  echo "STAGE must be tests, validate, cuda, kernels, pdl, gemv-split, attention-q2, attention-store, attention-store64, decode-merged, attention-256, tma, attention-tma, attention-merge, gemv, decode, models, backend, backend-bert, attention," \
     "grid, autotune, generate, first-call, generate16, more, vision-f32, vision-b1 or bert" >&2
   exit 2
   ;;

@@ -627,7 +627,9 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
             f"dim 256), not {bn!r}"
         )
     q_in_registers = params.get("q_in_registers", d <= 64)
-    merge_tiles = params.get("merge_tiles", _merge_tiles_by_default(common, d))
+    # asking for O's TMA stores turns the merged tiles' default off (they cannot have them)
+    merge_default = _merge_tiles_by_default(common, d) and params.get("tma_store") is not True
+    merge_tiles = params.get("merge_tiles", merge_default)
     for name, value in (("q_in_registers", q_in_registers), ("merge_tiles", merge_tiles)):
         if not isinstance(value, bool):
             raise TgcError(

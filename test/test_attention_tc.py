@@ -645,6 +645,11 @@ def test_o_is_stored_by_tma_where_two_q_buffers_take_it_and_its_strides_allow():
     assert merged.params["tma_store"] is False
     one = generate_kernel(fused, {"arch": "sm_90", "tma": True, "q_stages": 1})
     assert one.params["tma_store"] is False  # by default with two Q buffers only
+    # where merged tiles are the default (256, full, 8k keys), asking for the stores unmerges
+    wide = attention_region(heads_text(1, 1, 8192, 8192, 256, 256, "bf16"))
+    stored = generate_kernel(wide, {"arch": "sm_90", "tma": True, "tma_store": True})
+    assert stored.params["tma_store"] and not stored.params["merge_tiles"]
+    assert generate_kernel(wide, {"arch": "sm_90", "tma": True}).params["merge_tiles"]
     with pytest.raises(TgcError, match="tma_store .* needs merge_tiles false"):
         generate_kernel(
             fused, {"arch": "sm_90", "tma": True, "merge_tiles": True, "tma_store": True}
