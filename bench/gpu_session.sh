@@ -54,6 +54,8 @@
 #   STAGE=attention-256 bash bench/gpu_session.sh  # head dim 256 with O stored by TMA from
 #                                               # its one Q buffer: the grid at 256 with and
 #                                               # without it
+#   STAGE=decode-splits bash bench/gpu_session.sh  # decode attention at batch 1 with 16 (the
+#                                               # default there), 32 and 64 splits of the cache
 #   STAGE=kernels    bash bench/gpu_session.sh  # the GPU tests of the kernels alone: attention
 #                                               # (every head dim, decode), the few-rows matmul, the rotary and group
 #                                               # norm fusions, cuBLASLt, the convolution
@@ -297,6 +299,15 @@ decode-merged)
 attention-256)
   attention_sweep "tma=true;tma=true,tma_store=true" D256
   ;;
+decode-splits)
+  for splits in 16 32 64; do
+    timeout -k 15 120 python3 bench/attention_tc.py --decode --only B1 --params "splits=$splits" \
+      --commit "$commit" --out "$out/splits$splits" >>"$out/attention-decode.txt" 2>&1
+    echo "attention_tc --decode --only B1 splits=$splits -> exit $?"
+  done
+  tar -czf "$out/decode-splits.tar.gz" -C "$out" splits16 splits32 splits64 2>/dev/null &&
+    rm -rf "$out"/splits16 "$out"/splits32 "$out"/splits64
+  ;;
 tma)
   pytest_gpu tma-first 60 test/test_matmul_wgmma.py -k "float64 and params5"
   pytest_gpu wgmma 120 test/test_matmul_wgmma.py test/test_standalone.py \
@@ -389,7 +400,7 @@ bert)
     test/test_bench_real_models.py
   ;;
 *)
-  echo "STAGE must be tests, validate, cuda, kernels, pdl, gemv-split, attention-q2, attention-store, attention-store64, decode-merged, attention-256, tma, attention-tma, attention-merge, gemv, decode, models, backend, backend-bert, attention," \
+  echo "STAGE must be tests, validate, cuda, kernels, pdl, gemv-split, attention-q2, attention-store, attention-store64, decode-merged, attention-256, decode-splits, tma, attention-tma, attention-merge, gemv, decode, models, backend, backend-bert, attention," \
     "grid, autotune, generate, first-call, generate16, more, vision-f32, vision-b1 or bert" >&2
   exit 2
   ;;
