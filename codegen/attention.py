@@ -530,6 +530,7 @@ def _wgmma_kernel(att: Operation, ops: dict[str, dict], common: dict, params: di
 TMA_PRODUCER_REGISTERS, TMA_CONSUMER_REGISTERS = 24, 240
 TMA_MAX_RANK = 5  # a tensor map's dims: the head dim, the rows, at most three batch dims
 TMA_MAX_STAGES = 4
+TMA_Q_STAGES = (1, 2)  # Q's buffers (`q_stages`)
 # Batch entries a group of the TMA kernel's units of query tiles (`head_group`), without and
 # with a causal mask: on an H200 (2026-11-29, bench/results/attention_grid-tma-*) groups of 8
 # ran head dim 64 without a mask 7-8% faster than one entry's tiles after another, and head
@@ -539,11 +540,6 @@ TMA_MIN_WAVES = 4  # (_tma_by_default)
 # Keys from which the TMA kernel merges query tiles at head dim 256 without a causal mask
 # (_merge_tiles_by_default)
 MERGE_FROM_KEYS_D256 = 8192
-# Two Q buffers (`q_stages`), the default up to head dim 128 where Q is read from shared memory:
-# on an H200 (2026-11-29, bench/results/attention_grid-q2-3b62c78-*) they ran head dim 128 at
-# 512 positions 4.7-8.4% faster (82% of SDPA's speed full, 77% causal), 80 3.2% full, and the
-# longer sequences 0-3% faster, though the second buffer leaves 2 ring stages where there were
-# 3; GQA causal at 512 was 1.3% slower.
 
 
 def _merge_tiles_by_default(common: dict, d: int) -> bool:
@@ -591,8 +587,7 @@ def _tma_operand_map(
     if len(dims) > TMA_MAX_RANK or any(s % 16 for s in strides):
         return None
     box = (64, box_rows) + (1,) * (len(dims) - 2)
-    operand = o["operand"] if "operand" in o else int(o["ptr"][2:])
-    spec = TensorMap(operand, elem, tuple(dims), tuple(strides), box, o["offset"] * item)
+    spec = TensorMap(o["operand"], elem, tuple(dims), tuple(strides), box, o["offset"] * item)
     return _OperandMap(spec, tuple(coords))
 
 
@@ -602,7 +597,7 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
     template's header). `block_n` 64 or 128 (default 128, 64 at head dim 256), `stages` (the
     rings' depth, default as many as fit, at most 4), `q_stages` (Q's buffers, 1 or 2, default
     2 where Q is read from shared memory and two fit, up to head dim 128: the producer copies
-    the next query tile's Q while the last one's is read; measured in Q_STAGES' note),
+    the next query tile's Q while the last one's is read; measured where it is chosen),
     `tma_store` (default with two Q buffers where it fits: tiles not merged, output strides of
     16 bytes): each warpgroup writes its normalised O into its rows of the tile's Q buffer and
     one thread stores them by TMA, instead of every thread storing from registers; the buffer
@@ -637,9 +632,15 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
             )
     limits = gpu_limits("sm_90")
     tile = 2 * bn * d  # one K or V tile's bytes
-    barriers = 8 * (2 * 2 + 4 * TMA_MAX_STAGES) + 16  # the mbarriers and softmax_done's word
+    # the mbarriers (Q's full and empty, the rings') and softmax_done's word
+    barriers = 8 * (2 * max(TMA_Q_STAGES) + 4 * TMA_MAX_STAGES) + 16
+    # Two Q buffers up to head dim 128 (at 256 they do not fit): on an H200 (2026-11-29,
+    # bench/results/attention_grid-q2-3b62c78-*) they ran head dim 128 at 512 positions 4.7-8.4%
+    # faster (82% of SDPA's speed full, 77% causal), 80 3.2% full, and the longer sequences 0-3%
+    # faster, though the second buffer leaves 2 ring stages where there were 3; GQA causal at
+    # 512 was 1.3% slower. With O stored by TMA they hold it (`tma_store`).
     q_stages = params.get("q_stages", 2 if d <= 128 else 1)
-    if q_stages not in (1, 2):
+    if q_stages not in TMA_Q_STAGES or isinstance(q_stages, bool):
         raise TgcError(
             f"attention template parameters: the TMA kernel takes q_stages 1 or 2, not {q_stages!r}"
         )
@@ -672,7 +673,7 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
     o_map = _tma_operand_map(ops["o"], batch_shape, common["seq_q"], head_dim, elem, 64)
     store_fits = not merge_tiles and o_map is not None
     tma_store = params.get("tma_store", store_fits and q_stages == 2)
-    if tma_store not in (True, False) or (tma_store and not store_fits):
+    if not isinstance(tma_store, bool) or (tma_store and not store_fits):
         raise TgcError(
             "attention template parameters: tma_store (true or false, not "
             f"{tma_store!r} here) needs merge_tiles false and an output whose strides are "
@@ -825,6 +826,7 @@ def _operand_layouts(fused: FusedOp, att: Operation, batch_shape: list[int]) -> 
         idx, offset, strides, divisors = _layout(args, x, name)
         ops[name] = {
             "ptr": f"in{idx}",
+            "operand": idx,  # its place among the kernel's pointers
             "offset": offset,
             "batch": _batch_strides(x.type.shape, strides, batch_shape, 2),
             "div": _batch_strides(x.type.shape, divisors, batch_shape, 2, 1),

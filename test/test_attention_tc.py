@@ -681,6 +681,8 @@ def test_the_tma_kernel_refuses_an_unaligned_operand_at_launch():
         ({"q_stages": 1, "stages": 4}, "q_stages 1 takes 2 to 3 stages"),
         ({"stages": 3}, "q_stages 2 takes 2 to 2 stages"),
         ({"q_stages": 3}, "takes q_stages 1 or 2, not 3"),
+        ({"q_stages": True}, "takes q_stages 1 or 2, not True"),
+        ({"tma_store": 1}, "tma_store \\(true or false, not 1 here\\)"),
         ({"q_in_registers": "no"}, "q_in_registers must be true or false"),
         ({"head_group": 0}, "head_group must be a positive integer"),
         ({"merge_tiles": 1}, "merge_tiles must be true or false, not 1"),
