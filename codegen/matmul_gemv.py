@@ -116,8 +116,8 @@ def gemv_misfit(
 
 
 def _one_row_defaults(chunks: int) -> tuple[int, int]:
-    """(unroll, split_k) at one row (module doc): 8 loads a lane, two warps a column where each
-    keeps a whole step of them."""
+    """(unroll, split_k) at one row over rows of B of `chunks` 16-byte chunks (module doc): 8
+    loads a lane, two warps a column where each keeps a whole step of them."""
     return 8, 2 if chunks >= 2 * 32 * 8 else 1
 
 
@@ -148,10 +148,10 @@ def generate_gemv(
     # times (at 1 row 8 warps streamed B as fast as 4 on an H200: bench/results/matmul_gemv-*-b.md)
     prologue = operands.get("prologue")
     warps = params.setdefault("warps", 8 if mma or prologue is not None else 4)
-    chunks = dims["k"] * ELEMENT_BYTES[dims["elem"]] // 16
+    row_bytes = dims["k"] * ELEMENT_BYTES[dims["elem"]]  # of B
     # (a product with a prologue keeps the defaults it was measured with: module doc)
     plain_row = rows == 1 and not mma and prologue is None
-    unroll_1, split_1 = _one_row_defaults(chunks)
+    unroll_1, split_1 = _one_row_defaults(row_bytes // 16)
     unroll = params.setdefault("unroll", unroll_1 if plain_row else 4)
     checked = [("warps", warps, GEMV_WARPS), ("unroll", unroll, GEMV_UNROLL)]
     if mma:
@@ -178,11 +178,8 @@ def generate_gemv(
             )
         per_block = warps // split * columns
     pair_t, pair_to_float2 = GEMV_TYPES[dims["elem"]]
-    row_bytes = dims["k"] * ELEMENT_BYTES[dims["elem"]]
     prefetch = min(row_bytes, max(L2_LINE, PREFETCH_BYTES // dims["n"]))
-    staged = (
-        prologue is not None and rows * dims["k"] * ELEMENT_BYTES[dims["elem"]] <= STAGED_A_BYTES
-    )
+    staged = prologue is not None and rows * row_bytes <= STAGED_A_BYTES
     source = render(
         "matmul_gemv_mma.cu.j2" if mma else "matmul_gemv.cu.j2",
         name=symbol,
