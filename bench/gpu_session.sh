@@ -34,19 +34,10 @@
 #                                               # gemv's GPU tests (a dependent's first), the
 #                                               # backend's, then the decode step at batch 1 and
 #                                               # 16, tgc beside tgc-plain-launch (one database)
-#   STAGE=gemv-split bash bench/gpu_session.sh  # the few-rows matmul's split_k: its GPU tests,
-#                                               # bench/matmul_gemv.py at 1 and 4 rows with every
-#                                               # variant, the decode step at batch 1 (eager, tgc)
-#   STAGE=attention-q2 bash bench/gpu_session.sh  # the TMA attention kernel's two Q buffers
-#                                               # (q_stages): its GPU tests, the grid at head dims
-#                                               # 128 and 80 with q_stages 1 and 2, merged or not
 #   STAGE=attention-store bash bench/gpu_session.sh  # the TMA attention kernel's O by TMA
 #                                               # stores (tma_store): a case alone, its GPU
 #                                               # tests, the grid at 128, 80, 96 and 72 with it
 #                                               # and without
-#   STAGE=attention-store64 bash bench/gpu_session.sh  # TMA stores with Q in registers (head
-#                                               # dim 64) and with one Q buffer (256): a case
-#                                               # alone, the GPU tests, the grid at 64 and 256
 #   STAGE=decode-merged bash bench/gpu_session.sh  # small sibling kernels in one launch
 #                                               # (planner/horizontal.py): the planner's and the
 #                                               # backend's GPU tests, then the decode step at
@@ -256,33 +247,11 @@ pdl)
   tar -czf "$out/kernels-decode.tar.gz" -C "$out" kernels-b1 kernels-b16 2>/dev/null &&
     rm -rf "$out/kernels-b1" "$out/kernels-b16"
   ;;
-gemv-split)
-  pytest_gpu_parallel gemv 120 test/test_matmul_gemv.py test/test_matmul_prologue.py
-  timeout -k 15 200 python3 bench/matmul_gemv.py --commit "$commit" --out "$out" --rows 1,4 \
-    --variants >"$out/matmul-gemv.txt" 2>&1
-  echo "matmul_gemv --rows 1,4 --variants -> exit $?"
-  timeout -k 15 200 python3 bench/decode_step.py --commit "$commit" --out "$out" --batch 1 \
-    --modes eager,tgc --kernels "$out/kernels-b1" >"$out/decode-step-b1.txt" 2>&1
-  echo "decode_step batch 1 -> exit $?"
-  tar -czf "$out/kernels-decode.tar.gz" -C "$out" kernels-b1 2>/dev/null && rm -rf "$out/kernels-b1"
-  ;;
-attention-q2)
-  pytest_gpu attention-q2-first 60 test/test_attention_tc.py -k "variants and shape55-params55"
-  pytest_gpu_parallel attention-q2 150 test/test_attention_tc.py -k "wgmma_variants"
-  attention_sweep "tma=true;tma=true,q_stages=2;tma=true,merge_tiles=true;tma=true,q_stages=2,merge_tiles=true" D128 D80
-  ;;
 attention-store)
   pytest_gpu attention-store-first 60 test/test_attention_tc.py -k "variants and shape59-params59"
   pytest_gpu_parallel attention-store 150 test/test_attention_tc.py -k "wgmma"
   attention_sweep "tma=true;tma=true,tma_store=false" D128 D80 D96 D72
   tar -czf "$out/grids.tar.gz" -C "$out" D128 D80 D96 D72 2>/dev/null && rm -rf "$out"/D128 "$out"/D80 "$out"/D96 "$out"/D72
-  ;;
-attention-store64)
-  pytest_gpu attention-store-first 60 test/test_attention_tc.py -k "variants and shape61-params61"
-  pytest_gpu_parallel attention-store 150 test/test_attention_tc.py -k "wgmma"
-  attention_sweep "tma=false;tma=true;tma=true,merge_tiles=false,q_stages=2" D64
-  attention_sweep "tma=true;tma=true,tma_store=true" D256
-  tar -czf "$out/grids.tar.gz" -C "$out" D64 D256 2>/dev/null && rm -rf "$out"/D64 "$out"/D256
   ;;
 decode-merged)
   pytest_gpu planner 200 test/test_planner_cuda.py
@@ -400,7 +369,7 @@ bert)
     test/test_bench_real_models.py
   ;;
 *)
-  echo "STAGE must be tests, validate, cuda, kernels, pdl, gemv-split, attention-q2, attention-store, attention-store64, decode-merged, attention-256, decode-splits, tma, attention-tma, attention-merge, gemv, decode, models, backend, backend-bert, attention," \
+  echo "STAGE must be tests, validate, cuda, kernels, pdl, attention-store, decode-merged, attention-256, decode-splits, tma, persistent, attention-tma, attention-merge, gemv, decode, models, backend, backend-bert, attention," \
     "grid, autotune, generate, first-call, generate16, more, vision-f32, vision-b1 or bert" >&2
   exit 2
   ;;
