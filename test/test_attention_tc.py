@@ -627,8 +627,8 @@ def test_two_q_buffers_take_turns_and_cost_a_ring_stage_at_head_dim_128():
 
 
 def test_o_is_stored_by_tma_where_two_q_buffers_take_it_and_its_strides_allow():
-    """tma_store (the default with two Q buffers, tiles not merged and output strides of 16
-    bytes, which head dims in steps of 8 always make): each warpgroup writes O into its rows of
+    """tma_store (the default where tiles are not merged and output strides are of 16 bytes,
+    which head dims in steps of 8 always make; with one Q buffer too): each warpgroup writes O into its rows of
     the tile's Q buffer and one thread stores them by bulk tensor copies; the buffer is
     released by those two threads, not by 256. Elsewhere O goes from registers, and asking
     for tma_store there is an error."""
@@ -644,9 +644,13 @@ def test_o_is_stored_by_tma_where_two_q_buffers_take_it_and_its_strides_allow():
     merged = generate_kernel(fused, {"arch": "sm_90", "tma": True, "merge_tiles": True})
     assert merged.params["tma_store"] is False
     one = generate_kernel(fused, {"arch": "sm_90", "tma": True, "q_stages": 1})
-    assert one.params["tma_store"] is False  # by default with two Q buffers only
+    assert one.params["tma_store"] and "init(&q_empty[s], 2);" in one.source
+    short = attention_region(heads_text(1, 2, 512, 512, 256, 256, "bf16"))
+    short_k = generate_kernel(short, {"arch": "sm_90"})
+    assert short_k.params["q_stages"] == 1 and short_k.params["tma_store"]
     # where merged tiles are the default (256, full, 8k keys), asking for the stores unmerges
     wide = attention_region(heads_text(1, 1, 8192, 8192, 256, 256, "bf16"))
+    assert generate_kernel(wide, {"arch": "sm_90"}).params["tma_store"] is False
     stored = generate_kernel(wide, {"arch": "sm_90", "tma": True, "tma_store": True})
     assert stored.params["tma_store"] and not stored.params["merge_tiles"]
     assert generate_kernel(wide, {"arch": "sm_90", "tma": True}).params["merge_tiles"]
