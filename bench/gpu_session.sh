@@ -45,8 +45,9 @@
 #   STAGE=attention-256 bash bench/gpu_session.sh  # head dim 256 with O stored by TMA from
 #                                               # its one Q buffer: the grid at 256 with and
 #                                               # without it
-#   STAGE=decode-splits bash bench/gpu_session.sh  # decode attention at batch 1 with 16 (the
-#                                               # default there), 32 and 64 splits of the cache
+#   STAGE=decode-params bash bench/gpu_session.sh  # decode attention at batch 1 with each set
+#                                               # of template parameters of DECODE_PARAMS
+#                                               # (sets separated by ;, the defaults first)
 #   STAGE=kernels    bash bench/gpu_session.sh  # the GPU tests of the kernels alone: attention
 #                                               # (every head dim, decode), the few-rows matmul, the rotary and group
 #                                               # norm fusions, cuBLASLt, the convolution
@@ -268,14 +269,14 @@ decode-merged)
 attention-256)
   attention_sweep "tma=true;tma=true,tma_store=true" D256
   ;;
-decode-splits)
-  for splits in 16 32 64; do
-    timeout -k 15 120 python3 bench/attention_tc.py --decode --only B1 --params "splits=$splits" \
-      --commit "$commit" --out "$out/splits$splits" >>"$out/attention-decode.txt" 2>&1
-    echo "attention_tc --decode --only B1 splits=$splits -> exit $?"
+decode-params)
+  IFS=';' read -ra sets <<<"${DECODE_PARAMS:-}"
+  for i in "${!sets[@]}"; do
+    timeout -k 15 120 python3 bench/attention_tc.py --decode --only B1 --params "${sets[$i]}" \
+      --commit "$commit" --out "$out/decode-set$i" >>"$out/attention-decode.txt" 2>&1
+    echo "attention_tc --decode --only B1 --params '${sets[$i]}' -> exit $?"
   done
-  tar -czf "$out/decode-splits.tar.gz" -C "$out" splits16 splits32 splits64 2>/dev/null &&
-    rm -rf "$out"/splits16 "$out"/splits32 "$out"/splits64
+  (cd "$out" && tar -czf decode-params.tar.gz decode-set* && rm -rf decode-set*)
   ;;
 tma)
   pytest_gpu tma-first 60 test/test_matmul_wgmma.py -k "float64 and params5"
@@ -369,7 +370,7 @@ bert)
     test/test_bench_real_models.py
   ;;
 *)
-  echo "STAGE must be tests, validate, cuda, kernels, pdl, attention-store, decode-merged, attention-256, decode-splits, tma, persistent, attention-tma, attention-merge, gemv, decode, models, backend, backend-bert, attention," \
+  echo "STAGE must be tests, validate, cuda, kernels, pdl, attention-store, decode-merged, attention-256, decode-params, tma, persistent, attention-tma, attention-merge, gemv, decode, models, backend, backend-bert, attention," \
     "grid, autotune, generate, first-call, generate16, more, vision-f32, vision-b1 or bert" >&2
   exit 2
   ;;
