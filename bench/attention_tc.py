@@ -61,6 +61,9 @@ from gpu_suite import attention_flops, attention_text, report_start, tflops  # n
 
 DECODE_HEADS, DECODE_KV_HEADS = 32, 8
 DECODE_CACHES = (2048, 8192, 32768)
+# bench/decode_step.py's cache at batch 1 (a prompt of 512 and the calls after it): a launch's
+# fixed costs against a read of under a megabyte
+STEP_CACHE = 640
 
 
 @dataclass
@@ -156,6 +159,7 @@ def named(found: list, only: set[str]) -> list:
 def decode_cases(only: set[str]) -> list[DecodeCase]:
     found = [DecodeCase(b, s, d) for b in (1, 16) for s in DECODE_CACHES for d in (64, 128)]
     found += [DecodeCase(b, DECODE_CACHES[-1], d, "f16") for b in (1, 16) for d in (64, 128)]
+    found.append(DecodeCase(1, STEP_CACHE, 64))
     return named(found, only)
 
 

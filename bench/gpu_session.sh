@@ -45,9 +45,10 @@
 #   STAGE=attention-256 bash bench/gpu_session.sh  # head dim 256 with O stored by TMA from
 #                                               # its one Q buffer: the grid at 256 with and
 #                                               # without it
-#   STAGE=decode-params bash bench/gpu_session.sh  # decode attention at batch 1 with each set
-#                                               # of template parameters of DECODE_PARAMS
-#                                               # (sets separated by ;, the defaults first)
+#   STAGE=decode-params bash bench/gpu_session.sh  # decode attention with each set of
+#                                               # template parameters of DECODE_PARAMS (sets
+#                                               # separated by ;, the defaults first), the cases
+#                                               # of DECODE_ONLY (--only, default B1)
 #   STAGE=kernels    bash bench/gpu_session.sh  # the GPU tests of the kernels alone: attention
 #                                               # (every head dim, decode), the few-rows matmul, the rotary and group
 #                                               # norm fusions, cuBLASLt, the convolution
@@ -272,9 +273,10 @@ attention-256)
 decode-params)
   IFS=';' read -ra sets <<<"${DECODE_PARAMS:-}"
   for i in "${!sets[@]}"; do
-    timeout -k 15 120 python3 bench/attention_tc.py --decode --only B1 --params "${sets[$i]}" \
-      --commit "$commit" --out "$out/decode-set$i" >>"$out/attention-decode.txt" 2>&1
-    echo "attention_tc --decode --only B1 --params '${sets[$i]}' -> exit $?"
+    timeout -k 15 120 python3 bench/attention_tc.py --decode --only "${DECODE_ONLY:-B1}" \
+      --params "${sets[$i]}" --commit "$commit" --out "$out/decode-set$i" \
+      >>"$out/attention-decode.txt" 2>&1
+    echo "attention_tc --decode --only ${DECODE_ONLY:-B1} --params '${sets[$i]}' -> exit $?"
   done
   (cd "$out" && tar -czf decode-params.tar.gz decode-set* && rm -rf decode-set*)
   ;;
