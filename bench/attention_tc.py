@@ -365,12 +365,15 @@ def measure_decode(case: DecodeCase, params: dict) -> Row:
     )
 
 
-def report_decode(rows: list[Row], device: str, commit: str, out: Path, bandwidth: float) -> Path:
+def report_decode(
+    rows: list[Row], device: str, commit: str, out: Path, bandwidth: float, params: str
+) -> Path:
     title = "Decode attention, tgc's generated kernel vs SDPA"
     path, lines = report_start(out, "attention_decode", title, device, commit)
     lines += [
         "- method: `bench/attention_tc.py --decode` (its doc); medians of 30 repetitions timed",
         "  with CUDA events after 3 warm-ups (`gpu_suite.time_ms`)",
+        f"- template parameters: {params or 'defaults'}",
         f"- bandwidth: the bytes of k, v, q and o over the time, as a share of the device's "
         f"copy bandwidth measured in the same run ({bandwidth / 1e12:.2f} TB/s)",
         "",
@@ -478,7 +481,8 @@ def main(argv=None) -> int:
                 f"rel. error {row.error:.1e}",
                 flush=True,
             )
-        print(f"wrote {report_decode(rows, device, args.commit, Path(args.out), bandwidth)}")
+        written = report_decode(rows, device, args.commit, Path(args.out), bandwidth, sweep[0][0])
+        print(f"wrote {written}")
         return 0
     rows = []
     for text, params in sweep:
