@@ -13,9 +13,11 @@ bf16). Per mode: a fresh StaticCache filled by an eager prefill of `--prompt` ra
 then the decode step (`model.forward` of one token a sequence at the next position, its keys
 and values written into the cache in place, the position one further each call) compiled as
 bench/generate.py compiles it and called `--warmup` times (tgc's first call plans and
-measures), then `--calls` times back to back: *step* = wall time over the calls, the device
-synchronised before and after (the host's part included, as in a decode loop with nothing
-else); *device* = torch.profiler's kernel and copy time over `--calls` more calls, divided by
+measures), then `--calls` times back to back, `--rounds` times: *step* = the median round's wall
+time over its calls, the device synchronised before and after (the host's part included, as
+in a decode loop with nothing else), with the fastest and slowest rounds beside it when they
+differ by more than 2% (a mode timed first in a process once ran 26% slower than the same plan
+after another mode: bench/results/decode_step-merged-*); *device* = torch.profiler's kernel and copy time over `--calls` more calls, divided by
 them, and how many kernels and copies that was a step (a replayed graph's nodes). Beside them the *floor*: the bytes the step must read (every weight once, the embedding
 table but a row a sequence, the cache up to the timed calls' middle position) over the
 device's bandwidth (bench/generate.py's table). Each mode's logits are checked against
@@ -32,7 +34,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import importlib
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -68,14 +72,14 @@ def fill_cache(model, args, device: str):
 
 
 def cache_length(args) -> int:
-    """The prompt, every call's position (warm-up, timed, profiled) and one to spare."""
-    return args.prompt + args.warmup + 2 * args.calls + 1
+    """The prompt, every call's position (warm-up, timed rounds, profiled) and one to spare."""
+    return args.prompt + args.warmup + (args.rounds + 1) * args.calls + 1
 
 
 def last_position(args) -> int:
     """The last position a mode's calls write: warm-up and timed calls, and on the GPU the
     profiled ones."""
-    return args.prompt + args.warmup + args.calls * (1 if args.dry_run else 2) - 1
+    return args.prompt + args.warmup + args.calls * (args.rounds + (not args.dry_run)) - 1
 
 
 def step_of(model, kv, token, position):
@@ -115,11 +119,15 @@ def time_mode(model, mode: str, args, device: str) -> dict:
             logits = step()
         sync()
         row = {"mode": mode, "first_s": time.perf_counter() - start, "logits": logits.float().cpu()}
-        start = time.perf_counter()
-        for _ in range(args.calls):
-            step()
-        sync()
-        row["step_ms"] = (time.perf_counter() - start) / args.calls * 1e3
+        rounds = []
+        for _ in range(args.rounds):
+            gc.collect()  # not the previous round's garbage, collected inside this one
+            start = time.perf_counter()
+            for _ in range(args.calls):
+                step()
+            sync()
+            rounds.append((time.perf_counter() - start) / args.calls * 1e3)
+        row["step_ms"], row["rounds_ms"] = statistics.median(rounds), rounds
         if device == "cuda":
             total, averages = gen.device_ms(lambda: [step() for _ in range(args.calls)])
             row["device_ms"] = total / args.calls
@@ -154,7 +162,7 @@ def report(rows: list[dict], args, device_name: str, floor_ms: float | None) -> 
         "",
         f"- device: {device_name}; batch {args.batch}; prompt {args.prompt}, the step at positions "
         f"{args.prompt} to {last_position(args)}; "
-        f"{args.layers or 'default'} layers; {args.dtype}; {args.calls} calls timed, "
+        f"{args.layers or 'default'} layers; {args.dtype}; {args.rounds} rounds of {args.calls} calls timed, "
         f"{args.warmup} before; command: `bench/decode_step.py {' '.join(sys.argv[1:])}`",
         "",
         "| mode | step (wall, back to back) | device / step | kernels and copies / step | floor | "
@@ -170,10 +178,16 @@ def report(rows: list[dict], args, device_name: str, floor_ms: float | None) -> 
         floor = f"{floor_ms:.3f} ms" if floor_ms else "-"
         ratio = f"{r['step_ms'] / floor_ms:.1f}x" if floor_ms else "-"
         lines.append(
-            f"| {r['mode']} | {r['step_ms']:.3f} ms | {device} | {work} | {floor} | {ratio} | "
+            f"| {r['mode']} | {r['step_ms']:.3f} ms{spread(r['rounds_ms'])} | {device} | {work} | {floor} | {ratio} | "
             f"{r['first_s']:.1f} s | {r.get('error', 0.0):.1e} | {r.get('in_tgc', '-')} |"
         )
     return lines
+
+
+def spread(rounds: list[float]) -> str:
+    """The fastest and slowest rounds, where they are more than 2% apart."""
+    low, high = min(rounds), max(rounds)
+    return f" ({low:.3f}-{high:.3f})" if high > 1.02 * low else ""
 
 
 def parse(argv):
@@ -186,6 +200,7 @@ def parse(argv):
     ap.add_argument("--dtype", choices=gen.DTYPES, default=None)
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--calls", type=int, default=50)
+    ap.add_argument("--rounds", type=int, default=3, help="timed rounds of --calls (the median)")
     ap.add_argument("--measure-budget", type=float, default=None, help="tgc's option, seconds")
     ap.add_argument("--db", default=None, help="tgc's measurement database (its default)")
     ap.add_argument("--kernels", default=None, help="folder: each mode's kernels by device time")

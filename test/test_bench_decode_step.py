@@ -27,7 +27,8 @@ def test_dry_run_tgc_logits_are_eagers_and_the_report_says_so(tmp_path):
     assert decode_step.main(["--dry-run", "--out", str(tmp_path)]) == 0
     (report,) = tmp_path.glob("decode_step-dry-run-*.md")
     text = report.read_text()
-    assert "prompt 8, the step at positions 8 to 16" in text  # 6 warm-up, 3 timed
+    # 6 warm-up calls, 3 rounds of 3 timed
+    assert "prompt 8, the step at positions 8 to 22" in text and "3 rounds of 3 calls" in text
     tgc = next(line for line in text.splitlines() if line.startswith("| tgc |"))
     assert tgc.endswith("| 3 of 3 |")  # every graph tgc compiled ran in tgc
     # no device on the CPU: no device time, no count of the device's kernels and copies
@@ -46,3 +47,10 @@ def test_a_failing_mode_is_a_row_saying_why_and_fails_the_dry_run(monkeypatch, t
     assert decode_step.main(["--dry-run", "--out", str(tmp_path)]) == 1
     (report,) = tmp_path.glob("decode_step-dry-run-*.md")
     assert "| tgc | failed: MemoryError: out of memory (a stand-in) |" in report.read_text()
+
+
+def test_a_step_time_is_the_median_round_with_the_rounds_beside_it_when_apart():
+    """Rounds within 2% of each other: the median alone; further apart: the fastest and the
+    slowest beside it (a mode timed first in a process once ran 26% slower)."""
+    assert decode_step.spread([1.035, 1.04, 1.03]) == ""
+    assert decode_step.spread([1.301, 1.035, 1.04]) == " (1.035-1.301)"
