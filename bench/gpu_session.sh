@@ -49,6 +49,11 @@
 #                                               # template parameters of DECODE_PARAMS (sets
 #                                               # separated by ;, the defaults first), the cases
 #                                               # of DECODE_ONLY (--only, default B1)
+#   STAGE=halves     bash bench/gpu_session.sh  # the few-rows matmul's epilogue reading its
+#                                               # product's halves (SiLU(gate) * up): its GPU
+#                                               # tests with the prologue's and the gemv's, then
+#                                               # bench/matmul_prologue.py, then the decode step
+#                                               # at batch 1 (eager, tgc)
 #   STAGE=kernels    bash bench/gpu_session.sh  # the GPU tests of the kernels alone: attention
 #                                               # (every head dim, decode), the few-rows matmul, the rotary and group
 #                                               # norm fusions, cuBLASLt, the convolution
@@ -280,6 +285,17 @@ decode-params)
   done
   (cd "$out" && tar -czf decode-params.tar.gz decode-set* && rm -rf decode-set*)
   ;;
+halves)
+  pytest_gpu_parallel halves 150 test/test_matmul_halves.py test/test_matmul_prologue.py \
+    test/test_matmul_gemv.py
+  timeout -k 15 150 python3 bench/matmul_prologue.py --commit "$commit" --out "$out" \
+    >"$out/matmul-prologue.txt" 2>&1
+  echo "matmul_prologue -> exit $?"
+  timeout -k 15 200 python3 bench/decode_step.py --commit "$commit" --out "$out" --batch 1 \
+    --modes eager,tgc --kernels "$out/kernels-b1" >"$out/decode-step-b1.txt" 2>&1
+  echo "decode_step batch 1 -> exit $?"
+  tar -czf "$out/kernels-decode.tar.gz" -C "$out" kernels-b1 2>/dev/null && rm -rf "$out/kernels-b1"
+  ;;
 tma)
   pytest_gpu tma-first 60 test/test_matmul_wgmma.py -k "float64 and params5"
   pytest_gpu wgmma 120 test/test_matmul_wgmma.py test/test_standalone.py \
@@ -372,7 +388,7 @@ bert)
     test/test_bench_real_models.py
   ;;
 *)
-  echo "STAGE must be tests, validate, cuda, kernels, pdl, attention-store, decode-merged, attention-256, decode-params, tma, persistent, attention-tma, attention-merge, gemv, decode, models, backend, backend-bert, attention," \
+  echo "STAGE must be tests, validate, cuda, kernels, pdl, attention-store, decode-merged, attention-256, decode-params, halves, tma, persistent, attention-tma, attention-merge, gemv, decode, models, backend, backend-bert, attention," \
     "grid, autotune, generate, first-call, generate16, more, vision-f32, vision-b1 or bert" >&2
   exit 2
   ;;

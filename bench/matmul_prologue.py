@@ -1,5 +1,7 @@
 """tgc's few-rows matmul with a prologue (codegen/matmul.py `a_prologue`) on a decoding step's
-norm-then-product and SiLU(gate) * up-then-down, beside PyTorch eager (the norm's kernels, then
+norm-then-product and SiLU(gate) * up-then-down, and with the norm before and SiLU(gate) * up
+after the packed gate+up product (its epilogue reading the product's halves, `_halves`), beside
+PyTorch eager (the norm's kernels, then
 cuBLAS), torch.compile and the floor, in one run on a GPU (PyTorch, PyCUDA and nvcc there),
 from the repository root:
 
@@ -96,11 +98,39 @@ CASES = [
     ("llama-1b silu*up + down + residual", "swiglu", 8192, 2048),
     ("llama-8b norm + q/k/v", "rms", 4096, 6144),
     ("llama-8b silu*up + down + residual", "swiglu", 14336, 4096),
+    ("llama-1b norm + gate+up + silu*up", "gate_up", 2048, 8192),
+    ("llama-8b norm + gate+up + silu*up", "gate_up", 4096, 14336),
 ]
 
 
+def gate_up_text(rows: tuple[int, ...], k: int, inter: int) -> str:
+    """The RMSNorm, the packed gate+up product and SiLU(gate) * up of its halves: the few-rows
+    kernel's prologue and an epilogue reading the halves, one kernel."""
+    gu, h = t((*rows, 2 * inter), "bf16"), t((*rows, inter), "bf16")
+    norm = rms_norm_text(rows, k, 2 * inter).split("\n")
+    return "\n".join(
+        [
+            norm[0].replace(f"-> {gu} {{", f"-> {h} {{"),
+            *norm[1:-2],
+            f"  %g, %u = atomic.split %o {{axis = {len(rows)}, sizes = [{inter}, {inter}]}} : "
+            f"({gu}) -> ({h}, {h})",
+            f"  %s = hl.silu %g : ({h}) -> {h}",
+            f"  %m = atomic.mul %s, %u : ({h}, {h}) -> {h}",
+            f"  func.return %m : {h}",
+            "}",
+        ]
+    )
+
+
 def case_text(kind: str, rows: int, k: int, n: int) -> str:
-    return (rms_norm_text if kind == "rms" else swiglu_text)((1, rows), k, n)
+    return {"rms": rms_norm_text, "swiglu": swiglu_text, "gate_up": gate_up_text}[kind](
+        (1, rows), k, n
+    )
+
+
+def weight_bytes(kind: str, k: int, n: int) -> int:
+    """bf16 bytes of the product's weight: gate and up's two [n, k] for gate_up."""
+    return 2 * n * k * (2 if kind == "gate_up" else 1)
 
 
 def make_kernel(text: str):
@@ -137,6 +167,16 @@ def torch_case(kind: str, rows: int, k: int, n: int):
             return F.linear(w * y, wt)
 
         return [randn(1, rows, k), randn(k), randn(n, k, scale=k**-0.5)], f
+
+    if kind == "gate_up":
+
+        def h(x, w, wgu):
+            xf = x.float()
+            y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype)
+            gate, up = F.linear(w * y, wgu).split(n, -1)
+            return F.silu(gate) * up
+
+        return [randn(1, rows, k), randn(k), randn(2 * n, k, scale=k**-0.5)], h
 
     def g(gu, wd, res):
         gate, up = gu.split(k, -1)
@@ -192,7 +232,7 @@ def main(argv=None) -> int:
             compiled = torch.compile(f)
             compiled(*inputs)
             comp = time_ms(lambda: compiled(*inputs), stream)
-            weight = 2 * n * k
+            weight = weight_bytes(kind, k, n)
             floor = weight / bandwidth * 1e3
             line = (
                 f"| {name} ({k} -> {n}) | {rows} | {ms:.4f} ms | {eager:.4f} ms | "

@@ -13,7 +13,9 @@ Its skeletons:
   warps streaming B along k in 16-byte loads (codegen/matmul_gemv.py; `gemv_mma` its
   tensor-core variant, the default from 5 rows). It alone also takes a prologue: A computed in
   the kernel from its inputs (`a_prologue`; docs/fusion.md, "Prologues of the few-rows
-  matmul"); every other skeleton needs A and B as kernel inputs.
+  matmul"); every other skeleton needs A and B as kernel inputs. And it alone takes an
+  epilogue that reads the product through a split of n into two halves (`_halves`: SiLU(gate)
+  * up of a packed gate+up product), each warp summing its columns of both.
 - `matmul_tc.cu.j2`, with the template parameter `tensor_cores` (default true where it fits):
   bf16/f16 on tensor cores, as the attention kernel's (codegen/attention.py): 8 warps (2x4, 4x2
   for a tile taller than wide), each a part of C of 16x8 `mma.sync` accumulator tiles in f32
@@ -89,17 +91,24 @@ def generate_matmul(op: FusedOp, params: dict, symbol: str) -> KernelSource:
     m, n, k = shape.m, shape.n, shape.k
     elem = mm.results[0].type.element_type
     rows = m * shape.batch
-    if a not in ptrs:  # A computed in the kernel from its inputs: the few-rows skeleton's prologue
+    halves = _halves(op, mm)
+    # A computed in the kernel from its inputs (a prologue), or the product read in halves: the
+    # few-rows skeleton's own
+    if a not in ptrs or halves is not None:
         if any(params.get(other) for other in ("tensor_cores", "wgmma", "gemv_mma")) or (
             params.get("gemv") is False
         ):
+            what = (
+                "whose A the kernel computes (a prologue)"
+                if a not in ptrs
+                else ("whose epilogue reads its product's two halves")
+            )
             raise TgcError(
-                "a matmul whose A the kernel computes (a prologue) runs only on the few-rows "
-                "skeleton without tensor cores",
+                f"a matmul {what} runs only on the few-rows skeleton without tensor cores",
                 mm.loc,
             )
         params.update(gemv=True, gemv_mma=False)
-        return _generate_gemv(op, mm, shape, params, symbol, (decls, ptrs, outs))
+        return _generate_gemv(op, mm, shape, params, symbol, (decls, ptrs, outs), halves)
     # The few-rows skeleton by default where it runs and no other skeleton was asked for; its
     # parameter is recorded only where it runs, so tuning offers it there.
     asked_other = "tensor_cores" in params or "wgmma" in params
@@ -265,13 +274,44 @@ def _generate_wgmma(
 
 
 def _generate_gemv(
-    op: FusedOp, mm: Operation, shape: _Shape, params: dict, symbol: str, decl: tuple
+    op: FusedOp,
+    mm: Operation,
+    shape: _Shape,
+    params: dict,
+    symbol: str,
+    decl: tuple,
+    halves: Operation | None = None,
 ) -> KernelSource:
     """matmul_gemv.cu.j2 (codegen/matmul_gemv.py); a TgcError where it does not fit."""
-    dims, operands = _skeleton_arguments(op, mm, shape, decl, indent=8)
+    dims, operands = _skeleton_arguments(op, mm, shape, decl, indent=8, halves=halves)
     if mm.operands[0] not in decl[1]:
         operands["prologue"] = a_prologue(op, mm, shape, decl[1])
+    operands["halves"] = halves is not None
     return generate_gemv(symbol, dims, operands, params, kernel_label(op), op.loc)
+
+
+def _halves(op: FusedOp, mm: Operation) -> Operation | None:
+    """The `atomic.split` of the product along n into two equal halves that the region's
+    epilogue reads it through (SiLU(gate) * up of a packed gate+up product, as lower-for-planning
+    packs a Llama MLP's two projections), or None where the epilogue reads the product itself.
+    A TgcError where it reads it both ways, or splits it otherwise."""
+    users = [u for u in mm.results[0].users() if u.block is op.body]
+    splits = [u for u in users if u.name == "atomic.split"]
+    if not splits:
+        return None
+    split, rank, n = splits[0], mm.results[0].type.rank, mm.results[0].type.shape[-1]
+    if (
+        len(users) != 1
+        or split.attr("axis") % rank != rank - 1
+        or list(split.attr("sizes")) != [n // 2, n - n // 2]
+        or n % 2
+    ):
+        raise TgcError(
+            f"matmul kernel '{kernel_label(op)}': its epilogue reads the product whole or "
+            "through one split of n into two equal halves, nothing else",
+            split.loc,
+        )
+    return split
 
 
 PROLOGUE_REDUCTIONS = {
@@ -378,10 +418,16 @@ def a_prologue(op: FusedOp, mm: Operation, shape: _Shape, ptrs: dict[Value, str]
 
 
 def _skeleton_arguments(
-    op: FusedOp, mm: Operation, shape: _Shape, decl: tuple, indent: int
+    op: FusedOp,
+    mm: Operation,
+    shape: _Shape,
+    decl: tuple,
+    indent: int,
+    halves: Operation | None = None,
 ) -> tuple[dict, dict]:
     """What the skeletons generated in their own modules (wgmma, gemv) take: the problem's
-    sizes and types, and the kernel's operands with the epilogue at `indent`."""
+    sizes and types, and the kernel's operands with the epilogue at `indent` (reading the
+    product's `halves`, where given)."""
     decls, ptrs, outs = decl
     a, b = mm.operands
     elem = mm.results[0].type.element_type
@@ -406,7 +452,7 @@ def _skeleton_arguments(
         b_input=list(op.body.args).index(b),
         a_batch_offset=shape.a_offset,
         b_batch_offset=shape.b_offset,
-        epilogue=_epilogue(op, mm, shape, ptrs, outs, indent=indent),
+        epilogue=_epilogue(op, mm, shape, ptrs, outs, indent=indent, halves=halves),
         num_inputs=len(op.operands),
         num_outputs=len(op.results),
         ir_name=op.attr("name"),
@@ -512,16 +558,26 @@ def _epilogue(
     ptrs: dict[Value, str],
     outs: list[str],
     indent: int = 8,
+    halves: Operation | None = None,
 ) -> str:
-    """The statements storing every output at (batch, m, n), the product there being mm_val."""
+    """The statements storing every output at (batch, m, n), the product there being mm_val;
+    with `halves` (the split of the product that `_halves` found) the outputs are of a half's
+    shape and the halves at (batch, m, n) are mm_val0 and mm_val1."""
     em = Emitter(ptrs)
-    em.hooks[mm.results[0]] = lambda c: "mm_val"
     coords = shape.bcoords + ("m", "n")
+    out = shape.out
+    if halves is None:
+        em.hooks[mm.results[0]] = lambda c: "mm_val"
+    else:
+        out = halves.results[0].type.shape
+        here = canon(out, coords)
+        for j, half in enumerate(halves.results):  # read where they are stored, nowhere else
+            em.hooks[half] = lambda c, j=j: f"mm_val{j}" if canon(out, c) == here else None
     for j, (y, r) in enumerate(zip(yields_of(op), op.results)):
-        if r.type.shape != shape.out:
+        if r.type.shape != out:
             raise TgcError(f"matmul kernel '{kernel_label(op)}' yields a value of another shape")
         val = store_value(em.value(y, coords), r.type.element_type)
-        em.emit(f"{outs[j]}[{linear_offset(shape.out, coords)}] = {val};")
+        em.emit(f"{outs[j]}[{linear_offset(out, coords)}] = {val};")
     return em.take(indent)
 
 

@@ -40,6 +40,11 @@ and of one or two rows of A a step and feeds them to two mma.sync m16n8k16 as th
 padded to 16 with zeros): both operands are read in one k order the fragments share, which a sum
 does not care about. The warps' sums meet in shared memory, where the epilogue reads them.
 
+With `operands["halves"]` (codegen/matmul.py `_halves`; the CUDA-core kernel only) the epilogue
+reads the product's two halves along n, as SiLU(gate) * up reads a packed gate+up product: a
+warp's `columns` output columns n take B's rows n and N/2 + n, twice the sums, and the grid
+covers N/2 columns (docs/fusion.md, "SiLU(gate) * up as the few-rows product's epilogue").
+
 Both are launched as programmatic dependents on sm_90 (runtime/driver_kernel.py): a block
 first asks for the start of its rows of B in L2 (PREFETCH_BYTES in all), then waits for the
 kernel before it, so that a decoding step's products, each a few microseconds of streaming,
@@ -70,9 +75,9 @@ GEMV_MAX_ROWS = 8
 GEMV_MMA_MAX_ROWS = 16  # the tensor-core variant: A's rows are an mma's 16
 GEMV_MMA_FROM_ROWS = 5  # the tensor-core variant is the default from this many rows (doc)
 # A computed by a prologue is kept in static shared memory up to this size (48 KB a block, less
-# the reductions' shares and split_k's sums, 8 warps x 8 rows x 4 columns): 1 row of k up to
-# 23,936 in bf16, or 8 rows of 2,992.
-STAGED_A_BYTES = 48 * 1024 - 256 - 1024
+# the reductions' shares and split_k's sums, 8 warps x 8 rows x 8 sums: 4 columns in both
+# halves): 1 row of k up to 23,424 in bf16, or 8 rows of 2,928.
+STAGED_A_BYTES = 48 * 1024 - 256 - 2048
 GEMV_TYPES = {  # element type -> (C type of a pair, its conversion to float2), f32 read as float4
     "bf16": ("__nv_bfloat162", "__bfloat1622float2"),
     "f16": ("__half2", "__half22float2"),
@@ -130,8 +135,10 @@ def generate_gemv(
     symbol: str, dims: dict, operands: dict, params: dict, label: str, loc: Location | None
 ) -> KernelSource:
     """The kernel; `dims`: m, n, k, batch, elem, transpose_a/_b, b_batch, idx_t, T;
-    `operands`: params, a, b, a_batch_offset, epilogue, num_inputs, num_outputs, ir_name."""
+    `operands`: params, a, b, a_batch_offset, epilogue, num_inputs, num_outputs, ir_name, and
+    optionally prologue and halves (the epilogue reads the product's two halves along n)."""
     rows = dims["m"] * dims["batch"]
+    halves = bool(operands.get("halves"))  # (codegen/matmul.py asks the CUDA-core kernel then)
     mma = params.setdefault("gemv_mma", gemv_mma_by_default(dims["elem"], rows))
     why = gemv_misfit(
         dims["elem"],
@@ -204,10 +211,11 @@ def generate_gemv(
         staged=staged,
         stored_a_value=store_value(prologue["a_value"], dims["elem"]) if prologue else "",
         epilogue=operands["epilogue"],
+        halves=halves,
         block_rows=per_block,
         prefetch_lines=-(-prefetch // L2_LINE),
     )
-    grid = (math.ceil(dims["n"] / per_block), 1, 1)
+    grid = (math.ceil((dims["n"] // 2 if halves else dims["n"]) / per_block), 1, 1)
     return KernelSource(
         symbol,
         source,

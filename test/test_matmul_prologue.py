@@ -153,7 +153,7 @@ def test_prologue_matmul_matches_float64(text, params):
 def test_the_benchmarks_dry_run_generates_every_case(capsys):
     assert main(["--dry-run", "--rows", "1,4"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 10 and all("'gemv': True, 'gemv_mma': False" in x for x in lines)
+    assert len(lines) == 14 and all("'gemv': True, 'gemv_mma': False" in x for x in lines)
 
 
 @pytest.mark.usefixtures("stand_in")

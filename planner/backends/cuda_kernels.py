@@ -489,6 +489,7 @@ def fusion_groups(block: Block) -> dict[Operation, list[tuple[str, list[Operatio
                     if all(set(other) != set(ops) for _, other in listed):
                         listed.append((piece_kind, ops))
         _add_prologues(block, groups)
+        _add_halves_epilogues(block, groups)
     _GROUPS[block] = (len(block), groups)
     while len(_GROUPS) > _GROUP_CACHE_SIZE:
         _GROUPS.popitem(last=False)
@@ -529,6 +530,40 @@ def _add_prologues(
         for before in prologues:
             for after in [[mm], *with_epilogue.get(mm, [])]:
                 ops = sorted({*before, *after}, key=position.__getitem__)
+                listed = groups.setdefault(ops[-1], [])
+                if all(set(other) != set(ops) for _, other in listed):
+                    listed.append(("matmul", ops))
+
+
+def _add_halves_epilogues(
+    block: Block, groups: dict[Operation, list[tuple[str, list[Operation]]]]
+) -> None:
+    """Each few-rows matmul whose product only an `atomic.split` along n into two equal halves
+    reads, and whose halves only one elementwise group reads (SiLU(gate) * up of a packed
+    gate+up projection), offered once more with that group as an epilogue reading the halves
+    (codegen/matmul.py `_halves`): the product and with it its prologue (a norm before it, where
+    offered), so that SiLU(gate) * up is computed where the products are summed instead of in a
+    kernel of its own. The product alone and the group stay offered; the planner measures each."""
+    position = {op: i for i, op in enumerate(block.ops)}
+    for mm in block.ops:
+        if mm.name != "atomic.matmul":
+            continue
+        if math.prod(mm.operands[0].type.shape[:-1]) > GEMV_MAX_ROWS:
+            continue
+        split = next(iter(mm.results[0].users()), None)
+        if split is None or split.name != "atomic.split" or len(list(mm.results[0].users())) != 1:
+            continue
+        readers = {u for r in split.results for u in r.users()}
+        after = [
+            ops
+            for listed in groups.values()
+            for kind, ops in listed
+            if kind == "elementwise" and readers <= set(ops)
+        ]
+        before = [[mm]] + [ops for kind, ops in groups.get(mm, []) if kind == "matmul"]
+        for epilogue in after:
+            for head in before:
+                ops = sorted({*head, split, *epilogue}, key=position.__getitem__)
                 listed = groups.setdefault(ops[-1], [])
                 if all(set(other) != set(ops) for _, other in listed):
                     listed.append(("matmul", ops))
