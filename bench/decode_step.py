@@ -10,24 +10,26 @@ GPU machine, from the repository root:
 
 The model is bench/generate.py's (random weights from LlamaConfig, 1.1 B parameters by default,
 bf16). Per mode: a fresh StaticCache filled by an eager prefill of `--prompt` random tokens,
-then the decode step (`model.forward` of one token a sequence at the next position, its keys
-and values written into the cache in place, the position one further each call) compiled as
-bench/generate.py compiles it and called `--warmup` times (tgc's first call plans and
-measures), then `--calls` times back to back, `--rounds` times: *step* = the median round's wall
-time over its calls, the device synchronised before and after (the host's part included, as
-in a decode loop with nothing else), with the fastest and slowest rounds beside it when they
-differ by more than 2% (a mode timed first in a process once ran 26% slower than the same plan
-after another mode: bench/results/decode_step-merged-*); *device* = torch.profiler's kernel and copy time over `--calls` more calls, divided by
-them, and how many kernels and copies that was a step (a replayed graph's nodes). Beside them the *floor*: the bytes the step must read (every weight once, the embedding
-table but a row a sequence, the cache up to the timed calls' middle position) over the
-device's bandwidth (bench/generate.py's table). Each mode's logits are checked against
-eager's (max |difference| / max |eager|). The modes of `TGC_VARIANTS` are tgc with one of its
-choices undone, to measure it in the same run: `tgc-plain-launch`, none of its kernels launched
-as a programmatic dependent of the one before (runtime/driver_kernel.py); `tgc-unmerged`, no
-small sibling kernels merged into one launch (planner/horizontal.py). `--kernels DIR` writes each mode's kernels by device
-time (DIR/decode-kernels-<mode>.txt). Writes <out>/decode_step-<device>-<date>.md (a new
-section a run) unless it is a dry run without `--out`. The dry run exits non-zero unless tgc's
-logits match eager's within 1e-4 and every graph tgc compiled ran in tgc.
+then the decode step (`model.forward` of one token a sequence at the next position, its keys and
+values written into the cache in place, the position one further each call) compiled as
+bench/generate.py compiles it and called `--warmup` times (tgc's first call plans and measures),
+then `--calls` times back to back, `--rounds` times: *step* = the median round's wall time over
+its calls, the device synchronised before and after (the host's part included, as in a decode
+loop with nothing else), with the fastest and slowest rounds beside it when they differ by more
+than 2% (a mode timed first in a process once ran 26% slower than the same plan after another
+mode: bench/results/decode_step-merged-*); *device* = torch.profiler's kernel and copy time over
+`--calls` more calls, divided by them, and how many kernels and copies that was a step (a
+replayed graph's nodes). Beside them the *floor*: the bytes the step must read (every weight
+once, the embedding table but a row a sequence, the cache up to the timed calls' middle
+position) over the device's bandwidth (bench/generate.py's table). Each mode's logits are
+checked against eager's (max |difference| / max |eager|). The modes of `TGC_VARIANTS` are tgc
+with one of its choices undone, to measure it in the same run: `tgc-plain-launch`, none of its
+kernels launched as a programmatic dependent of the one before (runtime/driver_kernel.py);
+`tgc-unmerged`, no small sibling kernels merged into one launch (planner/horizontal.py).
+`--kernels DIR` writes each mode's kernels by device time (DIR/decode-kernels-<mode>.txt).
+Writes <out>/decode_step-<device>-<date>.md (a new section a run) unless it is a dry run without
+`--out`. The dry run exits non-zero unless tgc's logits match eager's within 1e-4 and every
+graph tgc compiled ran in tgc.
 """
 
 from __future__ import annotations
@@ -162,8 +164,8 @@ def report(rows: list[dict], args, device_name: str, floor_ms: float | None) -> 
         "",
         f"- device: {device_name}; batch {args.batch}; prompt {args.prompt}, the step at positions "
         f"{args.prompt} to {last_position(args)}; "
-        f"{args.layers or 'default'} layers; {args.dtype}; {args.rounds} rounds of {args.calls} calls timed, "
-        f"{args.warmup} before; command: `bench/decode_step.py {' '.join(sys.argv[1:])}`",
+        f"{args.layers or 'default'} layers; {args.dtype}; "
+        f"{args.rounds} rounds of {args.calls} calls timed, {args.warmup} before; command: `bench/decode_step.py {' '.join(sys.argv[1:])}`",
         "",
         "| mode | step (wall, back to back) | device / step | kernels and copies / step | floor | "
         "step / floor | first calls | logits vs eager | graphs in tgc |",
@@ -177,8 +179,9 @@ def report(rows: list[dict], args, device_name: str, floor_ms: float | None) -> 
         work = f"{r['device_work']:.0f}" if "device_work" in r else "-"
         floor = f"{floor_ms:.3f} ms" if floor_ms else "-"
         ratio = f"{r['step_ms'] / floor_ms:.1f}x" if floor_ms else "-"
+        step = f"{r['step_ms']:.3f} ms{spread(r['rounds_ms'])}"
         lines.append(
-            f"| {r['mode']} | {r['step_ms']:.3f} ms{spread(r['rounds_ms'])} | {device} | {work} | {floor} | {ratio} | "
+            f"| {r['mode']} | {step} | {device} | {work} | {floor} | {ratio} | "
             f"{r['first_s']:.1f} s | {r.get('error', 0.0):.1e} | {r.get('in_tgc', '-')} |"
         )
     return lines

@@ -1,9 +1,8 @@
 """tgc's few-rows matmul with a prologue (codegen/matmul.py `a_prologue`) on a decoding step's
 norm-then-product and SiLU(gate) * up-then-down, and with the norm before and SiLU(gate) * up
 after the packed gate+up product (its epilogue reading the product's halves, `_halves`), beside
-PyTorch eager (the norm's kernels, then
-cuBLAS), torch.compile and the floor, in one run on a GPU (PyTorch, PyCUDA and nvcc there),
-from the repository root:
+PyTorch eager (the norm's kernels, then cuBLAS), torch.compile and the floor, in one run on a
+GPU (PyTorch, PyCUDA and nvcc there), from the repository root:
 
     python3 bench/matmul_prologue.py --commit <hash> [--rows 1,4] [--out DIR]
     python3 bench/matmul_prologue.py --dry-run   # no GPU: every case's kernel generated

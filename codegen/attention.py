@@ -598,9 +598,10 @@ def _wgmma_tma_kernel(att: Operation, ops: dict[str, dict], common: dict, params
     rings' depth, default as many as fit, at most 4), `q_stages` (Q's buffers, 1 or 2, default
     2 where Q is read from shared memory and two fit, up to head dim 128: the producer copies
     the next query tile's Q while the last one's is read; measured where it is chosen),
-    `tma_store` (default where it fits: tiles not merged, output strides of 16 bytes): each warpgroup writes its normalised O into its rows of the tile's Q buffer and
-    one thread stores them by TMA, instead of every thread storing from registers; the buffer
-    is released after that (with Q in registers too), `q_in_registers` (default at head dim 64
+    `tma_store` (default where it fits: tiles not merged, output strides of 16 bytes): each
+    warpgroup writes its normalised O into its rows of the tile's Q buffer and one thread
+    stores them by TMA, instead of every thread storing from registers; the buffer is released
+    after that (with Q in registers too), `q_in_registers` (default at head dim 64
     and below), `head_group` (default TMA_HEAD_GROUP, TMA_CAUSAL_HEAD_GROUP with a causal mask):
     the query tiles go in units (pairs of a batch entry's under a causal mask), in groups of
     that many entries; `merge_tiles` (default where `_merge_tiles_by_default` says): a query

@@ -98,11 +98,9 @@ def generate_matmul(op: FusedOp, params: dict, symbol: str) -> KernelSource:
         if any(params.get(other) for other in ("tensor_cores", "wgmma", "gemv_mma")) or (
             params.get("gemv") is False
         ):
-            what = (
-                "whose A the kernel computes (a prologue)"
-                if a not in ptrs
-                else ("whose epilogue reads its product's two halves")
-            )
+            what = "whose A the kernel computes (a prologue)"
+            if a in ptrs:
+                what = "whose epilogue reads its product's two halves"
             raise TgcError(
                 f"a matmul {what} runs only on the few-rows skeleton without tensor cores",
                 mm.loc,
