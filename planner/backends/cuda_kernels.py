@@ -550,8 +550,10 @@ def _add_halves_epilogues(
             continue
         if math.prod(mm.operands[0].type.shape[:-1]) > GEMV_MAX_ROWS:
             continue
-        split = next(iter(mm.results[0].users()), None)
-        if split is None or split.name != "atomic.split" or len(list(mm.results[0].users())) != 1:
+        users = list(mm.results[0].users())
+        split = users[0] if len(users) == 1 else None
+        # (the code generator refuses a split other than in two equal halves along n)
+        if split is None or split.name != "atomic.split" or len(split.results) != 2:
             continue
         readers = {u for r in split.results for u in r.users()}
         after = [
