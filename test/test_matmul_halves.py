@@ -11,9 +11,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
-from test_attention_tc import NVCC, compile_kernels
+from test_attention_tc import NVCC
 from test_matmul_wgmma import check_against_float64, fused_region
 from test_planner_cuda import stand_in  # noqa: F401  (the fixture)
 
@@ -26,6 +25,10 @@ from tgc.pass_manager import PassManager
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 from matmul_prologue import gate_up_text, t  # noqa: E402
+from test_matmul_prologue import (  # noqa: E402
+    assert_compiled_without_spills_or_warnings,
+    assert_planned_as_one_kernel,
+)
 
 SM90 = {"arch": "sm_90"}
 
@@ -145,17 +148,7 @@ CASES = [
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_halves_kernels_compile_without_spills_or_warnings(tmp_path):
-    kernels = []
-    for text, params in CASES:
-        k = generate_kernel(fused_region(text), {**SM90, **params})
-        kernels.append((k, ("-arch=sm_90", "-cubin", "-Xptxas", "-v")))
-    logs = compile_kernels(tmp_path, kernels)
-    bad = [
-        log[-2000:]
-        for log in logs
-        if "0 bytes spill stores, 0 bytes spill loads" not in log or "warning" in log
-    ]
-    assert not bad, "\n\n".join(bad)
+    assert_compiled_without_spills_or_warnings(tmp_path, CASES)
 
 
 @pytest.mark.cuda
@@ -168,31 +161,7 @@ def test_halves_matmul_matches_float64(text, params):
 
 @pytest.mark.usefixtures("stand_in")
 def test_a_planned_gate_up_product_and_silu_run_as_one_kernel_matching_float64():
-    """On the stand-in device (regions run by their reference on the host, each template
-    kernel costing the same), the plan of the norm, the packed gate+up product and SiLU(gate) *
-    up at one row is one generated kernel, and computes the float64 result."""
-    from test_planner_cuda import CUDA_CHEAP
-
-    from tgc.dialects.kernel import CallOp
-    from tgc.planner.executor import run_plan
-    from tgc.planner.select import select_kernels
-    from tgc.runtime.interpreter import random_inputs, run_function
-
+    """The plan of the norm, the packed gate+up product and SiLU(gate) * up at one row is one
+    generated kernel."""
     text = gate_up_text((1, 1), 128, 96).replace("bf16", "f32")
-    module = tgc.parse(text)
-    tgc.run_pipeline(module, "lower-hl")
-    func = module.funcs[0]
-    select_kernels(func, CUDA_CHEAP, tolerance=1e-5, backends=("cuda",))
-    calls = [op for op in func.body.ops if isinstance(op, CallOp)]
-    whole = [
-        op
-        for op in calls
-        if {"atomic.reduce_sum", "atomic.matmul", "atomic.split"} <= {x.name for x in op.body.ops}
-    ]
-    assert len(whole) == 1, [op.attr("callee") for op in calls]
-    reference = tgc.parse(text).funcs[0]
-    for seed in range(3):
-        inputs = random_inputs(reference, seed)
-        (want,) = run_function(reference, inputs, "f64")
-        (got,) = run_plan(func, inputs)
-        assert float(np.max(np.abs(got - want))) <= 1e-4 * float(np.max(np.abs(want)))
+    assert_planned_as_one_kernel(text, {"atomic.reduce_sum", "atomic.matmul", "atomic.split"})

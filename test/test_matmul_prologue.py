@@ -127,10 +127,11 @@ CASES = [
 ]
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-def test_prologue_kernels_compile_without_spills_or_warnings(tmp_path):
+def assert_compiled_without_spills_or_warnings(tmp_path, cases) -> None:
+    """Each (function text, template parameters) of `cases` as one matmul region kernel,
+    compiled by nvcc for sm_90: no spills, no warnings."""
     kernels = []
-    for text, params in CASES:
+    for text, params in cases:
         k = generate_kernel(fused_region(text), {**SM90, **params})
         kernels.append((k, ("-arch=sm_90", "-cubin", "-Xptxas", "-v")))
     logs = compile_kernels(tmp_path, kernels)
@@ -140,6 +141,11 @@ def test_prologue_kernels_compile_without_spills_or_warnings(tmp_path):
         if "0 bytes spill stores, 0 bytes spill loads" not in log or "warning" in log
     ]
     assert not bad, "\n\n".join(bad)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_prologue_kernels_compile_without_spills_or_warnings(tmp_path):
+    assert_compiled_without_spills_or_warnings(tmp_path, CASES)
 
 
 @pytest.mark.cuda
@@ -156,12 +162,10 @@ def test_the_benchmarks_dry_run_generates_every_case(capsys):
     assert len(lines) == 14 and all("'gemv': True, 'gemv_mma': False" in x for x in lines)
 
 
-@pytest.mark.usefixtures("stand_in")
-def test_a_planned_norm_and_product_run_as_one_kernel_matching_float64():
+def assert_planned_as_one_kernel(text: str, names: set[str]) -> None:
     """On the stand-in device (regions run by their reference on the host, each template
-    kernel costing the same), the plan of a layer norm before a one-row product with a bias
-    is one generated kernel holding both reductions, the product and the bias, and computes
-    the float64 result."""
+    kernel costing the same), the plan of `text` (f32) has one kernel holding ops of every name
+    in `names`, and computes the float64 result on three seeds' inputs."""
     import numpy as np
     from test_planner_cuda import CUDA_CHEAP
 
@@ -170,17 +174,12 @@ def test_a_planned_norm_and_product_run_as_one_kernel_matching_float64():
     from tgc.planner.select import select_kernels
     from tgc.runtime.interpreter import random_inputs, run_function
 
-    text = layer_norm_text((1,), 128, 96)
     module = tgc.parse(text)
     tgc.run_pipeline(module, "lower-hl")
     func = module.funcs[0]
     select_kernels(func, CUDA_CHEAP, tolerance=1e-5, backends=("cuda",))
     calls = [op for op in func.body.ops if isinstance(op, CallOp)]
-    whole = [
-        op
-        for op in calls
-        if {"atomic.reduce_sum", "atomic.matmul"} <= {x.name for x in op.body.ops}
-    ]
+    whole = [op for op in calls if names <= {x.name for x in op.body.ops}]
     assert len(whole) == 1, [op.attr("callee") for op in calls]
     reference = tgc.parse(text).funcs[0]
     for seed in range(3):
@@ -188,3 +187,12 @@ def test_a_planned_norm_and_product_run_as_one_kernel_matching_float64():
         (want,) = run_function(reference, inputs, "f64")
         (got,) = run_plan(func, inputs)
         assert float(np.max(np.abs(got - want))) <= 1e-4 * float(np.max(np.abs(want)))
+
+
+@pytest.mark.usefixtures("stand_in")
+def test_a_planned_norm_and_product_run_as_one_kernel_matching_float64():
+    """The plan of a layer norm before a one-row product with a bias is one generated kernel
+    holding both reductions, the product and the bias."""
+    assert_planned_as_one_kernel(
+        layer_norm_text((1,), 128, 96), {"atomic.reduce_sum", "atomic.matmul"}
+    )
