@@ -148,7 +148,9 @@ CASES = [
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_halves_kernels_compile_without_spills_or_warnings(tmp_path):
-    assert_compiled_without_spills_or_warnings(tmp_path, CASES)
+    # every parameter the cases vary, once (the GPU test compiles all of them): a long row,
+    # split_k, 4 columns, a prologue at 4 rows, the most static shared memory
+    assert_compiled_without_spills_or_warnings(tmp_path, [CASES[i] for i in (0, 2, 3, 5, 7)])
 
 
 @pytest.mark.cuda
