@@ -25,7 +25,9 @@ position) over the device's bandwidth (bench/generate.py's table). Each mode's l
 checked against eager's (max |difference| / max |eager|). The modes of `TGC_VARIANTS` are tgc
 with one of its choices undone, to measure it in the same run: `tgc-plain-launch`, none of its
 kernels launched as a programmatic dependent of the one before (runtime/driver_kernel.py);
-`tgc-unmerged`, no small sibling kernels merged into one launch (planner/horizontal.py).
+`tgc-unmerged`, no small sibling kernels merged into one launch (planner/horizontal.py);
+`tgc-unhalved`, no product offered with SiLU(gate) * up of its halves as its epilogue
+(planner/backends/cuda_kernels.py `HALVES_MAX_ROWS`).
 `--kernels DIR` writes each mode's kernels by device time (DIR/decode-kernels-<mode>.txt).
 Writes <out>/decode_step-<device>-<date>.md (a new section a run) unless it is a dry run without
 `--out`. The dry run exits non-zero unless tgc's logits match eager's within 1e-4 and every
@@ -52,6 +54,7 @@ MODES = ("eager", "tgc", "default")
 TGC_VARIANTS = {
     "tgc-plain-launch": ("tgc.runtime.driver_kernel", "dependent_launches", False),
     "tgc-unmerged": ("tgc.planner.horizontal", "MAX_ELEMENTS", 0),
+    "tgc-unhalved": ("tgc.planner.backends.cuda_kernels", "HALVES_MAX_ROWS", 0),
 }
 DRY_TOLERANCE = 1e-4  # float32 tgc against float32 eager, relative to max |eager|
 

@@ -53,7 +53,7 @@
 #                                               # product's halves (SiLU(gate) * up): its GPU
 #                                               # tests with the prologue's and the gemv's, then
 #                                               # bench/matmul_prologue.py, then the decode step
-#                                               # at batch 1 (eager, tgc)
+#                                               # at batch 1 (eager, tgc-unhalved, tgc)
 #   STAGE=kernels    bash bench/gpu_session.sh  # the GPU tests of the kernels alone: attention
 #                                               # (every head dim, decode), the few-rows matmul, the rotary and group
 #                                               # norm fusions, cuBLASLt, the convolution
@@ -291,8 +291,9 @@ halves)
   timeout -k 15 150 python3 bench/matmul_prologue.py --commit "$commit" --out "$out" \
     >"$out/matmul-prologue.txt" 2>&1
   echo "matmul_prologue -> exit $?"
-  timeout -k 15 200 python3 bench/decode_step.py --commit "$commit" --out "$out" --batch 1 \
-    --modes eager,tgc --kernels "$out/kernels-b1" >"$out/decode-step-b1.txt" 2>&1
+  timeout -k 15 230 python3 bench/decode_step.py --commit "$commit" --out "$out" --batch 1 \
+    --modes eager,tgc-unhalved,tgc --kernels "$out/kernels-b1" \
+    --db "$out/measurements-decode.sqlite" >"$out/decode-step-b1.txt" 2>&1
   echo "decode_step batch 1 -> exit $?"
   tar -czf "$out/kernels-decode.tar.gz" -C "$out" kernels-b1 2>/dev/null && rm -rf "$out/kernels-b1"
   ;;

@@ -54,3 +54,13 @@ def test_a_step_time_is_the_median_round_with_the_rounds_beside_it_when_apart():
     slowest beside it (a mode timed first in a process once ran 26% slower)."""
     assert decode_step.spread([1.035, 1.04, 1.03]) == ""
     assert decode_step.spread([1.301, 1.035, 1.04]) == " (1.035-1.301)"
+
+
+def test_every_variant_undoes_an_attribute_tgc_has():
+    """A variant sets a module attribute for its mode (bench/decode_step.py): each must exist,
+    so that a renamed one fails here, not an hour into a GPU session."""
+    import importlib
+
+    for mode, (module, name, value) in decode_step.TGC_VARIANTS.items():
+        kept = getattr(importlib.import_module(module), name)
+        assert type(kept) is type(value), (mode, kept, value)

@@ -535,6 +535,11 @@ def _add_prologues(
                     listed.append(("matmul", ops))
 
 
+# Rows of A up to which a product whose halves one elementwise group reads is offered with it
+# as its epilogue (`_add_halves_epilogues`): the few-rows skeleton's
+HALVES_MAX_ROWS = GEMV_MAX_ROWS
+
+
 def _add_halves_epilogues(
     block: Block, groups: dict[Operation, list[tuple[str, list[Operation]]]]
 ) -> None:
@@ -548,7 +553,7 @@ def _add_halves_epilogues(
     for mm in block.ops:
         if mm.name != "atomic.matmul":
             continue
-        if math.prod(mm.operands[0].type.shape[:-1]) > GEMV_MAX_ROWS:
+        if math.prod(mm.operands[0].type.shape[:-1]) > HALVES_MAX_ROWS:
             continue
         users = list(mm.results[0].users())
         split = users[0] if len(users) == 1 else None
