@@ -418,10 +418,7 @@ def _plan(
     ready to run (through CUDA graphs with `graphs`); None when no plan exists within the
     tolerance. Its calls' `plan.seconds` are those of `annotated` where given (the costs
     without a planning bias), else of `costs`."""
-    from tgc.planner.fixed import mark_once
-    from tgc.planner.horizontal import merge_siblings
-    from tgc.planner.materialise import materialise
-    from tgc.planner.select import plan_function
+    from tgc.planner.select import plan_function, write_plan
 
     copy = _scratch(func)
     cached = costs if isinstance(costs, CachedCosts) else CachedCosts(costs)
@@ -431,9 +428,7 @@ def _plan(
         if generated:
             raise
         return None  # some op has no library kernel: there is no all-library plan
-    materialise(copy, selection, annotated or cached)
-    mark_once(copy)
-    merge_siblings(copy)
+    write_plan(copy, selection, annotated or cached)
     planned = PlannedFunction(copy)
     return GraphReplay(planned) if graphs else planned
 

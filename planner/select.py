@@ -52,6 +52,7 @@ __all__ = [
     "select_kernels",
     "with_backends",
     "with_database",
+    "write_plan",
 ]
 
 OBJECTIVES = ("time",)
@@ -143,6 +144,19 @@ def _plan(
 # -- the API and the pass ---------------------------------------------------------------------------
 
 
+def write_plan(func: FuncOp, selection: Selection, costs: CachedCosts) -> None:
+    """Replace `func`'s body by the plan `selection` chose, ready to run: its calls and copies
+    written (`materialise`, `costs` their `plan.seconds`), the steps computed once marked
+    (`mark_once`), small independent siblings merged into one launch (`merge_siblings`)."""
+    from tgc.planner.fixed import mark_once
+    from tgc.planner.horizontal import merge_siblings
+    from tgc.planner.materialise import materialise
+
+    materialise(func, selection, costs)
+    mark_once(func)
+    merge_siblings(func)
+
+
 def select_kernels(
     func: FuncOp,
     cost_source: CostSource | None = None,
@@ -162,9 +176,6 @@ def select_kernels(
     of library kernels alone, planner/route.py)."""
     from tgc.planner import kernel_backends, load_backends
     from tgc.planner.cost import CachedCosts, RooflineCostSource
-    from tgc.planner.fixed import mark_once
-    from tgc.planner.horizontal import merge_siblings
-    from tgc.planner.materialise import materialise
     from tgc.planner.options import PlanContext
 
     load_backends(backends if kernels is None else ("numpy",))
@@ -178,9 +189,7 @@ def select_kernels(
     )
     costs = CachedCosts(cost_source or RooflineCostSource())
     selection = plan_function(func, ctx, costs, reuse)
-    materialise(func, selection, costs)
-    mark_once(func)
-    merge_siblings(func)
+    write_plan(func, selection, costs)
     return selection
 
 

@@ -19,12 +19,10 @@ from tgc.pass_manager import PassManager
 from tgc.planner import load_backends
 from tgc.planner.cost import CachedCosts, RooflineCostSource
 from tgc.planner.executor import PlannedFunction
-from tgc.planner.fixed import mark_once
 from tgc.planner.kernel import BACKEND_SPACE
-from tgc.planner.materialise import materialise
 from tgc.planner.options import PlanContext
 from tgc.planner.route import plan_tolerance
-from tgc.planner.select import plan_function, prepare
+from tgc.planner.select import plan_function, prepare, write_plan
 
 # The kernel backends whose values live on the host (numpy, torch-cpu).
 HOST_BACKENDS = frozenset(b for b, space in BACKEND_SPACE.items() if space is None)
@@ -44,9 +42,7 @@ def plan_on_host(func: FuncOp, options: BackendOptions) -> None:
         source = DatabaseCostSource(options.db)
     costs = CachedCosts(source)
     ctx = PlanContext(None, tolerance, backends=HOST_BACKENDS, generated=False)
-    selection = plan_function(func, ctx, costs)
-    materialise(func, selection, costs)
-    mark_once(func)
+    write_plan(func, plan_function(func, ctx, costs), costs)
 
 
 class HostGraph:
