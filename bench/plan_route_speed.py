@@ -21,13 +21,13 @@ The steps, as `compile_module` runs them (module doc of planner/route.py): `lowe
 (lower-for-planning), `prepare` (the signature moved to the device, canonical form), `instances`
 (the instance list first use would measure, `route._instances`), `unknown` (which of them the
 database lacks), then per candidate plan (`planned`, `library`, `default`) `plan_function`,
-`materialise` and `finish` (mark_once and the executor's `PlannedFunction`). `route` is
-`compile_module` end to end with measuring on (it finds nothing to measure) and the whole-plan
-check's timing left out (nothing runs on a stand-in): the sum of the steps plus the route's own
-bookkeeping. Each is timed in a fresh process (`cold`: what a user's second `tgc-run` pays; the
-caches of decompositions, region kernels and reference graphs start empty) and again in the same
-process on fresh copies of the model (`warm`: best of `--repeat`; bench/real_models.py's second
-compile runs so).
+`materialise` and `finish` (mark_once, merge_siblings and the executor's `PlannedFunction`).
+`route` is `compile_module` end to end with measuring on (it finds nothing to measure) and the
+whole-plan check's timing left out (nothing runs on a stand-in): the sum of the steps plus the
+route's own bookkeeping. Each is timed in a fresh process (`cold`: what a user's second
+`tgc-run` pays; the caches of decompositions, region kernels and reference graphs start empty)
+and again in the same process on fresh copies of the model (`warm`: best of `--repeat`;
+bench/real_models.py's second compile runs so).
 
 The report goes to bench/results/plan_route_speed-<model>-<date>.md with the commit, the machine
 and the model (a later run of the same day is added to it); `--texts FILE` writes the candidate
@@ -173,6 +173,7 @@ def timed_steps(blob: bytes, db: str, texts: bool = False) -> tuple[dict[str, fl
     from tgc.planner.db import Database
     from tgc.planner.executor import PlannedFunction
     from tgc.planner.fixed import mark_once
+    from tgc.planner.horizontal import merge_siblings
     from tgc.planner.materialise import materialise
     from tgc.planner.profile import unknown
     from tgc.planner.select import plan_function, prepare
@@ -228,6 +229,7 @@ def timed_steps(blob: bytes, db: str, texts: bool = False) -> tuple[dict[str, fl
 
         def finish():
             mark_once(copy)
+            merge_siblings(copy)
             return PlannedFunction(copy)
 
         step(f"{name}.finish", finish)
