@@ -315,14 +315,18 @@ def instantiate_reference(func: FuncOp, arg_types, shape_constants: bool = False
     """A copy of reference graph `func` on other argument types, every result type inferred
     again. An op that cannot infer its result types (a constant, reshape, iota, broadcast)
     keeps the graph's, a float one taking the element type of the first float argument (as a
-    float constant does): a region kernel's graph, instantiated on its own types, is itself.
-    With `shape_constants` (the kernel's), a constant that is a function of a dimension takes
+    float constant does), except on the graph's own argument types: a region kernel's graph,
+    instantiated on its own types, is itself. With `shape_constants` (the kernel's), a constant that is a function of a dimension takes
     its value on `arg_types`.
     Raises TypeError when the types do not fit (verification fails)."""
     new = FuncOp.build(func.sym_name, list(arg_types), [], [a.name_hint for a in func.args])
     b = Builder.at_end(new.body)
     env = dict(zip(func.args, new.args))
-    floats = [t.element_type for t in arg_types if t.is_float]
+    # on its own types the graph keeps its declared types: re-typed, a region that mixes float
+    # types (an f32 residual cast to bf16 before a bf16 weight) would not verify
+    own = [a.type.with_encoding(None) for a in func.args]
+    retyped = own != [t.with_encoding(None) for t in arg_types]
+    floats = [t.element_type for t in arg_types if t.is_float and retyped]
     try:
         for op in func.body.ops:
             operands = [env[v] for v in op.operands]
