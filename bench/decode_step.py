@@ -48,6 +48,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import generate as gen  # noqa: E402
 
+from tgc.planner.options import forget_shared_options  # noqa: E402
+
 MODES = ("eager", "tgc", "default")
 # tgc with one of its choices undone (module doc): mode -> (module, name, value) set while the
 # mode runs
@@ -115,6 +117,9 @@ def time_mode(model, mode: str, args, device: str) -> dict:
         module, name, value = importlib.import_module(variant[0]), variant[1], variant[2]
         kept = getattr(module, name)
         setattr(module, name, value)
+        # the options a block was found to have are kept for its copies: found before, they
+        # would hide the variant (in one process, tgc-unhalved then tgc ran the same plan)
+        forget_shared_options()
     gen.compile_forward(model, "tgc" if variant else mode, options)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     try:
@@ -155,6 +160,7 @@ def time_mode(model, mode: str, args, device: str) -> dict:
         gen.reset_compilers()
         if variant:
             setattr(module, name, kept)
+            forget_shared_options()
 
 
 def error(got, want) -> float:

@@ -46,6 +46,7 @@ from tgc.dialects.atomic_shape import (
     SliceOp,
     SplitOp,
     TransposeOp,
+    WriteRowsOp,
     gather_index_bound,
 )
 
@@ -86,6 +87,7 @@ __all__ = [
     "TransposeOp",
     "UnaryOp",
     "WhereOp",
+    "WriteRowsOp",
     "_erf",  # hl.gelu's numpy meaning
     "gather_index_bound",
 ]

@@ -1,5 +1,5 @@
 """The ops of the `atomic` dialect that move or make data rather than compute it: views
-(transpose, reshape, broadcast, split, slice), concat and gather, and the ops that make a tensor
+(transpose, reshape, broadcast, split, slice), concat, gather and write_rows, and the ops that make a tensor
 from nothing (constant, iota).
 
 Each op is one class: signature, traits, type inference, verifier and numpy meaning. Registered
@@ -246,6 +246,57 @@ class GatherOp(Operation):
         except VerifyError as e:  # a value only known when the program runs
             raise TgcError(f"'{self.name}' op {e.message}", self.loc) from None
         return np.take(table, indices, axis=self.attr("axis"))
+
+
+@register
+class WriteRowsOp(Operation):
+    """`x` with its rows at `indices` along `axis` replaced by `values`' rows, in order:
+    result[..., indices[j], ...] = values[..., j, ...], the other rows x's (indices a vector of
+    integers in [0, size of the axis); values shaped as x but with len(indices) along `axis`).
+    Where an index repeats, the last row given for it is written. A KV cache's update
+    (`index_copy_`, `index_put_`): a kernel may write the rows into x's own memory when nothing
+    else reads x (tgc/donation.py), instead of copying x whole.
+    `%y = atomic.write_rows %x, %i, %v {axis = 0} : (tensor<16x4xf32>, tensor<2xi64>, tensor<2x4xf32>) -> tensor<16x4xf32>`
+    """
+
+    name = "atomic.write_rows"
+    operand_defs = (Operand("x"), Operand("indices"), Operand("values"))
+    attr_defs = attrs(Attr("axis", INT, default=0))
+    traits = frozenset({PURE, MOVE})
+
+    def infer(self):
+        x, indices, values = (v.type for v in self.operands)
+        if indices.element_type not in ("i8", "i32", "i64") or indices.rank != 1:
+            raise VerifyError(f"indices must be a vector of integers, got {indices}")
+        axis = normalize_axis(self.attr("axis"), x.rank)
+        rows = x.shape[:axis] + indices.shape + x.shape[axis + 1 :]
+        if values.shape != rows or values.element_type != x.element_type:
+            raise VerifyError(
+                f"values must be {x.with_shape(rows)} (x with a row per index along axis "
+                f"{axis}), got {values}"
+            )
+        return [x]
+
+    def reference(self, x, indices, values):
+        return self.reference_in_place(np.array(x, copy=True), indices, values)
+
+    def reference_in_place(self, x: np.ndarray, indices, values) -> np.ndarray:
+        """The numpy meaning written into `x`'s own memory, `x` returned: what a kernel runs
+        where nothing else reads x (tgc/donation.py)."""
+        size = x.shape[self.attr("axis") % x.ndim]
+        bad = np.flatnonzero((indices < 0) | (indices >= size))
+        if bad.size:
+            raise TgcError(
+                f"'{self.name}' op index {int(indices[bad[0]])} (at [{int(bad[0])}] of the "
+                f"indices) is out of range [0, {size}) of axis {self.attr('axis')} of "
+                f"{self.operands[0].type}",
+                self.loc,
+            )
+        # the last row given for each index: numpy's assignment leaves a repeated one's order open
+        last = len(indices) - 1 - np.unique(indices[::-1], return_index=True)[1]
+        axis = self.attr("axis") % x.ndim
+        np.moveaxis(x, axis, 0)[indices[last]] = np.moveaxis(values, axis, 0)[last]
+        return x
 
 
 def gather_index_bound(indices: Value) -> int | None:

@@ -452,6 +452,13 @@ class _Template:
     fused: bool
 
 
+def forget_shared_options() -> None:
+    """Find every block's options anew: for a caller that changed what they depend on outside
+    the registry and the context (a benchmark's variant setting a module's constant, such as
+    the rows up to which a product's halves are offered as its epilogue)."""
+    _SHARED.clear()
+
+
 def _shared_options(block: Block, ctx: PlanContext) -> BlockOptions:
     """The options of `block`: mapped from a block of the same shape seen before in a context
     of the same `share_key`, else found (and kept for the next copy)."""

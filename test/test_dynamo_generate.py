@@ -24,7 +24,6 @@ transformers = pytest.importorskip(
 )
 
 from tgc.dynamo import coverage, reset_coverage, tgc_backend  # noqa: E402
-from tgc.dynamo.split import _CountingWrites as CountingWrites  # noqa: E402
 
 # float32 plans against the float64 model over two layers (a few ulp per op, softmax and
 # rmsnorm over 64 values): as test_dynamo_backend's Hugging Face models
@@ -133,14 +132,9 @@ class CacheWrite(torch.nn.Module):
         return self.keys.sum(-1) * 2
 
 
-def test_index_copy_and_index_put_write_rows_as_eager(monkeypatch):
-    from tgc.dynamo import split
-
-    counted = []  # the write pieces' node-by-node runs, which count the bytes written
-    monkeypatch.setattr(split, "_CountingWrites", lambda m: counted.append(m) or CountingWrites(m))
+def test_index_copy_and_index_put_write_rows_as_eager():
     model, twin = CacheWrite(), CacheWrite()
     run = torch.compile(model, backend="tgc", options={"compare_eager": False})
-    written = []
     for step, (pos, where) in enumerate([([5, 1], [-1]), ([0, 6], [2]), ([3, 3], [-8])]):
         k = torch.randn(2, 3, 2, 4, generator=torch.Generator().manual_seed(step))
         v = torch.randn(2, 3, 1, 4, generator=torch.Generator().manual_seed(10 + step))
@@ -150,13 +144,10 @@ def test_index_copy_and_index_put_write_rows_as_eager(monkeypatch):
         # rows are copied, not computed: exactly eager's (a repeated index: the last wins)
         assert torch.equal(model.keys, twin.keys)
         assert_close(got, want, 1e-6)
-        written.append(coverage().bytes_written)
     tally = coverage()
     assert tally.graphs >= 1 and tally.graphs_in_tgc == tally.graphs, tally
-    # the bytes counted on the first call at these shapes, node by node, and again on each
-    # later call, which runs the piece's own code
-    assert len(counted) == 1
-    assert written[0] > 0 and written[2] - written[1] == written[1] - written[0] == written[0]
+    # the buffer is donated: its rows were written into it, nothing copied back whole
+    assert tally.bytes_written == 0
 
 
 class CacheThenWeights(torch.nn.Module):
@@ -174,68 +165,11 @@ class CacheThenWeights(torch.nn.Module):
         return self.keys.mean(2) @ (self.w1 + self.w2)
 
 
-def test_the_boolean_mask_every_layer_reads_is_made_additive_once(monkeypatch):
-    """Split at the cache writes, each layer's piece made the additive attention mask again
-    from Hugging Face's boolean one (a kernel a layer): now the first piece makes it once and
-    the others read it (split.py `share_additive_masks`), with the same tokens as eager."""
-    from tgc.dynamo import graph
-
-    lowered = []
-    lower = graph.lower_graph
-
-    def keeping(gm, args, statics):  # each piece as imported (it is planned in place after)
-        low = lower(gm, args, statics)
-        inputs = low.func.function_type.inputs
-        wheres = sum(op.name == "atomic.where" for op in low.func.body.ops)
-        lowered.append((any(t.element_type == "i1" for t in inputs), wheres))
-        return low
-
-    monkeypatch.setattr(graph, "lower_graph", keeping)
-    model = tiny_llama()
-    ids = prompt(6, seed=2)
-    want = greedy(tiny_llama(), ids, 3, cache_implementation="static")
-    got = greedy(compiled(model), ids, 3, cache_implementation="static")
-    assert torch.equal(got, want)
-    assert len(lowered) == 2 * PIECES  # the prefill's pieces, then the decode step's
-    for pieces in (lowered[:PIECES], lowered[PIECES:]):
-        # the first piece may take the mask's booleans (generate() passes them to the decode
-        # step) and make the additive mask; no other piece does either
-        takes_booleans, wheres = zip(*pieces)
-        assert takes_booleans[1:] == (False,) * (PIECES - 1), takes_booleans
-        assert wheres[1:] == (0,) * (PIECES - 1), wheres
-    assert lowered[PIECES][1] >= 1  # the decode step's mask, made additive once
-
-
-def test_the_placeholders_a_graph_writes_in_place_are_found_through_views():
-    """split.py's `written_placeholders` on Dynamo's own graph: an item assignment into a view,
-    an in-place add, and a tensor only read (not written)."""
-    from tgc.dynamo.split import written_placeholders
-
-    graphs = []
-
-    def capture(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    def step(buf, counter, w, x):
-        buf.view(-1)[0:2] = x
-        counter.add_(1)
-        return (w * 2).sum() + buf.sum()
-
-    args = (torch.zeros(2, 3), torch.zeros(()), torch.randn(3), torch.randn(2))
-    torch.compile(step, backend=capture)(*args)
-    (gm,) = graphs
-    names = {n.name for n in gm.graph.nodes if n.op == "placeholder"}
-    written = written_placeholders(gm)
-    assert written == {n for n in names if "buf" in n or "counter" in n}, (names, written)
-
-
 def test_a_written_cache_is_no_parameter_and_the_weights_are_packed_once():
-    """Dynamo marks the cache static as it marks the weights; the pieces after the write must
-    not take it for a parameter, or the plan's once steps (the weights' `w1 + w2` with them)
-    run again on every call, the cache's version having changed. Before: once on every call."""
+    """Dynamo marks the cache static as it marks the weights; the plan must not take it for a
+    parameter (it is donated), or its once steps (the weights' `w1 + w2` with them) run again
+    on every call, the cache's version having changed."""
     from tgc.dynamo.graph import CompiledGraph
-    from tgc.dynamo.split import SplitGraph
 
     torch.manual_seed(0)
     model, twin = CacheThenWeights(), CacheThenWeights()
@@ -253,21 +187,20 @@ def test_a_written_cache_is_no_parameter_and_the_weights_are_packed_once():
         with torch.no_grad():
             got, want = run(k, pos), twin(k, pos)
         assert_close(got, want.double(), 1e-5)
-    (split,) = found
-    assert isinstance(split, SplitGraph)
-    pieces = [getattr(split.split, n.target) for n in split.pieces]
-    pieces = [piece for piece in pieces if isinstance(piece, CompiledGraph)]
-    planned = [r.planned for piece in pieces for r in piece.runners.values()]
-    with_once_steps = [p for p in planned if len(p.steps) != len(p.per_call)]
-    assert with_once_steps, "the weights' sum is a once step of the piece after the write"
-    assert [p.once_runs for p in with_once_steps] == [1] * len(with_once_steps)
+    (graph,) = found
+    assert isinstance(graph, CompiledGraph)
+    (runner,) = graph.runners.values()
+    func = runner.planned.func
+    donated = [i for i in range(len(func.body.args)) if func.is_donated(i)]
+    assert len(donated) == 1 and not func.is_param(donated[0])
+    planned = runner.planned
+    assert len(planned.steps) != len(planned.per_call), "the weights' sum is a once step"
+    assert planned.once_runs == 1
 
 
 # -- generate() --------------------------------------------------------------------------------
 
 LAYERS = 2
-# tgc pieces per Dynamo graph: the graph is cut at each layer's cache writes (tgc/dynamo/split.py)
-PIECES = LAYERS + 1
 
 
 def test_generate_with_a_static_cache_matches_eager():
@@ -281,11 +214,11 @@ def test_generate_with_a_static_cache_matches_eager():
     assert len(got.logits) == NEW_TOKENS
     for step, (g, e) in enumerate(zip(got.logits, exact.logits)):
         assert_close(g, e, LOGITS_TOL, f"logits of new token {step}")
-    # the prefill and the decode step, each compiled once (as its pieces) and run in tgc
+    # the prefill and the decode step, each compiled once and run in tgc
     tally = coverage()
-    assert (tally.graphs, tally.graphs_in_tgc) == (2 * PIECES, 2 * PIECES), tally
+    assert (tally.graphs, tally.graphs_in_tgc) == (2, 2), tally
     assert tally.ops_in_tgc == tally.ops
-    # the cache tgc's pieces and the in-place writes filled holds what eager's holds
+    # the cache tgc's in-place writes filled holds what eager's holds
     for mine, theirs in zip(cache_of(got).layers, cache_of(want).layers):
         assert_close(mine.keys, theirs.keys, CACHE_TOL, "keys")
         assert_close(mine.values, theirs.values, CACHE_TOL, "values")
@@ -316,15 +249,15 @@ def bytes_per_decode_token(model, ids, cache_length: int) -> float:
 
 
 def test_the_cache_update_writes_only_the_new_rows(monkeypatch):
-    import tgc.dynamo.split
+    import tgc.planner.backends.numpy
 
     cache_length, kv_heads, head_dim, f32 = 32, 2, 16, 4
     ids = prompt(6, seed=3)
     counter = 8  # each layer's cumulative_length (an int64 scalar) is written back whole
     row = kv_heads * head_dim * f32  # one position of one layer's keys or values
     model = compiled(tiny_llama())
-    rows = bytes_per_decode_token(model, ids, cache_length)
-    assert rows == LAYERS * (2 * row + counter)
+    # the cache is donated: its rows are written into it, nothing of it copied back
+    assert bytes_per_decode_token(model, ids, cache_length) == LAYERS * counter
     # the cache after generation is eager's (greedy tokens too)
     mine, theirs = fixed_cache(model), fixed_cache(model)
     got = generate_into(model, ids, 5, mine)
@@ -334,13 +267,13 @@ def test_the_cache_update_writes_only_the_new_rows(monkeypatch):
     for a, b in zip(mine[name].layers, theirs[name].layers):
         assert_close(a.keys, b.keys, CACHE_TOL, "keys")
         assert_close(a.values, b.values, CACHE_TOL, "values")
-    # before: the graph whole, each cache update a new value copied into the cache whole
+    # without the cache's memory to write into, each update is a new cache copied back whole
     torch._dynamo.reset()
-    monkeypatch.setattr(tgc.dynamo.split, "has_row_writes", lambda gm: False)
+    monkeypatch.setattr(tgc.planner.backends.numpy, "may_overwrite", lambda op, index: False)
     model = compiled(tiny_llama())
     whole = bytes_per_decode_token(model, ids, cache_length)
     assert whole == LAYERS * (2 * row * cache_length + counter)
-    # there the updates are index_put as the importer lowers it: the same tokens and cache
+    # the same tokens and cache
     mine = fixed_cache(model)
     assert torch.equal(generate_into(model, ids, 5, mine), want)
     for a, b in zip(mine[name].layers, theirs[name].layers):
@@ -360,7 +293,7 @@ def test_decode_compiled_once_for_every_token_and_prefill_once_per_prompt_length
     ids = prompt(5, seed=2)
     generate_into(model, ids, 2, fixed_cache(model))
     after_two = coverage()
-    assert (after_two.graphs, after_two.graphs_in_tgc) == (2 * PIECES, 2 * PIECES), after_two
+    assert (after_two.graphs, after_two.graphs_in_tgc) == (2, 2), after_two
     got = generate_into(model, ids, 9, fixed_cache(model))
     assert torch.equal(got, generate_into(eager, ids, 9, fixed_cache(eager)))
     # 8 decode calls more, nothing compiled: not by tgc, not by Dynamo
@@ -377,7 +310,7 @@ def test_decode_compiled_once_for_every_token_and_prefill_once_per_prompt_length
     assert tally.graphs == tally.graphs_in_tgc, tally
     # Dynamo recompiled the prefill once, its length symbolic, and tgc compiled that graph at
     # 9 and at 5; the decode step, its shapes the cache's, was compiled by neither again
-    assert tally.graphs == after_two.graphs + 2 * PIECES, tally
+    assert tally.graphs == after_two.graphs + 2, tally
     assert counters["stats"]["unique_graphs"] == 3, dict(counters["stats"])
 
 

@@ -19,6 +19,7 @@ import pytest
 
 import tgc.dialects  # noqa: F401  (registers the ops)
 from tgc.attributes import DenseAttr
+from tgc.diagnostics import TgcError
 from tgc.ir import Value
 from tgc.opdef import OPS, create, dialect_ops, verify_op
 from tgc.types import ELEMENT_TYPE_OF_DTYPE, TensorType
@@ -496,6 +497,29 @@ def test_gather(axis, index_dtype):
     for index in np.ndindex(*got.shape):
         row = indices[index[a : a + 2]]
         assert got[index] == table[index[:a] + (row,) + index[a + 2 :]]
+
+
+@covers("atomic.write_rows")
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_write_rows(axis, index_dtype):
+    rng = np.random.default_rng(axis + 7)
+    x = nonzero(rng, (5, 6, 7))
+    a = axis % 3
+    indices = rng.permutation(x.shape[a])[:3].astype(index_dtype)
+    indices[2] = indices[0]  # a repeated index: the last row given for it is written
+    values = nonzero(rng, x.shape[:a] + (3,) + x.shape[a + 1 :], 10, 20)
+    got = run("atomic.write_rows", [x, indices, values], {"axis": axis})
+    rows = {int(i): j for j, i in enumerate(indices)}  # the last j of each index
+    for index in np.ndindex(*got.shape):
+        j = rows.get(index[a])
+        want = x[index] if j is None else values[index[:a] + (j,) + index[a + 1 :]]
+        assert got[index] == want
+    assert not np.shares_memory(got, x)  # the meaning is a new tensor; x is unchanged
+    bad = indices.copy()
+    bad[1] = x.shape[a]
+    with pytest.raises(TgcError, match=rf"index {x.shape[a]} \(at \[1\] of the indices\)"):
+        run("atomic.write_rows", [x, bad, values], {"axis": axis})
 
 
 @covers("atomic.constant")

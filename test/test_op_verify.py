@@ -169,6 +169,22 @@ ATOMIC_INVALID = {
         "%y = atomic.gather %t, %i : (tensor<10x4xf32>, tensor<3xf32>) -> tensor<3x4xf32>",
         ["indices must be integers"],
     ),
+    "write-rows-indices": (
+        "%x: tensor<8x4xf32>, %i: tensor<2x1xi64>, %v: tensor<2x4xf32>",
+        (
+            "%y = atomic.write_rows %x, %i, %v "
+            ": (tensor<8x4xf32>, tensor<2x1xi64>, tensor<2x4xf32>) -> tensor<8x4xf32>"
+        ),
+        ["indices must be a vector of integers, got tensor<2x1xi64>"],
+    ),
+    "write-rows-values": (
+        "%x: tensor<8x4xf32>, %i: tensor<2xi64>, %v: tensor<3x4xf32>",
+        (
+            "%y = atomic.write_rows %x, %i, %v "
+            ": (tensor<8x4xf32>, tensor<2xi64>, tensor<3x4xf32>) -> tensor<8x4xf32>"
+        ),
+        ["values must be tensor<2x4xf32> (x with a row per index along axis 0)"],
+    ),
     "where-cond": (
         "%c: tensor<4xf32>, %a: tensor<4xf32>",
         (

@@ -25,6 +25,9 @@ from tgc.types import TensorType
 
 # The argument attribute that marks a parameter (a weight fixed between calls).
 PARAM_ATTR = "tgc.param"
+# The argument attribute that gives the argument's memory to the function: the caller takes a
+# result as the argument's new value and reads the old one no more (tgc/donation.py).
+DONATED_ATTR = "tgc.donated"
 
 ARG_ATTRS = AttrKind(
     "an array of dictionaries",
@@ -162,6 +165,11 @@ class FuncOp(Operation):
         so a plan may pack or pre-transform it once (`%w: tensor<..> {tgc.param}`)."""
         return PARAM_ATTR in self.arg_attrs(index)
 
+    def is_donated(self, index: int) -> bool:
+        """Whether argument `index`'s memory is the function's to overwrite
+        (`%cache: tensor<..> {tgc.donated}`, tgc/donation.py)."""
+        return DONATED_ATTR in self.arg_attrs(index)
+
     def set_result_types(self, types: list[TensorType]) -> None:
         self.attributes["function_type"] = FunctionTypeAttr(self.function_type.inputs, tuple(types))
 
@@ -178,8 +186,13 @@ class FuncOp(Operation):
                 f"'arg_attrs' must hold one dictionary per argument ({len(ftype.inputs)})"
             )
         for i in range(len(ftype.inputs)):
-            if self.arg_attrs(i).get(PARAM_ATTR, UNIT) is not UNIT:
-                raise VerifyError(f"'{PARAM_ATTR}' of argument #{i} takes no value")
+            for unit in (PARAM_ATTR, DONATED_ATTR):
+                if self.arg_attrs(i).get(unit, UNIT) is not UNIT:
+                    raise VerifyError(f"'{unit}' of argument #{i} takes no value")
+            if self.is_param(i) and self.is_donated(i):
+                raise VerifyError(
+                    f"argument #{i} is a parameter (fixed between calls) and donated (overwritten)"
+                )
         for i, t in enumerate(ftype.results):
             check_memory_space(t, f"result #{i} type")
         arg_types = tuple(a.type for a in block.args)

@@ -13,7 +13,6 @@ import torch
 from tgc.importers.torch._context import Cx, Static
 from tgc.importers.torch._registry import IDENTITY_OPS, lowering
 from tgc.ir import Value
-from tgc.types import TensorType
 
 
 def _with_copies(*names: str) -> tuple[str, ...]:
@@ -267,11 +266,10 @@ def take_along_dim(cx: Cx) -> Value:
 def _write_rows(cx: Cx, x: Value, axis: int, indices, values) -> Value:
     """x with x[..., idx[j], ...] = values[..., j, ...] along `axis` (idx one integer vector,
     negative entries counting from the end, values broadcasting to x's shape with `axis` of
-    size len(idx)): what index_put and index_copy compute, a new value (tgc has no in-place
-    op). Row s of the result is values' row j where idx[j] == s (the last such j, where PyTorch
-    leaves a repeated index undefined), else x's row s: a [size, n] comparison of positions with
-    indices picks j, one gather takes the rows, one where keeps the others. The torch.compile
-    backend writes such an update of a KV cache as the index_copy itself (tgc/dynamo)."""
+    size len(idx)): what index_put and index_copy compute, `atomic.write_rows` (where an index
+    repeats, the last row given wins; PyTorch leaves that undefined). A KV cache's update: the
+    torch.compile backend donates the cache (tgc/dynamo/lowering.py), so the rows are written
+    into it, not into a copy (tgc/donation.py)."""
     if cx.dtype_of(indices) == torch.bool:
         raise cx.error("writing through a boolean mask (tgc writes rows at integer indices)")
     idx = _indices(cx, indices)
@@ -289,18 +287,7 @@ def _write_rows(cx: Cx, x: Value, axis: int, indices, values) -> Value:
     elem = idx.type.element_type
     negative = cx.b.atomic.cmp(idx, cx.scalar(0, elem), pred="lt")
     idx = cx.b.atomic.where(negative, cx.b.atomic.add(idx, cx.scalar(size, elem)), idx)
-    grid = TensorType.get((size, n), elem)
-    rows = cx.b.atomic.iota(axis=0, result_type=grid)
-    hits = cx.b.atomic.cmp(rows, cx.reshape(idx, (1, n)), pred="eq")
-    column = cx.b.atomic.iota(axis=1, result_type=grid)
-    chosen = cx.b.atomic.where(hits, column, cx.scalar(-1, elem))
-    source = cx.b.atomic.reduce_max(chosen, axes=[1])
-    written = cx.b.atomic.cmp(source, cx.scalar(0, elem), pred="ge")
-    source = cx.b.atomic.where(written, source, cx.scalar(0, elem))
-    gathered = cx.b.atomic.gather(values, source, axis=axis)
-    mask_shape = [1] * rank
-    mask_shape[axis] = size
-    return cx.b.atomic.where(cx.reshape(written, mask_shape), gathered, x)
+    return cx.b.atomic.write_rows(x, idx, values, axis=axis)
 
 
 @lowering("index_put")

@@ -16,7 +16,8 @@ device pieces here:
   with their epilogues (cuda.cublaslt.*) through runtime/cublaslt.py, with a workspace of
   32 MiB made on first use; cuda.split_view returns each piece as a DeviceArray at its offset
   of the operand's buffer (which it keeps alive), and cuda.reshape_view the buffer in its new
-  shape, launching nothing.
+  shape, launching nothing; cuda.write_rows writes rows into its operand's buffer where
+  tgc/donation.py says it is free to take, else into a copy (codegen/write_rows.py).
 
 Everything runs in order on the legacy default stream, as PyTorch's kernels (torch-cuda) do:
 a kernel's inputs are finished before it starts with no synchronisation between kernels, so
@@ -54,8 +55,10 @@ except cuda.Error as e:  # a driver that does not initialise: no GPU to use
 from tgc.builtin import ReturnOp
 from tgc.codegen.compact import compact_rows_kernel
 from tgc.codegen.kernels import generate_kernel
+from tgc.codegen.write_rows import write_rows_kernel
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import CallOp, FusedOp
+from tgc.donation import may_overwrite
 from tgc.ir import Operation
 from tgc.planner.backends import Backend, Space, Template
 from tgc.planner.backends import cuda_kernels as planner_side
@@ -466,6 +469,50 @@ def _split_view(inputs: list, attrs: dict, result_types: list[TensorType]) -> li
     return _split_view_runner(t, attrs)([x])
 
 
+# -- rows written into a tensor: in its own memory where it is free ----------------------------
+
+
+@cache
+def _write_rows_function(x: TensorType, indices: TensorType, axis: int):
+    source = write_rows_kernel(x, indices, axis)
+    (function,) = load_kernels([source])
+    return source, function
+
+
+def _write_rows_runner(x: TensorType, indices: TensorType, axis: int, in_place: bool, loc=None):
+    """`run([x, indices, values]) -> [result]` for cuda.write_rows: the rows written into x's
+    buffer itself (`in_place`: tgc/donation.py said it is free to take), the result a view of
+    it; else into a copy of x."""
+    source, function = _write_rows_function(
+        x.with_encoding(None), indices.with_encoding(None), axis
+    )
+    launch, grid, block = function.prepared_async_call, source.grid, source.block
+    nbytes = x.num_elements * x.dtype.itemsize
+
+    def run(values: list) -> list:
+        base, rows, new = (DeviceArray.of(v) for v in values)
+        if in_place:
+            out = DeviceArray(base.ptr, base.shape, base.dtype, base)
+        else:
+            out = DeviceArray.empty(base.shape, base.dtype)
+            cuda.memcpy_dtod_async(out.ptr, base.ptr, nbytes, _launch.stream)
+        pointers = [new.ptr, rows.ptr, out.ptr]
+        try:
+            launch(grid, block, _launch.stream, *kernel_arguments(source, pointers))
+        except cuda.Error as e:
+            raise TgcError(f"{source.label} failed to run: {e}", loc) from None
+        return [out]
+
+    return run
+
+
+def _write_rows(inputs: list, attrs: dict, result_types: list[TensorType]) -> list:
+    """cuda.write_rows with no program around the call (the profiler's): into a copy of x."""
+    x, indices = (DeviceArray.of(v) for v in inputs[:2])
+    types = [TensorType.get(a.shape, ELEMENT_TYPE_OF_DTYPE[a.dtype]) for a in (x, indices)]
+    return _write_rows_runner(*types, attrs.get("axis", 0), False)(inputs)
+
+
 # -- a call made ready once (Backend.prepare) ---------------------------------------------------
 
 
@@ -490,6 +537,10 @@ def prepare(kernel, op: CallOp):
     if kernel.name == planner_side.RESHAPE_VIEW:
         shape = op.results[0].type.shape
         return lambda values: [DeviceArray.of(values[0]).reshape(shape)]
+    if kernel.name == planner_side.WRITE_ROWS:
+        x, indices = (v.type for v in op.operands[:2])
+        axis = op.op_attributes().get("axis", 0)
+        return _write_rows_runner(x, indices, axis, may_overwrite(op, 0), op.loc)
     if not isinstance(kernel, Template):
         return None  # the executor's general path
     return _region_runner(op)
@@ -506,6 +557,8 @@ def _call(kernel, inputs: list, attrs: dict, result_types: list[TensorType]) -> 
         return _split_view(inputs, attrs, result_types)
     if kernel.name == planner_side.RESHAPE_VIEW:
         return [DeviceArray.of(inputs[0]).reshape(result_types[0].shape)]
+    if kernel.name == planner_side.WRITE_ROWS:
+        return _write_rows(inputs, attrs, result_types)
     if kernel.run is not None:
         # A user's kernel (planner/plugins.py): its `run` takes and returns device buffers
         # (objects with __cuda_array_interface__). tgc's own kernels are the names above; their

@@ -32,6 +32,11 @@ Kernels:
   "cuda.reshape_view": `atomic.reshape` as a view of its operand's buffer (every device value is
   contiguous), so that a piece reshaped (a stacked matmul's `[1, t, n]` piece read as `[t, n]`)
   reaches a GEMM without a copy kernel.
+- "cuda.write_rows": `atomic.write_rows` (a KV cache's update) as codegen/write_rows.py's kernel,
+  writing the rows into the operand's own memory where tgc/donation.py says it is free to take,
+  else into a copy of it (what the profiler times, having no program around the call: so its
+  measured cost is the copy's, an overestimate of the in-place write that decides nothing, the op
+  having no other kernel on the device).
 
 Why 16-byte aligned pieces: every allocation is (256 bytes), and the generated row reductions
 load 16-byte vectors without checking the address (the elementwise, matmul and attention
@@ -97,7 +102,7 @@ from tgc.planner.match import Match
 from tgc.printer import print_op
 from tgc.runtime.cublas import Gemm
 from tgc.runtime.cublaslt import LtGemm
-from tgc.types import TensorType
+from tgc.types import ELEMENT_TYPE_OF_DTYPE, TensorType
 
 ELEMENTWISE_ERROR, SUMS_ERROR = 2e-6, 1e-5
 
@@ -126,6 +131,7 @@ SPLIT_GEMMS = (CUBLAS_GEMM_PADDED, CUBLAS_GEMM_SPLIT)
 GEMM_ROW_ALIGNMENT = 16  # bytes: where cuBLAS's tensor-core kernels want each row to start
 SPLIT_VIEW = "cuda.split_view"
 RESHAPE_VIEW = "cuda.reshape_view"
+WRITE_ROWS = "cuda.write_rows"
 VIEW_ALIGNMENT = 16  # bytes: where a view may start (module doc)
 
 # Ops the elementwise template computes besides those with C code and the views.
@@ -861,6 +867,29 @@ def reshape_view_kernel() -> Kernel:
 VIEW_KERNELS = {SPLIT_VIEW: split_view_kernel, RESHAPE_VIEW: reshape_view_kernel}
 
 
+def _write_rows_host(inputs: list, attrs: dict, result_types: list[TensorType]) -> list:
+    """cuda.write_rows on host arrays (its `run`, for checking it): the op's numpy meaning."""
+    from tgc.dialects.atomic import WriteRowsOp
+    from tgc.ir import Value
+
+    x, indices, values = (np.asarray(a) for a in inputs)
+    operands = [Value(TensorType.get(a.shape, ELEMENT_TYPE_OF_DTYPE[a.dtype])) for a in inputs]
+    op = WriteRowsOp(operands, list(result_types), {"axis": attrs.get("axis", 0)})
+    return [op.reference(x, indices, values)]
+
+
+def write_rows_kernel() -> Kernel:
+    return Kernel(
+        WRITE_ROWS,
+        "cuda",
+        op="atomic.write_rows",
+        run=_write_rows_host,
+        constraints=_has_elements_types,
+        doc="atomic.write_rows: the rows written into x's own memory where it is free to take "
+        "(tgc/donation.py), else into a copy of x (codegen/write_rows.py)",
+    )
+
+
 # -- cuBLASLt: GEMMs with the bias, GELU and residual of a linear layer in their epilogue -------------
 
 # Reference graphs (their types only make them parse). Each is matched as written and lowered,
@@ -1070,6 +1099,8 @@ def _register_kernels(cublas_run=None, lt_run=None, arch=None, split_run=None) -
     for name, make in VIEW_KERNELS.items():
         if name not in KERNELS:
             register_kernel(make())
+    if WRITE_ROWS not in KERNELS:
+        register_kernel(write_rows_kernel())
     for kernel in lt_kernels(lt_run):
         if kernel.name not in KERNELS:
             register_kernel(kernel)
@@ -1107,6 +1138,7 @@ def unregister() -> None:
         KERNELS.pop(name, None)
     for name in VIEW_KERNELS:
         KERNELS.pop(name, None)
+    KERNELS.pop(WRITE_ROWS, None)
     for name in LT_KERNELS:
         KERNELS.pop(name, None)
     BACKENDS.pop("cuda", None)
@@ -1137,4 +1169,5 @@ __all__ = [
     "split_view_pieces",
     "unregister",
     "VIEW_KERNELS",
+    "WRITE_ROWS",
 ]

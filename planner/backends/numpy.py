@@ -12,7 +12,8 @@ precision, 16-bit floats are computed in f32 and rounded once per kernel.
 
 Op kernels are made from the op registry (`tgc.opdef.OPS`) when this module is imported, so an
 op added to a dialect gets its kernel with nothing else to write: "numpy.<dialect>.<op>", e.g.
-"numpy.atomic.add", running the op's `reference`. The graph kernels run a whole formula as one
+"numpy.atomic.add", running the op's `reference` (an op's `reference_in_place`, where it has
+one and its operand 0's memory is free to take: tgc/donation.py). The graph kernels run a whole formula as one
 numpy expression: `numpy.tanh`, `numpy.fma`, `numpy.gelu_tanh`, `numpy.softmax`.
 """
 
@@ -23,6 +24,7 @@ import math
 import numpy as np
 
 import tgc.dialects  # noqa: F401  (registers the ops)
+from tgc.donation import may_overwrite
 from tgc.evaluate import widened
 from tgc.ir import Operation, Value
 from tgc.opdef import OPS
@@ -69,6 +71,13 @@ def _prepare(kernel: Kernel, call: Operation):
     operands = [Value(v.type.with_encoding(None)) for v in call.operands]
     types = [r.type for r in call.results]
     op = cls(operands, types, call.op_attributes())
+    in_place = getattr(op, "reference_in_place", None)
+    if in_place is not None and may_overwrite(call, 0):  # operand 0's memory is free to take
+
+        def run_in_place(values: list) -> list:
+            return [in_place(*(np.asarray(v) for v in values))]
+
+        return run_in_place
 
     def run(values: list) -> list:
         raw = op.reference(*(widened(np.asarray(v)) for v in values))

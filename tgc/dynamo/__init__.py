@@ -10,9 +10,9 @@ flow, graph breaks, guards and recompiles) and hands each to `tgc_backend`, whic
 callable (graph.py) that, per set of argument shapes, exports the graph to core aten ops,
 functionalised (lowering.py), imports it with the torch importer, plans it (the CPU route of
 `tgc-run --backend auto`, host.py; the GPU route, cuda.py, not yet run) and runs it on the
-tensors' memory; in-place updates of inputs are written back. A graph with in-place row
-writes (a static KV cache's index_copy_) is cut at them and the writes made in place by
-PyTorch, rows only (split.py). A graph tgc cannot compile runs
+tensors' memory; in-place updates of inputs are written back, and an input the graph updates
+is donated to tgc's function, so that a static KV cache's index_copy_ writes its rows into the
+cache itself (lowering.py, tgc/donation.py). A graph tgc cannot compile runs
 eagerly, said in one line on the "tgc" logger with a tally of how much runs in tgc
 (tally.py).
 
@@ -54,21 +54,11 @@ def tgc_backend(gm, example_inputs, *, options=None, mode=None):
         ) from None
     import tgc
     from tgc.dynamo.graph import CompiledGraph
-    from tgc.dynamo.split import SplitGraph, has_row_writes
 
     tgc.load_all()
     compile_id = gm.meta.get("dynamo_compile_id")
     name = f"graph {compile_id}" if compile_id is not None else "a graph"
-    compiled = None
-    if has_row_writes(gm):  # a KV cache's index_copy_: written in place, rows only
-        try:
-            compiled = SplitGraph(gm, parsed, name)
-        except Exception as e:  # torch.fx could not split it: the graph whole, rows copied
-            from tgc.dynamo.graph import reason
-            from tgc.dynamo.tally import logger
-
-            logger.warning("tgc: %s is not split at its row writes: %s", name, reason(e))
-    compiled = compiled or CompiledGraph(gm, parsed, name)
+    compiled = CompiledGraph(gm, parsed, name)
     # whole-call replays are CUDA graphs: a graph whose examples are all off the GPU is not
     # wrapped (WholeGraphCalls would only pass its calls through)
     on_gpu = any(getattr(t, "is_cuda", False) for t in example_inputs)

@@ -193,8 +193,8 @@ class CompiledGraph:
 
 def host_scalar(value) -> bool:
     """Whether `value` is a 0-d CPU tensor: PyTorch lets one join a GPU computation as a
-    scalar (a Hugging Face StaticCache layer's `cumulative_length` is one, read by every layer's
-    piece of the decode step)."""
+    scalar (a Hugging Face StaticCache layer's `cumulative_length` is one, read by its layer's
+    part of the decode step)."""
     return isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dim() == 0
 
 

@@ -25,7 +25,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 from torch.utils import _pytree as pytree
 
-from tgc.builtin import PARAM_ATTR, ModuleOp
+from tgc.builtin import DONATED_ATTR, PARAM_ATTR, ModuleOp
 from tgc.fixed import VARIES, fixed_state
 from tgc.ir import BlockArgument
 from tgc.opdef import VIEW, lookup
@@ -72,7 +72,8 @@ class Lowered:
     def hand_back(self, results: list, args: list, tensor_of):
         """The graph's outputs from the function's `results`: the results that update no
         argument made tensors by `tensor_of(i, value)` and put in the graph's output structure,
-        then each update copied into its graph argument. Outputs first: one may be a view of an
+        then each update copied into its graph argument, unless the function wrote it there
+        itself (its argument was donated: tgc/donation.py). Outputs first: one may be a view of an
         argument that an update then writes (a cache position that is the step's counter,
         reshaped), and its copy must hold the value the graph read."""
         outputs = [
@@ -83,10 +84,23 @@ class Lowered:
         for i, (value, write) in enumerate(zip(results, self.writes)):
             if write is None:
                 continue
+            new = tensor_of(i, value)
+            if _same_memory(new, args[write]):  # updated in place (a donated cache's rows)
+                continue
             with torch.no_grad():  # the graph's own update, made by tgc: not for autograd
-                args[write].copy_(tensor_of(i, value))
+                args[write].copy_(new)
             tally.wrote(args[write].numel() * args[write].element_size())
         return pytree.tree_unflatten(outputs, self.out_spec)
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.device == b.device
+        and a.data_ptr() == b.data_ptr()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.dtype == b.dtype
+    )
 
 
 def kept_results(func) -> set[int]:
@@ -132,10 +146,10 @@ def static_inputs(gm: torch.fx.GraphModule, args: list) -> set[int]:
 
 
 # Core-aten programs by the structure of the graph they were exported from and its arguments'
-# shapes (`_structure`): a model's layers are graphs alike but for their parameters, and a
-# graph split at a KV cache's writes (split.py) is one piece per layer. Exporting and
-# decomposing took 0.85 s a piece, 29 of the 32 s tgc spent compiling a 16-layer Llama's
-# prefill and decode step on a 2-core CPU; with this, once per kind of piece.
+# shapes (`_structure`): a model's repeated blocks are graphs alike but for their parameters
+# where Dynamo breaks the graph between them. Exporting and decomposing took 0.85 s a graph,
+# 29 of the 32 s tgc spent compiling a 16-layer Llama's prefill and decode step on a 2-core
+# CPU when each was cut into a graph per layer; with this, once per kind of graph.
 _EXPORTED: OrderedDict[tuple, ExportedProgram] = OrderedDict()
 MAX_EXPORTED = 64
 
@@ -195,7 +209,8 @@ def _structure(gm: torch.fx.GraphModule, args: list) -> tuple | None:
 
 def lower_graph(gm: torch.fx.GraphModule, args: list, statics: set[int]) -> Lowered:
     """`gm` exported at `args` and imported; the graph arguments in `statics` that the graph
-    does not update become `{tgc.param}` arguments. Raises TgcError (the importer's, naming
+    does not update become `{tgc.param}` arguments, and those it updates `{tgc.donated}` ones
+    (tgc/donation.py: a KV cache's rows are written into the cache itself). Raises TgcError (the importer's, naming
     the node) or PyTorch's own exception where export fails."""
     start = time.perf_counter()
     ep = exported(gm, args)
@@ -227,7 +242,9 @@ def lower_graph(gm: torch.fx.GraphModule, args: list, statics: set[int]) -> Lowe
         )
     updated = {i for i in writes if i is not None}
     for slot, index in enumerate(inputs, start=len(own)):
-        if index in statics and index not in updated:
+        if index in updated:  # its new value is a result, written back: the old one is free
+            func.set_arg_attr(slot, DONATED_ATTR)
+        elif index in statics:
             func.set_arg_attr(slot, PARAM_ATTR)
     seconds = time.perf_counter() - start
     return Lowered(module, own, inputs, writes, ep.call_spec.out_spec, seconds)

@@ -25,8 +25,9 @@ class Coverage:
     graphs_in_tgc: int = 0
     ops: int = 0
     ops_in_tgc: int = 0
-    # bytes the backend wrote into the caller's tensors for in-place updates: an update a
-    # compiled graph writes back whole, and the rows a split graph's row writes write (split.py)
+    # bytes the backend copied into the caller's tensors for in-place updates: an update a
+    # compiled graph wrote elsewhere, copied back whole (a donated cache's rows, written into
+    # the cache itself by tgc's kernel, copy nothing: lowering.py)
     bytes_written: int = 0
 
     def summary(self) -> str:

@@ -1,9 +1,10 @@
 """Each call of a Dynamo graph on the GPU replayed as one CUDA graph (the option `whole_graphs`),
 as `torch.compile(mode="reduce-overhead")` replays its calls.
 
-The route replays each planned function as its own CUDA graph (planner/graphs.py); a decode
-step split at its cache writes (split.py) is L + 1 such functions with PyTorch's row writes
-between, and each costs the host its Python work on every token. `WholeGraphCalls` wraps the
+The route replays each planned function as its own CUDA graph (planner/graphs.py), but a call
+still costs the host its Python work on every token: the arguments' views, the copies of inputs
+that moved, the results handed back (until 2026-11-29 a decode step was also cut into L + 1
+functions at its cache writes, with PyTorch's row writes between). `WholeGraphCalls` wraps the
 backend's callable for one Dynamo graph: per set of argument shapes, the first `WARMUP` calls
 run as they are (tgc compiles, measures, runs its once steps, captures nothing of its own that
 a replay would miss), the next is captured whole into one CUDA graph on the route's capture
