@@ -28,7 +28,7 @@ measure_budget and db only where the flags give them), `default` (`torch.compile
 Inductor) and `reduce-overhead` (`mode="reduce-overhead"`, CUDA graphs; each call starts a new
 CUDA-graph step and copies its output tensors, as tgc's backend does), each compiled as the
 Hugging Face docs compile for a static cache: `model.forward` replaced, `generate()` unchanged.
-Asked for by name: `tgc-pieces` (tgc without whole-call replays) and `hf-compile`
+Asked for by name: `tgc-no-whole-graphs` (tgc with the option `whole_graphs` off) and `hf-compile`
 (transformers' own compile of the decode step, `disable_compile=False`: its CompileConfig,
 reduce-overhead with fullgraph; the prefill runs eagerly).
 Dynamo is reset (`torch._dynamo.reset()`, its counters cleared, tgc's tally cleared) before each
@@ -60,8 +60,8 @@ identical; in bf16 a near tie can flip, and every token after a flip differs), w
 step where some sequence differs; for compiled modes Dynamo's graphs and recompiles (its
 counters, as test/test_dynamo_generate.py counts them; two graphs, no recompile, expected;
 reduce-overhead's graphs Inductor did not capture as CUDA graphs are a note), and for tgc the
-backend's tally (how many compiled graphs, pieces of the split graphs, ran in tgc: one running
-eagerly is a fallback, and its time is not tgc's).
+backend's tally (how many compiled graphs ran in tgc: one running eagerly is a fallback, and its
+time is not tgc's).
 
 On the GPU each mode and batch runs in a process of its own (`--isolate`, the default there;
 `--no-isolate` runs them in this one): the child builds the model, measures, and hands its row
@@ -75,7 +75,7 @@ report rewritten from it to the .md of the same name, with device, date, commit,
 config and the method; SIGTERM (a `timeout` around the call) saves the row it cut, and exits 124.
 
 Time. At the default size on an H200 (bench/results/generate-*): eager about 12 s a mode; tgc's
-first generate() 125-168 s (each compiled graph's pieces planned, measured on first use up to
+first generate() 125-168 s (each compiled graph planned, measured on first use up to
 `--measure-budget` seconds a compile, and built by nvcc), then about 5 s for its timed calls;
 torch.compile's default mode about 31 s for its first call. So `--batches` defaults to 1, and
 batch 16 is a second call (`--batches 16`, appended to the same day's file); where one call
@@ -115,11 +115,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 from real_models import commit_of  # noqa: E402  (bench/ is on the path only now)
 
 MODES = ("eager", "tgc", "default", "reduce-overhead")
-# tgc with whole_graphs off (each piece of a split graph replayed on its own): asked for by name
+# tgc with whole_graphs off (the route's function replayed within a call, the call's host work not): asked for by name
 # transformers' own compile of the decode step (generate()'s auto-compile for a static cache:
 # its CompileConfig, mode="reduce-overhead", fullgraph): reduce-overhead as Hugging Face runs it,
 # since `reduce-overhead` here (model.forward compiled by us) died of SIGSEGV on an H200
-EXTRA_MODES = ("tgc-pieces", "hf-compile")
+EXTRA_MODES = ("tgc-no-whole-graphs", "hf-compile")
 DRY_MODES = ("eager", "tgc")
 # untimed generate() calls of one token after the first call: tgc/dynamo/whole.py's WARMUP plain
 # calls and its capture, so that the prefill is timed replaying (module doc)
@@ -167,7 +167,7 @@ class Row:
     first_difference: int | None = None  # the first new token (0-based) some sequence differs
     dynamo_graphs: int | None = None
     dynamo_recompiles: int | None = None
-    tgc_graphs: int | None = None  # compiled by tgc (pieces of split graphs, per shape)
+    tgc_graphs: int | None = None  # compiled by tgc (per graph and shape)
     tgc_graphs_in_tgc: int | None = None
     note: str = ""
     running: str = ""  # the step under way (a row cut off says where)
@@ -270,8 +270,10 @@ def compile_forward(model, mode: str, args) -> None:
     if mode in ("eager", "hf-compile"):  # hf-compile: generate() compiles (auto_compile)
         return
     forward = model.forward
-    if mode in ("tgc", "tgc-pieces"):
-        options = {"whole_graphs": False} if mode == "tgc-pieces" else {}  # else tgc's defaults
+    if mode in ("tgc", "tgc-no-whole-graphs"):
+        options = (
+            {"whole_graphs": False} if mode == "tgc-no-whole-graphs" else {}
+        )  # else tgc's defaults
         if args.measure_budget is not None:
             options["measure_budget"] = args.measure_budget
         if args.db:
@@ -381,7 +383,7 @@ def run_mode(row: Row, model, ids, args, reference, sync) -> object:
     prompt, new, reps = args.prompt, args.new_tokens, args.reps
     cache_len, auto = prompt + new, row.mode == "hf-compile"
     reset_compilers()
-    tgc_mode = row.mode in ("tgc", "tgc-pieces")
+    tgc_mode = row.mode in ("tgc", "tgc-no-whole-graphs")
     log = keep_tgc_log(args, f"{row.mode}-b{row.batch}") if args.profile and tgc_mode else None
     try:
         row.running = "compile"
@@ -430,7 +432,7 @@ def run_mode(row: Row, model, ids, args, reference, sync) -> object:
             skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
             if skips:
                 row.note = f"CUDA graphs skipped for {skips} graph(s) (TORCH_LOGS=perf_hints: why)"
-        if row.mode in ("tgc", "tgc-pieces"):
+        if row.mode in ("tgc", "tgc-no-whole-graphs"):
             from tgc.dynamo import coverage
 
             tally = coverage()
@@ -751,7 +753,7 @@ def run_report(run: dict, index: int) -> list[str]:
         "the difference over N - 1); no host time",
         "- tokens = eager: fraction of the generated tokens equal to eager's, and the first new "
         "token (0-based) where a sequence differs; Dynamo graphs / recompiles from its counters; "
-        "tgc graphs in tgc: the backend's tally (each split graph's pieces, per shape)",
+        "tgc graphs in tgc: the backend's tally (each graph, per shape)",
         "",
         *table(run["rows"], run["new_tokens"]),
         "",

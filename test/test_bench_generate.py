@@ -68,29 +68,29 @@ def test_dry_run_tgc_tokens_are_eagers(tmp_path, capsys):
     assert tgc["agree"] == 1.0 and tgc["agree_tokens"] == "4/4"
     assert tgc["first_difference"] is None
     # the prefill and the decode step: two Dynamo graphs, no recompile; tgc compiled each
-    # graph's pieces (2 layers: 3 pieces, cut at the cache writes), all of them in tgc
+    # once, both in tgc
     assert (tgc["dynamo_graphs"], tgc["dynamo_recompiles"]) == (2, 0)
-    assert tgc["tgc_graphs"] == tgc["tgc_graphs_in_tgc"] == 2 * 3
+    assert tgc["tgc_graphs"] == tgc["tgc_graphs_in_tgc"] == 2
     for r in rows.values():
         assert r["first_s"] > 0 and r["ttft_ms"] > 0 and r["total_ms"] > 0
         assert r["floor_ms"] is None  # no bandwidth on the CPU unless --bandwidth says
     assert run["device"] == "cpu (dry run)" and run["new_tokens"] == 4 and run["prompt"] == 8
     # the prefill warmed up before it is timed: three untimed generate() calls of one token
     assert run["warm_prefills"] == 3 and "and 3 untimed ones of 1 token" in md
-    assert "| 1 | tgc |" in md and "100.0% (4/4)" in md and "| 2 / 0 | 6 of 6 |" in md
+    assert "| 1 | tgc |" in md and "100.0% (4/4)" in md and "| 2 / 0 | 2 of 2 |" in md
     assert "| 1 | tgc |" in capsys.readouterr().out  # the table is printed too
     # --profile: one more generate() per mode under cProfile, tgc's executor in tgc's
     tgc_profile = (profiles / "profile-generate-tgc-b1.txt").read_text()
     assert "Ordered by: cumulative time" in tgc_profile and "planner/executor.py" in tgc_profile
     assert "planner/executor.py" not in (profiles / "profile-generate-eager-b1.txt").read_text()
     assert "planner/executor.py" in (profiles / "profile-ttft-tgc-b1.txt").read_text()
-    # --profile-first-call: each mode's first call, tgc's compile of every piece in it
+    # --profile-first-call: each mode's first call, tgc's compile of every graph in it
     first = (profiles / "profile-first-call-tgc-b1.txt").read_text()
     assert "Ordered by: internal time" in first and "tgc/dynamo/lowering.py" in first
     assert "tgc/dynamo" not in (profiles / "profile-first-call-eager-b1.txt").read_text()
-    # and the tgc logger's lines of tgc's mode: each graph piece it compiled, with its shapes
+    # and the tgc logger's lines of tgc's mode: each graph it compiled, with its shapes
     log = (profiles / "tgc-log-tgc-b1.txt").read_text()
-    assert log.count(" compiled for ") == 6 and not (profiles / "tgc-log-eager-b1.txt").exists()
+    assert log.count(" compiled for ") == 2 and not (profiles / "tgc-log-eager-b1.txt").exists()
 
 
 def test_a_failing_mode_is_a_note_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
@@ -180,7 +180,7 @@ def test_isolated_modes_run_in_their_own_processes(tmp_path):
     rows = {r["mode"]: r for r in run["rows"]}
     assert list(rows) == ["eager", "tgc"]
     assert rows["tgc"]["agree_tokens"] == "4/4" and rows["tgc"]["note"] == ""
-    assert rows["tgc"]["tgc_graphs"] == rows["tgc"]["tgc_graphs_in_tgc"] == 2 * 3
+    assert rows["tgc"]["tgc_graphs"] == rows["tgc"]["tgc_graphs_in_tgc"] == 2
 
 
 def test_a_child_that_dies_is_a_note_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
