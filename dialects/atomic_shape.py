@@ -1,6 +1,6 @@
 """The ops of the `atomic` dialect that move or make data rather than compute it: views
-(transpose, reshape, broadcast, split, slice), concat, gather and write_rows, and the ops that make a tensor
-from nothing (constant, iota).
+(transpose, reshape, broadcast, split, slice), concat, gather and write_rows, and the ops that
+make a tensor from nothing (constant, iota).
 
 Each op is one class: signature, traits, type inference, verifier and numpy meaning. Registered
 when `tgc.dialects.atomic` is imported.

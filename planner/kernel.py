@@ -316,8 +316,8 @@ def instantiate_reference(func: FuncOp, arg_types, shape_constants: bool = False
     again. An op that cannot infer its result types (a constant, reshape, iota, broadcast)
     keeps the graph's, a float one taking the element type of the first float argument (as a
     float constant does), except on the graph's own argument types: a region kernel's graph,
-    instantiated on its own types, is itself. With `shape_constants` (the kernel's), a constant that is a function of a dimension takes
-    its value on `arg_types`.
+    instantiated on its own types, is itself. With `shape_constants` (the kernel's), a constant
+    that is a function of a dimension takes its value on `arg_types`.
     Raises TypeError when the types do not fit (verification fails)."""
     new = FuncOp.build(func.sym_name, list(arg_types), [], [a.name_hint for a in func.args])
     b = Builder.at_end(new.body)

@@ -160,3 +160,14 @@ def test_the_gpu_writes_a_donated_cache_in_place_and_copies_the_other(seed):
         assert np.array_equal(to_host(other), want[1])
     finally:
         tgc.planner.unload_backends()
+
+
+def test_numpy_copies_a_donated_array_it_may_not_write():
+    tgc.planner.load_backends(["numpy"])
+    run = planned(UPDATE)
+    cache, keep, indices, values = update_inputs(3)
+    want = run_function(parse_module(UPDATE).funcs[0], [cache, keep, indices, values], "f64")
+    cache.flags.writeable = False  # a caller's read-only array, donated all the same
+    kept = cache.copy()
+    new, _ = run([cache, keep, indices, values])
+    assert np.array_equal(new, want[0]) and np.array_equal(cache, kept)

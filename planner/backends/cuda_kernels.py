@@ -80,6 +80,7 @@ from tgc.codegen.matmul_gemv import GEMV_MAX_ROWS
 from tgc.codegen.names import c_identifier
 from tgc.cuda_target import CONV_OPS, GEMM_TYPES, attention_supported, conv_misfit, cublas_can_run
 from tgc.diagnostics import TgcError
+from tgc.dialects.atomic import WriteRowsOp
 from tgc.dialects.kernel import CallOp, FusedOp, YieldOp
 from tgc.ir import Block, Operation, Region, Value
 from tgc.opdef import VIEW
@@ -869,9 +870,6 @@ VIEW_KERNELS = {SPLIT_VIEW: split_view_kernel, RESHAPE_VIEW: reshape_view_kernel
 
 def _write_rows_host(inputs: list, attrs: dict, result_types: list[TensorType]) -> list:
     """cuda.write_rows on host arrays (its `run`, for checking it): the op's numpy meaning."""
-    from tgc.dialects.atomic import WriteRowsOp
-    from tgc.ir import Value
-
     x, indices, values = (np.asarray(a) for a in inputs)
     operands = [Value(TensorType.get(a.shape, ELEMENT_TYPE_OF_DTYPE[a.dtype])) for a in inputs]
     op = WriteRowsOp(operands, list(result_types), {"axis": attrs.get("axis", 0)})

@@ -13,8 +13,8 @@ precision, 16-bit floats are computed in f32 and rounded once per kernel.
 Op kernels are made from the op registry (`tgc.opdef.OPS`) when this module is imported, so an
 op added to a dialect gets its kernel with nothing else to write: "numpy.<dialect>.<op>", e.g.
 "numpy.atomic.add", running the op's `reference` (an op's `reference_in_place`, where it has
-one and its operand 0's memory is free to take: tgc/donation.py). The graph kernels run a whole formula as one
-numpy expression: `numpy.tanh`, `numpy.fma`, `numpy.gelu_tanh`, `numpy.softmax`.
+one and its operand 0's memory is free to take: tgc/donation.py). The graph kernels run a whole
+formula as one numpy expression: `numpy.tanh`, `numpy.fma`, `numpy.gelu_tanh`, `numpy.softmax`.
 """
 
 from __future__ import annotations
@@ -75,7 +75,10 @@ def _prepare(kernel: Kernel, call: Operation):
     if in_place is not None and may_overwrite(call, 0):  # operand 0's memory is free to take
 
         def run_in_place(values: list) -> list:
-            return [in_place(*(np.asarray(v) for v in values))]
+            arrays = [np.asarray(v) for v in values]
+            if not arrays[0].flags.writeable:  # a caller's read-only array: into a copy
+                return _as_results([op.reference(*arrays)], types)
+            return [in_place(*arrays)]
 
         return run_in_place
 
