@@ -21,13 +21,16 @@ BLOCK_SIZE = 256
 MAX_CHUNKS = 64  # blocks per row; past that, threads stride over the rest of the row
 
 
-def write_rows_kernel(x: TensorType, indices: TensorType, axis: int) -> KernelSource:
+def write_rows_kernel(
+    x: TensorType, indices: TensorType, axis: int, name: str | None = None
+) -> KernelSource:
     """The kernel `(values, indices, out)` writing values' rows into `out`, a tensor of type
-    `x` (x itself, or a copy of it), at `indices` along `axis`."""
+    `x` (x itself, or a copy of it), at `indices` along `axis`; `name` its C name (by default
+    one made of the shapes)."""
     axis %= x.rank
     outer, size = math.prod(x.shape[:axis]), x.shape[axis]
     inner, n = math.prod(x.shape[axis + 1 :]), indices.shape[0]
-    name = c_identifier(
+    name = name or c_identifier(
         f"write_rows_{outer}x{size}x{inner}_{n}_{x.element_type}_{indices.element_type}"
     )
     source = render(
@@ -43,4 +46,5 @@ def write_rows_kernel(x: TensorType, indices: TensorType, axis: int) -> KernelSo
         block_size=BLOCK_SIZE,
     )
     chunks = max(1, min(MAX_CHUNKS, -(-outer * inner // BLOCK_SIZE)))
-    return KernelSource(name, source, "write_rows", 2, 1, (n, chunks, 1), (BLOCK_SIZE, 1, 1))
+    grid, block = (n, chunks, 1), (BLOCK_SIZE, 1, 1)
+    return KernelSource(name, source, "write_rows", 2, 1, grid, block, params={"axis": axis})

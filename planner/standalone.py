@@ -22,6 +22,8 @@ Writing (`device_program`) walks the planned function's ops in order:
   was slower, bench/results/design-evidence-2026-11-28.md), or into that result itself; `cuda.cublaslt.*`: a cuBLASLt GEMM with
   the bias (and the GELU or the residual) in its epilogue;
 - `cuda.split_view`, `cuda.reshape_view`: views of the operand's memory, nothing run;
+- `cuda.write_rows`: the operand copied into the result, then codegen/write_rows.py's kernel
+  writing the rows there (the file never writes its caller's inputs);
 - `numpy.atomic.constant` and the `kernel.copy` that takes its value to the device: a constant,
   its bytes in the file.
 
@@ -41,6 +43,7 @@ from tgc.builtin import FuncOp, ModuleOp
 from tgc.codegen.compact import compact_rows_kernel
 from tgc.codegen.kernels import SYMBOL_FORMS, generate_kernel, module_names
 from tgc.codegen.names import NameAllocator
+from tgc.codegen.write_rows import write_rows_kernel
 from tgc.codegen.standalone import (
     Buffer,
     CublasGemm,
@@ -189,6 +192,7 @@ class _ProgramWriter:
             ck.CUBLAS_GEMM_SPLIT: self.split_gemm,
             ck.SPLIT_VIEW: self.split_view,
             ck.RESHAPE_VIEW: self.reshape_view,
+            ck.WRITE_ROWS: self.write_rows,
             **{name: self.lt_gemm for name in ck.LT_KERNELS},
         }
 
@@ -297,6 +301,17 @@ class _ProgramWriter:
     def reshape_view(self, call: CallOp) -> None:
         (x,) = self.operands(call)
         self.buffers[call.results[0]] = x.view(call.results[0].type.with_encoding(None))
+
+    def write_rows(self, call: CallOp) -> None:
+        """x copied into the result, then codegen/write_rows.py's kernel writing the rows there:
+        the file's inputs are the caller's, never written."""
+        x, indices, values = self.operands(call)
+        t, it = (v.type.with_encoding(None) for v in call.operands[:2])
+        name = self.names.allocate(f"{self.func.sym_name}_write_rows", forms=SYMBOL_FORMS)
+        kernel = write_rows_kernel(t, it, call.op_attributes().get("axis", 0), name)
+        out = self.scratch(call.results[0])
+        self.program.steps.append(DeviceCopy(x, out))
+        self.program.steps.append(Launch(kernel, [values, indices, out]))
 
     def return_values(self, ret: Operation) -> None:
         """A value a step writes and the function returns once is written into the caller's

@@ -46,6 +46,7 @@ from tgc.types import CHECK_TOLERANCE
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.tg"))
+FIXED_KERNELS = ("compact_rows", "write_rows")  # launched beside the templates' kernels
 
 
 class HostModel:
@@ -61,7 +62,7 @@ class HostModel:
         launches = [
             s
             for s in program.steps
-            if isinstance(s, Launch) and s.kernel.template != "compact_rows"
+            if isinstance(s, Launch) and s.kernel.template not in FIXED_KERNELS
         ]
         assert len(calls) == len(launches)
         self.regions = {id(s): call for s, call in zip(launches, calls)}
@@ -102,8 +103,8 @@ class HostModel:
         ]
 
     def Launch(self, step: Launch) -> None:
-        if step.kernel.template == "compact_rows":  # codegen/compact.py's, of a padded GEMM
-            self.compact_rows(step)
+        if step.kernel.template in FIXED_KERNELS:  # codegen/compact.py's, write_rows.py's
+            getattr(self, step.kernel.template)(step)
             return
         call = self.regions[id(step)]
         outs = evaluate_block(call.body, [self.read(b) for b in step.reads()], "native")
@@ -153,6 +154,16 @@ class HostModel:
         assert f"row * {ld} + col" in step.kernel.source
         padded = self.flat(src, rows * ld).reshape(rows, ld)
         self.write(dst, padded[:, :n])
+
+    def write_rows(self, step: Launch) -> None:
+        """out's rows at indices along the kernel's axis written from values' (the last row
+        given for an index wins), the rest of out as it is (codegen/write_rows.py)."""
+        values, indices, out = step.args
+        assert "__syncthreads_or(later)" in step.kernel.source
+        x, axis = self.read(out), step.kernel.params["axis"]
+        for j, row in enumerate(self.read(indices)):
+            np.moveaxis(x, axis, 0)[row] = np.moveaxis(self.read(values), axis, 0)[j]
+        self.write(out, x)
 
 
 def planned(text: str, libraries: bool = True, arch: str | None = None):
@@ -291,6 +302,35 @@ def test_the_file_with_a_padded_gemm_and_its_compact_copy_compiles(tmp_path):
     _, program = padded_program(ck.CUBLAS_GEMM_PADDED)
     source = write_file([program], ["tgc_run_f"], module_names(), "padded.tg")
     assert "compact_rows_8x37_ld40_bf16<<<" in source
+    ok, log = compile_unit(tmp_path, source, ["-arch=sm_90", "-c", "-DTGC_STANDALONE_MAIN"])
+    assert ok, log[-4000:]
+
+
+ROWS = """
+func.func @update(%cache: tensor<2x16x3xf32>, %i: tensor<5xi32>, %v: tensor<2x5x3xf32>) -> tensor<2x16x3xf32> {
+  %new = atomic.write_rows %cache, %i, %v {axis = 1} : (tensor<2x16x3xf32>, tensor<5xi32>, tensor<2x5x3xf32>) -> tensor<2x16x3xf32>
+  func.return %new : tensor<2x16x3xf32>
+}
+"""
+
+
+def test_a_row_write_copies_its_input_then_writes_the_rows_into_the_copy():
+    """The file never writes its caller's inputs: the cache is copied into the output, then
+    codegen/write_rows.py's kernel writes the rows there (random indices in [0, 4): repeated
+    ones, the last row given wins)."""
+    func, program = planned(ROWS)
+    copy, launch = program.steps
+    assert isinstance(copy, DeviceCopy) and copy.src.kind == "input" and copy.dst.kind == "output"
+    assert launch.kernel.template == "write_rows" and launch.args[2] is copy.dst
+    for seed in range(3):
+        assert_matches_float64(ROWS, func, program, seed)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_the_file_with_a_row_write_compiles(tmp_path):
+    _, program = planned(ROWS)
+    source = write_file([program], ["tgc_run_update"], module_names(), "rows.tg")
+    assert "tgc_update_write_rows<<<" in source
     ok, log = compile_unit(tmp_path, source, ["-arch=sm_90", "-c", "-DTGC_STANDALONE_MAIN"])
     assert ok, log[-4000:]
 
