@@ -190,7 +190,7 @@ tests() {
   pytest_gpu route 200 test/test_route_cuda.py test/test_graphs.py test/test_route.py \
     test/test_plan_memory.py test/test_noisy.py test/test_profile_torch_check.py \
     test/test_cuda_source.py
-  pytest_gpu planner 200 test/test_planner_cuda.py test/test_standalone.py
+  pytest_gpu planner 200 test/test_planner_cuda.py test/test_standalone.py test/test_write_rows.py
   pytest_gpu dynamo-cuda 200 test/test_dynamo_backend.py test/test_dynamo_generate.py -k cuda
 }
 
@@ -261,7 +261,7 @@ attention-store)
   tar -czf "$out/grids.tar.gz" -C "$out" D128 D80 D96 D72 2>/dev/null && rm -rf "$out"/D128 "$out"/D80 "$out"/D96 "$out"/D72
   ;;
 decode-merged)
-  pytest_gpu planner 200 test/test_planner_cuda.py
+  pytest_gpu planner 200 test/test_planner_cuda.py test/test_write_rows.py
   pytest_gpu dynamo-cuda 200 test/test_dynamo_backend.py test/test_dynamo_generate.py -k cuda
   for batch in 1 16; do
     timeout -k 15 230 python3 bench/decode_step.py --commit "$commit" --out "$out" \
