@@ -1,17 +1,17 @@
 """Converters of ScatterElements and ScatterND: writes at positions known only when the model
-runs, in the atomic ops (which have no scatter).
+runs, in the atomic ops (whose one scatter, write_rows, writes rows without a reduction).
 
 Both become one "scatter of rows": the data is viewed as R rows of S elements (ScatterND: the
 rows are what an index tuple addresses; ScatterElements: every element is a row of one), each of
-the U updates has a target row t[u], and a mask M[u, r] = (t[u] == r) built from an iota says
-which update lands where. Then
-- reduction "none": row r takes the update of the last u with M[u, r] (ONNX writes the updates
-  in order, so with repeated indices the last one stays), found as max_u(where(M, u, -1));
+the U updates has a target row t[u]. Then
+- reduction "none": `atomic.write_rows`, each update written to its row (ONNX writes the updates
+  in order, so with repeated indices the last one stays, as write_rows does);
+- the others find which update lands where with a mask M[u, r] = (t[u] == r) built from an iota:
 - "add", "max", "min": the rows hit combine with the sum, maximum or minimum of their updates;
 - "mul": with their product, reduced over u as a tree of pairwise products (atomic has no
   product reduction).
-The mask is U x R and the "add"/"max"/"min"/"mul" partial results U x R x S: fine for the
-updates of a model (a cache write, a one-hot) and the ONNX tests, heavy for huge scatters.
+The mask is U x R and the partial results U x R x S: fine for the updates of a model (a
+one-hot) and the ONNX tests, heavy for huge scatters with a reduction.
 """
 
 from __future__ import annotations
@@ -67,6 +67,8 @@ def scatter_rows(
     nrows = rows.type.shape[0]
     if count == 0:
         return rows
+    if reduction == "none":
+        return ctx.b.atomic.write_rows(rows, targets, updates, axis=0)
     hits = ctx.b.atomic.cmp(
         reshape_to(ctx, targets, (count, 1)), iota(ctx, 1, (count, nrows)), pred="eq"
     )  # [U, R]
@@ -76,9 +78,6 @@ def scatter_rows(
     )  # [R]: the last update of each row, -1 for none
     written = ctx.b.atomic.cmp(last, ctx.constant(np.int64(0)), pred="ge")
     written = reshape_to(ctx, written, (nrows, 1))
-    if reduction == "none":
-        chosen = ctx.b.atomic.max(last, ctx.constant(np.int64(0)))
-        return ctx.b.atomic.where(written, ctx.b.atomic.gather(updates, chosen, axis=0), rows)
     mask = reshape_to(ctx, hits, (count, nrows, 1))
     spread = reshape_to(ctx, updates, (count, 1, size))
     if reduction == "add":
