@@ -91,7 +91,9 @@ class CompiledGraph:
                 self.unraced.discard(key)
                 runner = self.runners[key] = self._faster(runner, args)
             return runner(args)
-        except Exception as e:  # tgc's failure: the updates are written last, so none was made
+        # tgc's failure: the updates are copied back last, so none was made, but for rows
+        # written into a donated cache, which eager then writes again (the same rows)
+        except Exception as e:
             tally.failed_when_run(self.name, self.ops, reason(e))
             self.runners[shape_key(args)] = self.eager
             return self.eager(args)
