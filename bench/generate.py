@@ -115,7 +115,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from real_models import commit_of  # noqa: E402  (bench/ is on the path only now)
 
 MODES = ("eager", "tgc", "default", "reduce-overhead")
-# tgc with whole_graphs off (the route's function replayed within a call, the call's host work not): asked for by name
+# tgc with whole_graphs off (the route's function replayed within a call, the host work of the
+# call not): asked for by name
 # transformers' own compile of the decode step (generate()'s auto-compile for a static cache:
 # its CompileConfig, mode="reduce-overhead", fullgraph): reduce-overhead as Hugging Face runs it,
 # since `reduce-overhead` here (model.forward compiled by us) died of SIGSEGV on an H200
@@ -271,9 +272,8 @@ def compile_forward(model, mode: str, args) -> None:
         return
     forward = model.forward
     if mode in ("tgc", "tgc-no-whole-graphs"):
-        options = (
-            {"whole_graphs": False} if mode == "tgc-no-whole-graphs" else {}
-        )  # else tgc's defaults
+        # tgc's defaults but for the one option that mode names
+        options = {"whole_graphs": False} if mode == "tgc-no-whole-graphs" else {}
         if args.measure_budget is not None:
             options["measure_budget"] = args.measure_budget
         if args.db:

@@ -210,8 +210,8 @@ def _structure(gm: torch.fx.GraphModule, args: list) -> tuple | None:
 def lower_graph(gm: torch.fx.GraphModule, args: list, statics: set[int]) -> Lowered:
     """`gm` exported at `args` and imported; the graph arguments in `statics` that the graph
     does not update become `{tgc.param}` arguments, and those it updates `{tgc.donated}` ones
-    (tgc/donation.py: a KV cache's rows are written into the cache itself). Raises TgcError (the importer's, naming
-    the node) or PyTorch's own exception where export fails."""
+    (tgc/donation.py: a KV cache's rows are written into the cache itself). Raises TgcError
+    (the importer's, naming the node) or PyTorch's own exception where export fails."""
     start = time.perf_counter()
     ep = exported(gm, args)
     signature = ep.graph_signature

@@ -36,8 +36,9 @@ class BackendOptions:
     shapes, beside the graph run eagerly on the same arguments, and run the faster (a graph
     that updates its inputs is not timed twice: tgc runs it); `whole_graphs`: on the GPU,
     replay each call of a Dynamo graph as one CUDA graph (whole.py: the host's work of a call,
-    its copies in and out and the plan's own replay, becomes one replay; on by default since a 1.1 B Llama's generate() ran its
-    decode steps that way on an H200, faster and with float32 tokens equal to eager's)."""
+    its copies in and out and the plan's own replay, becomes one replay; on by default since a
+    1.1 B Llama's generate() ran its decode steps that way on an H200, faster and with float32
+    tokens equal to eager's)."""
 
     tolerance: float | None = None
     db: str | None = None
