@@ -24,7 +24,7 @@ from tgc.codegen.emitter import Coords, Emitter, canon, delinearize, linear_offs
 from tgc.codegen.render import KernelSource, idx_type, kernel_label, params_decl, render, yields_of
 from tgc.diagnostics import TgcError
 from tgc.dialects.kernel import FusedOp, YieldOp
-from tgc.ir import Block, Region, Value, clone_op
+from tgc.ir import Block, Region, Value, clone_body
 from tgc.types import ELEMENT_BYTES
 
 
@@ -160,13 +160,8 @@ def _part(op: FusedOp, indices: list[int]) -> FusedOp:
     """A detached copy of `op` that yields only its outputs `indices` (what they read of the
     region comes along; code generation reads no more)."""
     body = Block([a.type for a in op.body.args])
-    env: dict[Value, Value] = dict(zip(op.body.args, body.args))
-    for inner in op.body.ops:
-        if inner is op.body.last:
-            break
-        body.append(clone_op(inner, env))
-    yields = yields_of(op)
-    body.append(YieldOp([env[yields[j]] for j in indices], [], loc=op.body.last.loc))
+    yields = clone_body(op.body, body, dict(zip(op.body.args, body.args)))
+    body.append(YieldOp([yields[j] for j in indices], [], loc=op.body.last.loc))
     return FusedOp(
         [Value(a.type) for a in op.body.args],
         [op.results[j].type for j in indices],

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from tgc.builtin import FuncOp
 from tgc.dialects.kernel import CallOp, YieldOp
-from tgc.ir import Block, Region, Value, clone_op
+from tgc.ir import Block, Region, Value, clone_body
 from tgc.opdef import create
 from tgc.planner.backends import TEMPLATES
 from tgc.planner.fixed import ONCE_ATTR
@@ -72,11 +72,7 @@ def _merge(block: Block, run: list[CallOp]) -> int:
     yields: list[Value] = []
     for call in run:
         env = {a: outer[v] for a, v in zip(call.body.args, call.operands)}
-        for inner in call.body.ops:
-            if inner is call.body.last:
-                yields += [env[v] for v in inner.operands]
-                break
-            body.append(clone_op(inner, env))
+        yields += clone_body(call.body, body, env)
     last = run[-1]
     body.append(YieldOp(yields, [], loc=last.loc))
     attrs = {

@@ -421,6 +421,16 @@ def clone_op(op: Operation, value_map: dict[Value, Value]) -> Operation:
     return copy
 
 
+def clone_body(source: Block, target: Block, value_map: dict[Value, Value]) -> list[Value]:
+    """The ops of `source` but its last (a terminator: a yield, a return) cloned onto the end of
+    `target`, reading `value_map`; the terminator's operands as the clones' values."""
+    for op in source.ops:
+        if op is source.last:
+            return [value_map[v] for v in op.operands]
+        target.append(clone_op(op, value_map))
+    return []
+
+
 def _clone_region(region: Region, value_map: dict[Value, Value]) -> Region:
     out = Region()
     for block in region.blocks:
