@@ -98,12 +98,13 @@ from tgc.planner.backends import (
     register_space,
     register_template,
 )
+from tgc.planner.backends.numpy import op_kernel_run
 from tgc.planner.kernel import KERNELS, Kernel, Lowered, canonical_references, register_kernel
 from tgc.planner.match import Match
 from tgc.printer import print_op
 from tgc.runtime.cublas import Gemm
 from tgc.runtime.cublaslt import LtGemm
-from tgc.types import ELEMENT_TYPE_OF_DTYPE, TensorType
+from tgc.types import TensorType
 
 ELEMENTWISE_ERROR, SUMS_ERROR = 2e-6, 1e-5
 
@@ -868,20 +869,12 @@ def reshape_view_kernel() -> Kernel:
 VIEW_KERNELS = {SPLIT_VIEW: split_view_kernel, RESHAPE_VIEW: reshape_view_kernel}
 
 
-def _write_rows_host(inputs: list, attrs: dict, result_types: list[TensorType]) -> list:
-    """cuda.write_rows on host arrays (its `run`, for checking it): the op's numpy meaning."""
-    x, indices, values = (np.asarray(a) for a in inputs)
-    operands = [Value(TensorType.get(a.shape, ELEMENT_TYPE_OF_DTYPE[a.dtype])) for a in inputs]
-    op = WriteRowsOp(operands, list(result_types), {"axis": attrs.get("axis", 0)})
-    return [op.reference(x, indices, values)]
-
-
 def write_rows_kernel() -> Kernel:
     return Kernel(
         WRITE_ROWS,
         "cuda",
         op="atomic.write_rows",
-        run=_write_rows_host,
+        run=op_kernel_run(WriteRowsOp),  # on host arrays, for checking it: the op's meaning
         constraints=_has_elements_types,
         doc="atomic.write_rows: the rows written into x's own memory where it is free to take "
         "(tgc/donation.py), else into a copy of x (codegen/write_rows.py)",
