@@ -284,10 +284,7 @@ def _write_rows(cx: Cx, x: Value, axis: int, indices, values) -> Value:
     if values.type.rank == rank - 1 and n == 1:  # a rank-0 index: the axis is not in values
         values = cx.reshape(values, values.type.shape[:axis] + (1,) + values.type.shape[axis:])
     values = cx.broadcast(values, target)
-    elem = idx.type.element_type
-    negative = cx.b.atomic.cmp(idx, cx.scalar(0, elem), pred="lt")
-    idx = cx.b.atomic.where(negative, cx.b.atomic.add(idx, cx.scalar(size, elem)), idx)
-    return cx.b.atomic.write_rows(x, idx, values, axis=axis)
+    return cx.b.atomic.write_rows(x, _wrapped(cx, idx, size), values, axis=axis)
 
 
 @lowering("index_put")
