@@ -487,7 +487,7 @@ def _write_rows_runner(x: TensorType, indices: TensorType, axis: int, in_place: 
         x.with_encoding(None), indices.with_encoding(None), axis
     )
     launch, grid, block = function.prepared_async_call, source.grid, source.block
-    nbytes = x.num_elements * x.dtype.itemsize
+    nbytes = x.nbytes
 
     def run(values: list) -> list:
         base, rows, new = (DeviceArray.of(v) for v in values)
